@@ -1,0 +1,410 @@
+/*
+ * attnkit.h - the whole public API of attnkit.
+ *
+ * One attention API over a paged KV cache, with pluggable backends (CPU and
+ * CUDA) chosen by a selector. An engine's step looks like this:
+ *
+ *     ak_backend_plan(b, &batch, stream);           host only, never syncs
+ *     for each layer:
+ *         ak_kv_update(&kv, k, v, slot_mapping, n, stream);   (unless the backend
+ *                                                  writes the KV itself)
+ *         ak_backend_run(b, &args, stream);         device, CUDA-graph capturable
+ *
+ * Conventions
+ *   - Every fallible call returns ak_status; on failure ak_last_error() holds a
+ *     thread-local message naming the offending field ("batch.kv_lens[3] = ...").
+ *   - Shapes are written in comments as [dim0, dim1, ...], row-major.
+ *   - Strides are in elements, not bytes.
+ *   - LSE (log-sum-exp of the scaled, soft-capped logits) is the natural log.
+ *   - A query token at position p sees keys j with p - window_left <= j, and,
+ *     when causal, j <= p. The q_len new tokens of a request sit at positions
+ *     kv_len - q_len .. kv_len - 1: causal masks are aligned to the end of the KV.
+ *   - A row that sees no key gives o = 0 and lse = -inf, never NaN.
+ *   - Structs that may grow start with struct_size; fill them with the matching
+ *     *_init() function, which sets struct_size and every default.
+ */
+#ifndef ATTNKIT_H
+#define ATTNKIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AK_API_VERSION 1
+
+/* ------------------------------------------------------------------------ */
+/* Status                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* X-macro: one table generates the enum and ak_status_str(). */
+#define AK_STATUS_LIST(X)                                                      \
+    X(AK_OK, 0, "ok")                                                          \
+    X(AK_ERR_INVALID_ARG, 1, "invalid argument")                               \
+    X(AK_ERR_UNSUPPORTED, 2, "unsupported by this backend")                    \
+    X(AK_ERR_OUT_OF_MEMORY, 3, "out of memory")                                \
+    X(AK_ERR_OUT_OF_BLOCKS, 4, "KV cache has no free blocks left")             \
+    X(AK_ERR_LIMIT_EXCEEDED, 5, "batch exceeds the backend's limits")          \
+    X(AK_ERR_BACKEND_NOT_FOUND, 6, "no such backend")                          \
+    X(AK_ERR_NO_DEVICE, 7, "no such device")                                   \
+    X(AK_ERR_CUDA, 8, "CUDA runtime error")                                    \
+    X(AK_ERR_NOT_PLANNED, 9, "run() called before a successful plan()")        \
+    X(AK_ERR_INTERNAL, 10, "internal error")
+
+typedef enum ak_status {
+#define AK_STATUS_ENUM_(name, value, text) name = value,
+    AK_STATUS_LIST(AK_STATUS_ENUM_)
+#undef AK_STATUS_ENUM_
+} ak_status;
+
+/* A short, static description of a status code. */
+const char *ak_status_str(ak_status s);
+
+/* The detailed message of the last failed call on this thread ("" if none).
+ * The pointer stays valid until the next attnkit call on this thread. */
+const char *ak_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Devices, dtypes, tensors                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ak_dtype {
+    AK_F32 = 0,
+    AK_F16 = 1,
+    AK_BF16 = 2,
+    AK_FP8_E4M3 = 3, /* reserved: fp8 KV with per-layer scales, not yet supported */
+} ak_dtype;
+
+const char *ak_dtype_name(ak_dtype t); /* "f32", "f16", "bf16", "fp8_e4m3" */
+size_t ak_dtype_size(ak_dtype t);      /* bytes per element, 0 if unknown */
+
+typedef enum ak_device_kind {
+    AK_DEVICE_CPU = 0,
+    AK_DEVICE_CUDA = 1,
+} ak_device_kind;
+
+typedef struct ak_device {
+    ak_device_kind kind;
+    int index; /* CUDA device ordinal; 0 for the CPU */
+} ak_device;
+
+typedef struct ak_device_info {
+    ak_device device;
+    char name[128];
+    int num_sms;             /* CUDA: multiprocessors; CPU: logical cores */
+    int cc_major, cc_minor;  /* CUDA compute capability; 0 for the CPU */
+    size_t memory_bytes;     /* CUDA: global memory; CPU: 0 (not queried) */
+    size_t l2_bytes;         /* CUDA: L2 size; CPU: 0 */
+    int max_smem_per_block;  /* CUDA: opt-in shared memory per block, bytes */
+    int cpu_has_avx2_fma_f16c; /* CPU: 1 if AVX2 + FMA + F16C are usable */
+} ak_device_info;
+
+/* Number of devices of a kind (the CPU counts as 1; CUDA is 0 when the library
+ * was built without CUDA or no GPU/driver is present). Never fails. */
+int ak_device_count(ak_device_kind kind);
+ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
+
+/* Opaque stream handle: a cudaStream_t for CUDA backends (NULL = legacy default
+ * stream), ignored on the CPU. */
+typedef void *ak_stream;
+
+#define AK_MAX_DIMS 4
+
+/* A strided view of memory owned by the caller. The innermost dimension must
+ * have stride 1 wherever attnkit reads or writes vectors. */
+typedef struct ak_tensor {
+    void *data;
+    ak_dtype dtype;
+    int ndim;
+    int64_t shape[AK_MAX_DIMS];
+    int64_t stride[AK_MAX_DIMS]; /* in elements */
+} ak_tensor;
+
+/* A contiguous row-major view with ndim = 2, 3 or 4 dimensions. */
+ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
+ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
+ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2,
+                       int64_t d3);
+
+/* ------------------------------------------------------------------------ */
+/* Attention configuration                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ak_kv_layout {
+    AK_LAYOUT_NHD = 0, /* a block is [page_size, num_kv_heads, head_dim] */
+    AK_LAYOUT_HND = 1, /* a block is [num_kv_heads, page_size, head_dim] */
+} ak_kv_layout;
+
+typedef enum ak_kv_storage {
+    AK_KV_PAGED = 0,  /* K/V read from a paged cache through the block table */
+    AK_KV_RAGGED = 1, /* K/V contiguous per request: [sum kv_len, num_kv_heads, head_dim] */
+} ak_kv_storage;
+
+/* What one backend instance computes. Everything here is fixed at create(). */
+typedef struct ak_attn_config {
+    uint32_t struct_size;
+    int num_qo_heads;
+    int num_kv_heads;     /* divides num_qo_heads (MHA, GQA, MQA) */
+    int head_dim_qk;
+    int head_dim_vo;      /* may differ from head_dim_qk */
+    float sm_scale;       /* 0 -> 1 / sqrt(head_dim_qk) */
+    int causal;           /* 1: token at position p sees keys <= p */
+    int window_left;      /* -1: full context; w >= 0: keys >= p - w */
+    float logits_soft_cap;/* 0: off; c > 0: logits = c * tanh(logits / c) */
+    ak_dtype q_dtype;
+    ak_dtype kv_dtype;
+    ak_dtype o_dtype;
+    ak_device device;     /* where q, K/V, o and lse live */
+    ak_kv_storage kv_storage;
+    ak_kv_layout kv_layout; /* paged only */
+    int page_size;          /* paged only: tokens per block */
+} ak_attn_config;
+
+/* Defaults: MHA 1/1 heads, head dim 128, f32 on the CPU, causal, full window,
+ * no soft-cap, paged NHD cache with page size 16. */
+void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
+
+/* Sizes fixed at create(): every static buffer of a backend is allocated from
+ * these, and plan() rejects a batch above them (AK_ERR_LIMIT_EXCEEDED). */
+typedef struct ak_limits {
+    uint32_t struct_size;
+    int max_reqs;           /* requests per plan */
+    int max_tokens;         /* query tokens per plan (sum of q_len) */
+    int max_blocks_per_req; /* block-table row length (paged) */
+    int num_cache_blocks;   /* paged: block ids must be < this; run() rejects a
+                               cache view with fewer blocks */
+    int max_splits;         /* KV chunks per request for split-KV; 0 = backend's choice */
+} ak_limits;
+
+/* Defaults: 256 requests, 16384 tokens, 2048 blocks per request,
+ * 65536 cache blocks, max_splits 0. */
+void ak_limits_init(ak_limits *lim /* OUT */);
+
+/* ------------------------------------------------------------------------ */
+/* Paged KV cache                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* One layer's paged K and V, in memory owned by anyone (an ak_kv_cache, or the
+ * engine's own pools). Element (block b, slot s, head h, dim d) of K is at
+ *   NHD: k_data + b * k_block_stride + (s * num_kv_heads + h) * head_dim_qk + d
+ *   HND: k_data + b * k_block_stride + (h * page_size + s) * head_dim_qk + d
+ * and likewise for V with head_dim_vo. A block stride of 0 means packed
+ * (page_size * num_kv_heads * head_dim). */
+typedef struct ak_paged_kv {
+    void *k_data;
+    void *v_data;
+    ak_dtype dtype;
+    ak_kv_layout layout;
+    ak_device device;
+    int num_blocks;
+    int page_size;
+    int num_kv_heads;
+    int head_dim_qk;
+    int head_dim_vo;
+    int64_t k_block_stride; /* elements; 0 = packed */
+    int64_t v_block_stride; /* elements; 0 = packed */
+} ak_paged_kv;
+
+typedef struct ak_kv_cache_config {
+    uint32_t struct_size;
+    int num_layers;
+    int num_blocks;   /* blocks per layer pool */
+    int page_size;
+    int num_kv_heads;
+    int head_dim_qk;
+    int head_dim_vo;
+    ak_dtype dtype;
+    ak_kv_layout layout;
+    ak_device device; /* host memory or CUDA memory */
+} ak_kv_cache_config;
+
+/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU. */
+void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
+
+typedef struct ak_kv_cache ak_kv_cache;
+
+/* Allocates num_layers K and V pools of num_blocks blocks each. The memory is
+ * not initialised. */
+ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out /* OUT */);
+void ak_kv_cache_destroy(ak_kv_cache *cache); /* accepts NULL */
+
+/* The view of one layer's pools, for ak_kv_update and ak_backend_run. */
+ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer, ak_paged_kv *view /* OUT */);
+
+/* Block allocator, shared by all layers (a block id names the same block in
+ * every layer's pool). Allocation is all-or-nothing: when fewer than n blocks
+ * are free it returns AK_ERR_OUT_OF_BLOCKS and allocates none. New blocks have a
+ * reference count of 1; ak_kv_cache_share adds one reference to each (a prefix
+ * shared by several requests); ak_kv_cache_free drops one and returns the block
+ * to the pool at zero. Freeing a block that is not allocated is an error and
+ * changes nothing. */
+ak_status ak_kv_cache_alloc(ak_kv_cache *cache, int n, int32_t *block_ids /* OUT [n] */);
+ak_status ak_kv_cache_share(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
+ak_status ak_kv_cache_free(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
+int ak_kv_cache_num_free(const ak_kv_cache *cache);
+int ak_kv_cache_refcount(const ak_kv_cache *cache, int32_t block_id); /* -1 if out of range */
+
+/* ------------------------------------------------------------------------ */
+/* Batch metadata                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* One step's requests, as host arrays. Request r has q_len = qo_indptr[r+1] -
+ * qo_indptr[r] new query tokens and kv_len = kv_lens[r] keys in total (its
+ * cached context plus the new tokens). A decode has q_len 1, a prefill
+ * q_len == kv_len, a chunk of a prompt on a cached prefix q_len < kv_len, a
+ * multi-token verification a few tokens. q_len may be 0 (a request that only
+ * pads a batch). Causal configs require q_len <= kv_len. */
+typedef struct ak_batch {
+    uint32_t struct_size;
+    int num_reqs;
+    const int32_t *qo_indptr;   /* [num_reqs + 1], qo_indptr[0] = 0, non-decreasing */
+    const int32_t *kv_lens;     /* [num_reqs] */
+    const int32_t *block_table; /* paged: [num_reqs, block_table_stride]; row r's
+                                   first ceil(kv_len / page_size) entries are read */
+    int block_table_stride;     /* paged: entries per block-table row */
+} ak_batch;
+
+void ak_batch_init(ak_batch *batch /* OUT */);
+
+/* Metadata derived from a batch, in the CSR form kernels use. Caller-owned
+ * arrays sized by ak_batch_meta_sizes. */
+typedef struct ak_batch_meta {
+    int32_t *qo_indptr;        /* [num_reqs + 1] */
+    int32_t *kv_indptr;        /* [num_reqs + 1]: paged, in blocks; ragged, in tokens */
+    int32_t *kv_indices;       /* paged: [kv_indptr[num_reqs]] block ids; may be NULL if ragged */
+    int32_t *kv_last_page_len; /* paged: [num_reqs] tokens in each request's last block
+                                  (0 when kv_len is 0); may be NULL if ragged */
+    int32_t *positions;        /* [num_tokens] position of each query token; may be NULL */
+    int64_t *slot_mapping;     /* paged: [num_tokens] block * page_size + offset where
+                                  each new token's K/V goes; may be NULL */
+} ak_batch_meta;
+
+/* How large the metadata arrays of a batch are. Validates the batch like
+ * ak_batch_build_meta. */
+ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
+                              const ak_limits *lim, int *num_tokens /* OUT */,
+                              int *num_kv_indices /* OUT */);
+
+/* Validates the batch against cfg and lim (a NULL lim skips the limit checks)
+ * and fills meta. On failure nothing is written and the message names the
+ * field: a block id out of range, kv_len beyond the blocks given, q_len >
+ * kv_len, a non-monotone qo_indptr, a batch above the limits. */
+ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
+                              const ak_limits *lim, ak_batch_meta *meta /* OUT */);
+
+/* ------------------------------------------------------------------------ */
+/* KV-cache write                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Writes the step's new K/V rows at their slots: token i's rows go to block
+ * slot_mapping[i] / page_size, offset slot_mapping[i] % page_size. A slot of -1
+ * skips the token (padding). k: [num_tokens, num_kv_heads, head_dim_qk],
+ * v: [num_tokens, num_kv_heads, head_dim_vo], both in kv->dtype on kv->device.
+ * slot_mapping: [num_tokens] int64 on kv->device.
+ * CPU: validates every slot first; on error nothing is written.
+ * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
+ * cache are skipped by the kernel (device memory is never read back). */
+ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
+                       const int64_t *slot_mapping, int num_tokens, ak_stream stream);
+
+/* ------------------------------------------------------------------------ */
+/* Merging partial attention states                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Merges attention computed over disjoint parts of the KV. v: [num_tokens,
+ * num_states, num_heads, head_dim] partial outputs (normalised within their
+ * part), s: [num_tokens, num_states, num_heads] their LSEs (f32, natural log;
+ * -inf for an empty part). v_out: [num_tokens, num_heads, head_dim], s_out:
+ * [num_tokens, num_heads] (f32, may be NULL). Any strides, so the state axis
+ * may be outermost. CPU tensors only for now (dev = CPU). */
+ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
+                          ak_tensor *s_out, ak_device dev, ak_stream stream);
+
+/* ------------------------------------------------------------------------ */
+/* Backends                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ak_graph_support {
+    AK_GRAPH_NEVER = 0,         /* run() is not capturable (CPU backends) */
+    AK_GRAPH_DECODE_ONLY = 1,   /* a capture replays after any plan() of the same
+                                   number of requests, all with q_len = 1 */
+    AK_GRAPH_UNIFORM_BATCH = 2, /* ... of the same number of requests, all with the
+                                   same q_len as at capture */
+    AK_GRAPH_ALWAYS = 3,        /* ... of any batch within the limits */
+} ak_graph_support;
+
+const char *ak_graph_support_name(ak_graph_support g);
+
+typedef struct ak_backend ak_backend;
+
+/* Arguments of one attention call (one layer). */
+typedef struct ak_run_args {
+    uint32_t struct_size;
+    const ak_tensor *q;      /* [num_tokens, num_qo_heads, head_dim_qk], cfg.q_dtype */
+    const ak_paged_kv *kv;   /* paged storage: this layer's cache */
+    const ak_tensor *k;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_qk] */
+    const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo] */
+    ak_tensor *o;            /* [num_tokens, num_qo_heads, head_dim_vo], cfg.o_dtype, OUT */
+    ak_tensor *lse;          /* [num_tokens, num_qo_heads] f32, OUT; NULL if not wanted */
+} ak_run_args;
+
+void ak_run_args_init(ak_run_args *args /* OUT */);
+
+/* Creates a backend for cfg with static buffers sized by lim.
+ * name: a backend name ("cpu", "cpu_ref", "cuda_paged", ...) or NULL.
+ * With NULL, the environment variable AK_BACKEND names the backend if set,
+ * otherwise the selector picks the first backend of the device's priority list
+ * whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
+ * backend that cannot serve cfg (AK_ERR_UNSUPPORTED) is an error whose message
+ * lists every backend with its reasons; a bad override is never ignored. */
+ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, const char *name,
+                            ak_backend **out /* OUT */);
+void ak_backend_destroy(ak_backend *b); /* accepts NULL */
+
+/* Host side: validates the batch and fills the backend's static buffers
+ * (CUDA: asynchronous copies on `stream` from pinned staging). Never
+ * synchronises with the device and never reads device memory. The host arrays
+ * of `batch` may be reused as soon as it returns. A plan stays in force for any
+ * number of run() calls (all layers of a step). */
+ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream);
+
+/* Device side: attention for one layer over the planned batch. Allocates
+ * nothing and never synchronises; on CUDA it is capturable into a CUDA graph
+ * (see ak_backend_graph_support). Checks tensors against cfg and the plan. */
+ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream);
+
+const char *ak_backend_name(const ak_backend *b);
+const ak_attn_config *ak_backend_config(const ak_backend *b);
+/* 1 if run() writes the step's K/V into the cache itself (then the engine must
+ * not call ak_kv_update), 0 if the engine calls ak_kv_update first. */
+int ak_backend_forward_includes_kv_update(const ak_backend *b);
+ak_graph_support ak_backend_graph_support(const ak_backend *b);
+
+/* The slot mapping of the current plan in the backend's static buffer, on
+ * cfg.device: [num_tokens] int64 (paged storage only; NULL before the first
+ * plan). Its address never changes, so an ak_kv_update that reads it can be
+ * captured in the same graph as run(). */
+const int64_t *ak_backend_slot_mapping(const ak_backend *b);
+/* Query tokens of the current plan (0 before the first plan). */
+int ak_backend_planned_tokens(const ak_backend *b);
+
+/* ------------------------------------------------------------------------ */
+/* Registry and selector                                                    */
+/* ------------------------------------------------------------------------ */
+
+int ak_backend_count(void);
+const char *ak_backend_name_at(int i); /* NULL if i is out of range */
+
+/* Writes, for cfg, every backend with "chosen", "available" or its reasons, and
+ * which rule chose (the AK_BACKEND override or the priority list). Returns the
+ * status ak_backend_create(cfg, NULL, NULL, ...) would return for the choice.
+ * buf is always NUL-terminated (truncated if cap is too small). */
+ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ATTNKIT_H */

@@ -1,0 +1,156 @@
+/*
+ * batch.c - ak_batch -> kernel metadata (CSR page lists, positions, slot
+ * mapping), with validation that names the offending field.
+ *
+ * Validation runs to completion before anything is written, so a rejected
+ * batch leaves the caller's arrays (and a backend's static buffers) untouched.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+/* Everything the metadata needs, checked. Returns the totals. */
+static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim,
+                          int *num_tokens, int64_t *num_kv_indices)
+{
+    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "batch is NULL");
+    if (b->struct_size != sizeof *b)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "batch.struct_size = %u, expected %zu (call ak_batch_init)",
+                            b->struct_size, sizeof *b);
+    if (b->num_reqs < 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.num_reqs = %d is negative", b->num_reqs);
+    if (lim && b->num_reqs > lim->max_reqs)
+        return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch.num_reqs = %d exceeds limits.max_reqs = %d",
+                            b->num_reqs, lim->max_reqs);
+    if (!b->qo_indptr) return ak_set_error(AK_ERR_INVALID_ARG, "batch.qo_indptr is NULL");
+    if (b->num_reqs > 0 && !b->kv_lens)
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.kv_lens is NULL");
+    if (b->qo_indptr[0] != 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.qo_indptr[0] = %d, must be 0",
+                            b->qo_indptr[0]);
+
+    const int paged = cfg->kv_storage == AK_KV_PAGED;
+    if (paged && b->num_reqs > 0) {
+        if (!b->block_table) return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table is NULL");
+        if (b->block_table_stride <= 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table_stride = %d must be positive",
+                                b->block_table_stride);
+    }
+
+    int64_t tokens = 0, indices = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        const int32_t lo = b->qo_indptr[r], hi = b->qo_indptr[r + 1];
+        if (hi < lo)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "batch.qo_indptr is not monotone: qo_indptr[%d] = %d < "
+                                "qo_indptr[%d] = %d",
+                                r + 1, hi, r, lo);
+        const int q_len = hi - lo;
+        const int kv_len = b->kv_lens[r];
+        if (kv_len < 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "batch.kv_lens[%d] = %d is negative", r, kv_len);
+        if (cfg->causal && q_len > kv_len)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "batch q_len of request %d (qo_indptr[%d] - qo_indptr[%d] = %d) "
+                                "exceeds batch.kv_lens[%d] = %d",
+                                r, r + 1, r, q_len, r, kv_len);
+        tokens += q_len;
+        if (lim && tokens > lim->max_tokens)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                "batch query tokens (qo_indptr[%d] = %d) exceed limits.max_tokens = %d",
+                                r + 1, hi, lim->max_tokens);
+        if (!paged) continue;
+        const int need = ak_ceil_div(kv_len, cfg->page_size);
+        if (need > b->block_table_stride)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "batch.kv_lens[%d] = %d needs %d blocks of %d but "
+                                "batch.block_table_stride = %d",
+                                r, kv_len, need, cfg->page_size, b->block_table_stride);
+        if (lim && need > lim->max_blocks_per_req)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                "batch.kv_lens[%d] = %d needs %d blocks, above "
+                                "limits.max_blocks_per_req = %d",
+                                r, kv_len, need, lim->max_blocks_per_req);
+        const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
+        for (int i = 0; i < need; i++) {
+            const int32_t id = row[i];
+            const int hi_id = lim ? lim->num_cache_blocks : INT32_MAX;
+            if (id < 0 || id >= hi_id)
+                return ak_set_error(AK_ERR_INVALID_ARG,
+                                    "batch.block_table[%d][%d] = %d is out of range [0, %d) "
+                                    "(limits.num_cache_blocks)",
+                                    r, i, id, hi_id);
+        }
+        indices += need;
+    }
+    if (tokens > INT32_MAX)
+        return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch has %lld query tokens", (long long)tokens);
+    *num_tokens = (int)tokens;
+    *num_kv_indices = indices;
+    return AK_OK;
+}
+
+ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
+                              const ak_limits *lim, int *num_tokens, int *num_kv_indices)
+{
+    AK_TRY(ak_config_validate(cfg));
+    int tokens = 0;
+    int64_t indices = 0;
+    AK_TRY(validate(batch, cfg, lim, &tokens, &indices));
+    if (indices > INT32_MAX)
+        return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch references %lld blocks", (long long)indices);
+    if (num_tokens) *num_tokens = tokens;
+    if (num_kv_indices) *num_kv_indices = (int)indices;
+    return AK_OK;
+}
+
+ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim,
+                              ak_batch_meta *meta)
+{
+    AK_TRY(ak_config_validate(cfg));
+    int tokens = 0;
+    int64_t indices = 0;
+    AK_TRY(validate(b, cfg, lim, &tokens, &indices));
+    if (!meta) return ak_set_error(AK_ERR_INVALID_ARG, "meta is NULL");
+    if (!meta->qo_indptr || !meta->kv_indptr)
+        return ak_set_error(AK_ERR_INVALID_ARG, "meta.%s is NULL",
+                            meta->qo_indptr ? "kv_indptr" : "qo_indptr");
+
+    const int paged = cfg->kv_storage == AK_KV_PAGED;
+    const int page = cfg->page_size;
+    meta->qo_indptr[0] = 0;
+    meta->kv_indptr[0] = 0;
+    int32_t kv_acc = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        const int q_lo = b->qo_indptr[r], q_len = b->qo_indptr[r + 1] - q_lo;
+        const int kv_len = b->kv_lens[r];
+        meta->qo_indptr[r + 1] = b->qo_indptr[r + 1];
+        if (!paged) {
+            kv_acc += kv_len;
+            meta->kv_indptr[r + 1] = kv_acc;
+        } else {
+            const int need = ak_ceil_div(kv_len, page);
+            const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
+            if (meta->kv_indices) memcpy(meta->kv_indices + kv_acc, row, sizeof(int32_t) * need);
+            kv_acc += need;
+            meta->kv_indptr[r + 1] = kv_acc;
+            if (meta->kv_last_page_len)
+                meta->kv_last_page_len[r] = kv_len == 0 ? 0 : kv_len - (need - 1) * page;
+        }
+        for (int i = 0; i < q_len; i++) {
+            /* the new tokens are the last q_len of the kv_len keys */
+            const int pos = kv_len - q_len + i;
+            if (meta->positions) meta->positions[q_lo + i] = pos;
+            if (meta->slot_mapping) {
+                int64_t slot = -1; /* a non-causal query beyond its keys has no slot */
+                if (paged && pos >= 0) {
+                    const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
+                    slot = (int64_t)row[pos / page] * page + pos % page;
+                }
+                meta->slot_mapping[q_lo + i] = slot;
+            }
+        }
+    }
+    return AK_OK;
+}

@@ -1,0 +1,367 @@
+/*
+ * config.c - defaults and validation of the public structs: dtypes, tensors,
+ * ak_attn_config, ak_limits, ak_run_args.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- dtypes and tensors -------------------------------------------------- */
+
+const char *ak_dtype_name(ak_dtype t)
+{
+    switch (t) {
+    case AK_F32: return "f32";
+    case AK_F16: return "f16";
+    case AK_BF16: return "bf16";
+    case AK_FP8_E4M3: return "fp8_e4m3";
+    }
+    return "unknown";
+}
+
+size_t ak_dtype_size(ak_dtype t)
+{
+    switch (t) {
+    case AK_F32: return 4;
+    case AK_F16:
+    case AK_BF16: return 2;
+    case AK_FP8_E4M3: return 1;
+    }
+    return 0;
+}
+
+static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *shape)
+{
+    ak_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = ndim;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t.shape[i] = shape[i];
+        t.stride[i] = stride;
+        stride *= shape[i];
+    }
+    return t;
+}
+
+ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1)
+{
+    const int64_t s[2] = {d0, d1};
+    return tensor_nd(data, dtype, 2, s);
+}
+
+ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2)
+{
+    const int64_t s[3] = {d0, d1, d2};
+    return tensor_nd(data, dtype, 3, s);
+}
+
+ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2, int64_t d3)
+{
+    const int64_t s[4] = {d0, d1, d2, d3};
+    return tensor_nd(data, dtype, 4, s);
+}
+
+const char *ak_graph_support_name(ak_graph_support g)
+{
+    switch (g) {
+    case AK_GRAPH_NEVER: return "never";
+    case AK_GRAPH_DECODE_ONLY: return "decode_only";
+    case AK_GRAPH_UNIFORM_BATCH: return "uniform_batch";
+    case AK_GRAPH_ALWAYS: return "always";
+    }
+    return "unknown";
+}
+
+/* ---- defaults ------------------------------------------------------------ */
+
+void ak_attn_config_init(ak_attn_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->num_qo_heads = 1;
+    cfg->num_kv_heads = 1;
+    cfg->head_dim_qk = 128;
+    cfg->head_dim_vo = 128;
+    cfg->sm_scale = 0.0f;
+    cfg->causal = 1;
+    cfg->window_left = -1;
+    cfg->logits_soft_cap = 0.0f;
+    cfg->q_dtype = AK_F32;
+    cfg->kv_dtype = AK_F32;
+    cfg->o_dtype = AK_F32;
+    cfg->device.kind = AK_DEVICE_CPU;
+    cfg->device.index = 0;
+    cfg->kv_storage = AK_KV_PAGED;
+    cfg->kv_layout = AK_LAYOUT_NHD;
+    cfg->page_size = 16;
+}
+
+void ak_limits_init(ak_limits *lim)
+{
+    memset(lim, 0, sizeof *lim);
+    lim->struct_size = sizeof *lim;
+    lim->max_reqs = 256;
+    lim->max_tokens = 16384;
+    lim->max_blocks_per_req = 2048;
+    lim->num_cache_blocks = 65536;
+    lim->max_splits = 0;
+}
+
+void ak_batch_init(ak_batch *batch)
+{
+    memset(batch, 0, sizeof *batch);
+    batch->struct_size = sizeof *batch;
+}
+
+void ak_run_args_init(ak_run_args *args)
+{
+    memset(args, 0, sizeof *args);
+    args->struct_size = sizeof *args;
+}
+
+int ak_num_threads(void)
+{
+    const char *env = getenv("AK_NUM_THREADS");
+    if (env && atoi(env) > 0) return atoi(env);
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* ---- validation ---------------------------------------------------------- */
+
+/* The largest head dim any backend is asked to consider; beyond it a config
+ * is rejected before any backend sees it. */
+#define AK_MAX_HEAD_DIM 1024
+
+static int dtype_known(ak_dtype t) { return ak_dtype_size(t) != 0; }
+
+ak_status ak_config_validate(const ak_attn_config *cfg)
+{
+    if (!cfg) return ak_set_error(AK_ERR_INVALID_ARG, "cfg is NULL");
+    if (cfg->struct_size != sizeof *cfg)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.struct_size = %u, expected %zu (call ak_attn_config_init)",
+                            cfg->struct_size, sizeof *cfg);
+    if (cfg->num_kv_heads <= 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.num_kv_heads = %d must be positive",
+                            cfg->num_kv_heads);
+    if (cfg->num_qo_heads <= 0 || cfg->num_qo_heads % cfg->num_kv_heads != 0)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.num_qo_heads = %d is not a positive multiple of "
+                            "cfg.num_kv_heads = %d",
+                            cfg->num_qo_heads, cfg->num_kv_heads);
+    if (cfg->head_dim_qk <= 0 || cfg->head_dim_qk > AK_MAX_HEAD_DIM)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.head_dim_qk = %d is outside [1, %d]",
+                            cfg->head_dim_qk, AK_MAX_HEAD_DIM);
+    if (cfg->head_dim_vo <= 0 || cfg->head_dim_vo > AK_MAX_HEAD_DIM)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.head_dim_vo = %d is outside [1, %d]",
+                            cfg->head_dim_vo, AK_MAX_HEAD_DIM);
+    if (!(cfg->sm_scale >= 0.0f) || isinf(cfg->sm_scale))
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.sm_scale = %g must be finite and >= 0 (0 = 1/sqrt(head_dim_qk))",
+                            cfg->sm_scale);
+    if (cfg->causal != 0 && cfg->causal != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.causal = %d must be 0 or 1", cfg->causal);
+    if (cfg->window_left < -1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.window_left = %d must be -1 (full) or >= 0",
+                            cfg->window_left);
+    if (!(cfg->logits_soft_cap >= 0.0f) || isinf(cfg->logits_soft_cap))
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.logits_soft_cap = %g must be finite and >= 0 (0 = off)",
+                            cfg->logits_soft_cap);
+    if (!dtype_known(cfg->q_dtype))
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.q_dtype = %d is not a dtype", cfg->q_dtype);
+    if (!dtype_known(cfg->kv_dtype))
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_dtype = %d is not a dtype", cfg->kv_dtype);
+    if (!dtype_known(cfg->o_dtype))
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.o_dtype = %d is not a dtype", cfg->o_dtype);
+    if (cfg->device.kind != AK_DEVICE_CPU && cfg->device.kind != AK_DEVICE_CUDA)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.kind = %d is not a device kind",
+                            cfg->device.kind);
+    if (cfg->device.index < 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.index = %d is negative",
+                            cfg->device.index);
+    if (cfg->kv_storage != AK_KV_PAGED && cfg->kv_storage != AK_KV_RAGGED)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_storage = %d is not a storage kind",
+                            cfg->kv_storage);
+    if (cfg->kv_storage == AK_KV_PAGED) {
+        if (cfg->kv_layout != AK_LAYOUT_NHD && cfg->kv_layout != AK_LAYOUT_HND)
+            return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_layout = %d is not a layout",
+                                cfg->kv_layout);
+        if (cfg->page_size <= 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "cfg.page_size = %d must be positive",
+                                cfg->page_size);
+    }
+    return AK_OK;
+}
+
+ak_status ak_limits_validate(const ak_limits *lim)
+{
+    if (!lim) return ak_set_error(AK_ERR_INVALID_ARG, "limits is NULL");
+    if (lim->struct_size != sizeof *lim)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "limits.struct_size = %u, expected %zu (call ak_limits_init)",
+                            lim->struct_size, sizeof *lim);
+    if (lim->max_reqs <= 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_reqs = %d must be positive",
+                            lim->max_reqs);
+    if (lim->max_tokens <= 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_tokens = %d must be positive",
+                            lim->max_tokens);
+    if (lim->max_blocks_per_req <= 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_blocks_per_req = %d must be positive",
+                            lim->max_blocks_per_req);
+    if (lim->num_cache_blocks <= 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.num_cache_blocks = %d must be positive",
+                            lim->num_cache_blocks);
+    if (lim->max_splits < 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_splits = %d must be >= 0",
+                            lim->max_splits);
+    return AK_OK;
+}
+
+ak_attn_config ak_config_normalized(const ak_attn_config *cfg)
+{
+    ak_attn_config c = *cfg;
+    if (c.sm_scale == 0.0f) c.sm_scale = 1.0f / sqrtf((float)c.head_dim_qk);
+    return c;
+}
+
+ak_meta_capacity ak_meta_capacity_of(const ak_limits *lim)
+{
+    ak_meta_capacity cap;
+    cap.max_reqs = lim->max_reqs;
+    cap.max_tokens = lim->max_tokens;
+    cap.max_kv_indices = (int64_t)lim->max_reqs * lim->max_blocks_per_req;
+    return cap;
+}
+
+ak_status ak_meta_alloc_host(const ak_meta_capacity *cap, ak_batch_meta *meta)
+{
+    memset(meta, 0, sizeof *meta);
+    meta->qo_indptr = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
+    meta->kv_indptr = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
+    meta->kv_indices = malloc(sizeof(int32_t) * (size_t)(cap->max_kv_indices + 1));
+    meta->kv_last_page_len = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
+    meta->positions = malloc(sizeof(int32_t) * (size_t)(cap->max_tokens + 1));
+    meta->slot_mapping = malloc(sizeof(int64_t) * (size_t)(cap->max_tokens + 1));
+    if (!meta->qo_indptr || !meta->kv_indptr || !meta->kv_indices || !meta->kv_last_page_len ||
+        !meta->positions || !meta->slot_mapping) {
+        ak_meta_free_host(meta);
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate batch metadata for %d requests",
+                            cap->max_reqs);
+    }
+    return AK_OK;
+}
+
+void ak_meta_free_host(ak_batch_meta *meta)
+{
+    free(meta->qo_indptr);
+    free(meta->kv_indptr);
+    free(meta->kv_indices);
+    free(meta->kv_last_page_len);
+    free(meta->positions);
+    free(meta->slot_mapping);
+    memset(meta, 0, sizeof *meta);
+}
+
+/* One tensor of a run: dtype, rank, exact shape, innermost stride 1,
+ * non-negative strides. `name` is the field ("args.q"). */
+static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dtype, int ndim,
+                              const int64_t *shape)
+{
+    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    if (!t->data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
+    if (t->dtype != dtype)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected %s", name,
+                            ak_dtype_name(t->dtype), ak_dtype_name(dtype));
+    if (t->ndim != ndim)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d, expected %d", name, t->ndim, ndim);
+    for (int i = 0; i < ndim; i++) {
+        if (t->shape[i] != shape[i])
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->shape[%d] = %lld, expected %lld", name, i,
+                                (long long)t->shape[i], (long long)shape[i]);
+        if (t->stride[i] < 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->stride[%d] = %lld is negative", name, i,
+                                (long long)t->stride[i]);
+    }
+    if (t->stride[ndim - 1] != 1 && shape[ndim - 1] > 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->stride[%d] = %lld, the innermost stride must be 1",
+                            name, ndim - 1, (long long)t->stride[ndim - 1]);
+    return AK_OK;
+}
+
+static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
+                                const ak_paged_kv *kv)
+{
+    if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "args.kv is NULL (paged storage)");
+    if (!kv->k_data || !kv->v_data)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->%s is NULL",
+                            kv->k_data ? "v_data" : "k_data");
+    if (kv->dtype != cfg->kv_dtype)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->dtype = %s, expected cfg.kv_dtype = %s",
+                            ak_dtype_name(kv->dtype), ak_dtype_name(cfg->kv_dtype));
+    if (kv->layout != cfg->kv_layout)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->layout = %d, expected cfg.kv_layout = %d",
+                            kv->layout, cfg->kv_layout);
+    if (kv->device.kind != cfg->device.kind || kv->device.index != cfg->device.index)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->device does not match cfg.device");
+    if (kv->page_size != cfg->page_size)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->page_size = %d, expected cfg.page_size = %d",
+                            kv->page_size, cfg->page_size);
+    if (kv->num_kv_heads != cfg->num_kv_heads)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.kv->num_kv_heads = %d, expected cfg.num_kv_heads = %d",
+                            kv->num_kv_heads, cfg->num_kv_heads);
+    if (kv->head_dim_qk != cfg->head_dim_qk || kv->head_dim_vo != cfg->head_dim_vo)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.kv head dims %d/%d, expected cfg.head_dim_qk/vo = %d/%d",
+                            kv->head_dim_qk, kv->head_dim_vo, cfg->head_dim_qk, cfg->head_dim_vo);
+    if (kv->num_blocks < lim->num_cache_blocks)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.kv->num_blocks = %d is below limits.num_cache_blocks = %d "
+                            "(planned block ids could fall outside the cache)",
+                            kv->num_blocks, lim->num_cache_blocks);
+    const int64_t k_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_qk;
+    const int64_t v_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_vo;
+    if (kv->k_block_stride != 0 && kv->k_block_stride < k_min)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->k_block_stride = %lld is below a block (%lld)",
+                            (long long)kv->k_block_stride, (long long)k_min);
+    if (kv->v_block_stride != 0 && kv->v_block_stride < v_min)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->v_block_stride = %lld is below a block (%lld)",
+                            (long long)kv->v_block_stride, (long long)v_min);
+    return AK_OK;
+}
+
+ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim, int num_tokens,
+                               int64_t num_kv_tokens, const ak_run_args *args)
+{
+    if (!args) return ak_set_error(AK_ERR_INVALID_ARG, "args is NULL");
+    if (args->struct_size != sizeof *args)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.struct_size = %u, expected %zu (call ak_run_args_init)",
+                            args->struct_size, sizeof *args);
+    const int64_t q_shape[3] = {num_tokens, cfg->num_qo_heads, cfg->head_dim_qk};
+    const int64_t o_shape[3] = {num_tokens, cfg->num_qo_heads, cfg->head_dim_vo};
+    const int64_t lse_shape[2] = {num_tokens, cfg->num_qo_heads};
+    AK_TRY(check_tensor(args->q, "args.q", cfg->q_dtype, 3, q_shape));
+    AK_TRY(check_tensor(args->o, "args.o", cfg->o_dtype, 3, o_shape));
+    if (args->lse) AK_TRY(check_tensor(args->lse, "args.lse", AK_F32, 2, lse_shape));
+    if (cfg->kv_storage == AK_KV_PAGED) return check_paged_kv(cfg, lim, args->kv);
+    const int64_t k_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_qk};
+    const int64_t v_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_vo};
+    AK_TRY(check_tensor(args->k, "args.k", cfg->kv_dtype, 3, k_shape));
+    return check_tensor(args->v, "args.v", cfg->kv_dtype, 3, v_shape);
+}

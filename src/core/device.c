@@ -1,0 +1,108 @@
+/*
+ * device.c - device discovery and memory, CPU side; CUDA calls go to
+ * src/cuda/runtime.cu when the library is built with CUDA.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+int ak_cpu_has_avx2_fma_f16c(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+static void cpu_name(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "cpu");
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned int regs[12];
+    unsigned int max_ext = __get_cpuid_max(0x80000000u, NULL);
+    if (max_ext >= 0x80000004u) {
+        for (unsigned int i = 0; i < 3; i++)
+            __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2],
+                        &regs[4 * i + 3]);
+        char brand[49];
+        memcpy(brand, regs, 48);
+        brand[48] = '\0';
+        const char *p = brand;
+        while (*p == ' ') p++;
+        snprintf(buf, cap, "%s", p);
+    }
+#endif
+}
+
+int ak_device_count(ak_device_kind kind)
+{
+    if (kind == AK_DEVICE_CPU) return 1;
+#ifdef AK_HAVE_CUDA
+    if (kind == AK_DEVICE_CUDA) return ak_cuda_device_count();
+#endif
+    return 0;
+}
+
+ak_status ak_device_get_info(ak_device dev, ak_device_info *info)
+{
+    if (!info) return ak_set_error(AK_ERR_INVALID_ARG, "info is NULL");
+    memset(info, 0, sizeof *info);
+    info->device = dev;
+    if (dev.kind == AK_DEVICE_CPU) {
+        if (dev.index != 0)
+            return ak_set_error(AK_ERR_NO_DEVICE, "device.index = %d: there is one CPU device (0)",
+                                dev.index);
+        cpu_name(info->name, sizeof info->name);
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        info->num_sms = n > 0 ? (int)n : 1;
+        info->cpu_has_avx2_fma_f16c = ak_cpu_has_avx2_fma_f16c();
+        return AK_OK;
+    }
+    if (dev.kind == AK_DEVICE_CUDA) {
+#ifdef AK_HAVE_CUDA
+        return ak_cuda_get_info(dev.index, info);
+#else
+        return ak_set_error(AK_ERR_NO_DEVICE, "device.kind = cuda: attnkit was built without CUDA");
+#endif
+    }
+    return ak_set_error(AK_ERR_INVALID_ARG, "device.kind = %d is not a device kind", dev.kind);
+}
+
+ak_status ak_dev_malloc(ak_device dev, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (dev.kind == AK_DEVICE_CPU) {
+        /* 64-byte alignment: whole cache lines, and aligned SIMD rows */
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        void *p = aligned_alloc(64, rounded ? rounded : 64);
+        if (!p) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate %zu host bytes", bytes);
+        *out = p;
+        return AK_OK;
+    }
+#ifdef AK_HAVE_CUDA
+    if (dev.kind == AK_DEVICE_CUDA) return ak_cuda_malloc(dev.index, bytes, out);
+#endif
+    return ak_set_error(AK_ERR_NO_DEVICE, "device.kind = %d is not available in this build", dev.kind);
+}
+
+void ak_dev_free(ak_device dev, void *p)
+{
+    if (!p) return;
+    if (dev.kind == AK_DEVICE_CPU) {
+        free(p);
+        return;
+    }
+#ifdef AK_HAVE_CUDA
+    if (dev.kind == AK_DEVICE_CUDA) ak_cuda_free(dev.index, p);
+#endif
+}

@@ -1,0 +1,175 @@
+/*
+ * internal.h - what the library's own files share: the backend vtable, the
+ * backend object, error reporting, reasons, metadata capacity.
+ * Never included by users (the public API is include/attnkit.h).
+ */
+#ifndef AK_INTERNAL_H
+#define AK_INTERNAL_H
+
+#include "attnkit.h"
+
+#include <stdarg.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors -------------------------------------------------------------- */
+
+/* Records a formatted message for ak_last_error() and returns s. */
+ak_status ak_set_error(ak_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void ak_clear_error(void);
+
+/* Propagates a failing status unchanged (its message is already recorded). */
+#define AK_TRY(expr)                                                           \
+    do {                                                                       \
+        ak_status ak_try_s_ = (expr);                                          \
+        if (ak_try_s_ != AK_OK) return ak_try_s_;                              \
+    } while (0)
+
+/* ---- reasons: why a backend cannot serve a config ------------------------ */
+
+#define AK_MAX_REASONS 8
+#define AK_REASON_LEN 160
+
+typedef struct ak_reasons {
+    int count;
+    char text[AK_MAX_REASONS][AK_REASON_LEN];
+} ak_reasons;
+
+/* Appends one reason (dropped silently past AK_MAX_REASONS; count still grows). */
+void ak_reason_add(ak_reasons *why, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* ---- the backend protocol ------------------------------------------------ */
+
+/* Sizes of a plan, reported by a backend's plan() to the core. */
+typedef struct ak_plan_info {
+    int num_reqs;
+    int num_tokens;        /* sum of q_len */
+    int64_t num_kv_tokens; /* sum of kv_len */
+} ak_plan_info;
+
+typedef struct ak_backend_vtbl {
+    int api_version;       /* AK_API_VERSION */
+    const char *name;
+    ak_device_kind device;
+    int forward_includes_kv_update; /* explicit in every backend, no default */
+    ak_graph_support graph_support;
+    /* Appends one reason per unsupported aspect of cfg; returns how many. */
+    int (*check)(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why);
+    ak_status (*create)(const ak_attn_config *cfg, const ak_limits *lim, void **state);
+    /* Validates the batch (through ak_batch_build_meta) and fills the static
+     * buffers; reports the plan's sizes in *info. */
+    ak_status (*plan)(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info);
+    /* Called with args already checked against cfg and the plan by the core. */
+    ak_status (*run)(void *state, const ak_run_args *args, ak_stream stream);
+    void (*destroy)(void *state);
+    /* (optional) the static slot-mapping buffer, on cfg.device */
+    const int64_t *(*slot_mapping)(void *state);
+} ak_backend_vtbl;
+
+struct ak_backend {
+    const ak_backend_vtbl *vt;
+    void *state;
+    ak_attn_config cfg; /* normalised: sm_scale filled in */
+    ak_limits lim;      /* normalised: max_splits filled in */
+    int planned;        /* a plan() has succeeded (and no later one failed) */
+    ak_plan_info plan;  /* sizes of that plan */
+};
+
+/* The registry: every backend compiled in, in one table (registry.c). */
+extern const ak_backend_vtbl ak_backend_cpu_ref;
+extern const ak_backend_vtbl ak_backend_cpu;
+#ifdef AK_HAVE_CUDA
+extern const ak_backend_vtbl ak_backend_cuda_paged;
+#endif
+
+/* ---- config and batch helpers ------------------------------------------- */
+
+/* Checks cfg for what no backend could serve (head counts that don't divide,
+ * non-positive sizes, unknown enums). Records the error naming the field. */
+ak_status ak_config_validate(const ak_attn_config *cfg);
+ak_status ak_limits_validate(const ak_limits *lim);
+/* cfg with sm_scale resolved (0 -> 1/sqrt(head_dim_qk)). */
+ak_attn_config ak_config_normalized(const ak_attn_config *cfg);
+
+/* Checks the tensors of one run against cfg, the plan's token count and the
+ * limits; names the field on failure. */
+ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim,
+                               int num_tokens, int64_t num_kv_tokens,
+                               const ak_run_args *args);
+
+/* Host metadata arrays sized by the limits, for backends that keep a host copy
+ * of the plan (CPU backends; CUDA backends use pinned memory of the same shape). */
+typedef struct ak_meta_capacity {
+    int max_reqs;
+    int max_tokens;
+    int64_t max_kv_indices;
+} ak_meta_capacity;
+ak_meta_capacity ak_meta_capacity_of(const ak_limits *lim);
+
+/* Allocates every array of meta on the host for cap (ak_meta_free releases). */
+ak_status ak_meta_alloc_host(const ak_meta_capacity *cap, ak_batch_meta *meta);
+void ak_meta_free_host(ak_batch_meta *meta);
+
+/* ---- device memory and the CUDA side (src/cuda/runtime.cu) -------------- */
+
+/* Allocates / frees memory on dev (host malloc for the CPU). */
+ak_status ak_dev_malloc(ak_device dev, size_t bytes, void **out);
+void ak_dev_free(ak_device dev, void *p);
+
+#ifdef AK_HAVE_CUDA
+int ak_cuda_device_count(void);
+ak_status ak_cuda_get_info(int index, ak_device_info *info);
+ak_status ak_cuda_malloc(int index, size_t bytes, void **out);
+void ak_cuda_free(int index, void *p);
+ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
+                            const int64_t *slot_mapping, int num_tokens, ak_stream stream);
+#endif
+
+/* CPU feature detection (device.c). */
+int ak_cpu_has_avx2_fma_f16c(void);
+
+/* ---- small utilities ----------------------------------------------------- */
+
+/* The number of OpenMP threads to use: AK_NUM_THREADS if set and > 0,
+ * else OpenMP's default (1 without OpenMP). */
+int ak_num_threads(void);
+
+static inline int ak_ceil_div(int a, int b) { return (a + b - 1) / b; }
+static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Element offset of (block, slot, head, dim 0) in a paged K or V pool. */
+static inline int64_t ak_paged_offset(const ak_paged_kv *kv, int64_t block_stride,
+                                      int head_dim, int64_t block, int slot, int head)
+{
+    const int64_t row = kv->layout == AK_LAYOUT_NHD
+                            ? (int64_t)slot * kv->num_kv_heads + head
+                            : (int64_t)head * kv->page_size + slot;
+    return block * block_stride + row * head_dim;
+}
+
+static inline int64_t ak_kv_k_block_stride(const ak_paged_kv *kv)
+{
+    return kv->k_block_stride ? kv->k_block_stride
+                              : (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_qk;
+}
+static inline int64_t ak_kv_v_block_stride(const ak_paged_kv *kv)
+{
+    return kv->v_block_stride ? kv->v_block_stride
+                              : (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_vo;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AK_INTERNAL_H */

@@ -1,0 +1,193 @@
+/*
+ * kv_cache.c - the paged KV cache: per-layer K and V pools and one block
+ * allocator (free stack + reference counts) shared by all layers.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ak_kv_cache {
+    ak_kv_cache_config cfg;
+    void **k_pools;     /* [num_layers] each [num_blocks, block elements] */
+    void **v_pools;     /* [num_layers] */
+    int32_t *refcount;  /* [num_blocks]; 0 = free */
+    int32_t *free_ids;  /* [num_blocks] stack of free block ids */
+    int num_free;
+};
+
+void ak_kv_cache_config_init(ak_kv_cache_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->struct_size = sizeof *cfg;
+    cfg->num_layers = 1;
+    cfg->num_blocks = 1024;
+    cfg->page_size = 16;
+    cfg->num_kv_heads = 8;
+    cfg->head_dim_qk = 128;
+    cfg->head_dim_vo = 128;
+    cfg->dtype = AK_F16;
+    cfg->layout = AK_LAYOUT_NHD;
+    cfg->device.kind = AK_DEVICE_CPU;
+}
+
+static ak_status validate_cfg(const ak_kv_cache_config *c)
+{
+    if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "kv cache cfg is NULL");
+    if (c->struct_size != sizeof *c)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.struct_size = %u, expected %zu (call ak_kv_cache_config_init)",
+                            c->struct_size, sizeof *c);
+#define AK_POSITIVE_(field)                                                    \
+    if (c->field <= 0)                                                         \
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg." #field " = %d must be positive", c->field);
+    AK_POSITIVE_(num_layers)
+    AK_POSITIVE_(num_blocks)
+    AK_POSITIVE_(page_size)
+    AK_POSITIVE_(num_kv_heads)
+    AK_POSITIVE_(head_dim_qk)
+    AK_POSITIVE_(head_dim_vo)
+#undef AK_POSITIVE_
+    if (ak_dtype_size(c->dtype) == 0 || c->dtype == AK_FP8_E4M3)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.dtype = %s is not a supported KV dtype",
+                            ak_dtype_name(c->dtype));
+    if (c->layout != AK_LAYOUT_NHD && c->layout != AK_LAYOUT_HND)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.layout = %d is not a layout", c->layout);
+    return AK_OK;
+}
+
+ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
+{
+    if (!out) return ak_set_error(AK_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    AK_TRY(validate_cfg(cfg));
+    if (ak_device_count(cfg->device.kind) <= cfg->device.index)
+        return ak_set_error(AK_ERR_NO_DEVICE, "cfg.device: no %s device %d",
+                            cfg->device.kind == AK_DEVICE_CUDA ? "CUDA" : "CPU", cfg->device.index);
+
+    ak_kv_cache *c = calloc(1, sizeof *c);
+    if (!c) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cache object");
+    c->cfg = *cfg;
+    c->k_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
+    c->v_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
+    c->refcount = calloc((size_t)cfg->num_blocks, sizeof(int32_t));
+    c->free_ids = malloc(sizeof(int32_t) * (size_t)cfg->num_blocks);
+    if (!c->k_pools || !c->v_pools || !c->refcount || !c->free_ids) {
+        ak_kv_cache_destroy(c);
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate %d blocks of bookkeeping",
+                            cfg->num_blocks);
+    }
+    const size_t esz = ak_dtype_size(cfg->dtype);
+    const size_t rows = (size_t)cfg->num_blocks * cfg->page_size * cfg->num_kv_heads;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        ak_status s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_qk * esz, &c->k_pools[l]);
+        if (s == AK_OK) s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_vo * esz, &c->v_pools[l]);
+        if (s != AK_OK) {
+            ak_kv_cache_destroy(c);
+            return s;
+        }
+    }
+    /* the stack pops low ids first, so a fresh cache hands out 0, 1, 2, ... */
+    for (int i = 0; i < cfg->num_blocks; i++) c->free_ids[i] = cfg->num_blocks - 1 - i;
+    c->num_free = cfg->num_blocks;
+    *out = c;
+    return AK_OK;
+}
+
+void ak_kv_cache_destroy(ak_kv_cache *c)
+{
+    if (!c) return;
+    for (int l = 0; c->k_pools && l < c->cfg.num_layers; l++) ak_dev_free(c->cfg.device, c->k_pools[l]);
+    for (int l = 0; c->v_pools && l < c->cfg.num_layers; l++) ak_dev_free(c->cfg.device, c->v_pools[l]);
+    free(c->k_pools);
+    free(c->v_pools);
+    free(c->refcount);
+    free(c->free_ids);
+    free(c);
+}
+
+ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
+{
+    if (!c || !view) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", c ? "view" : "cache");
+    if (layer < 0 || layer >= c->cfg.num_layers)
+        return ak_set_error(AK_ERR_INVALID_ARG, "layer = %d is out of range [0, %d)", layer,
+                            c->cfg.num_layers);
+    memset(view, 0, sizeof *view);
+    view->k_data = c->k_pools[layer];
+    view->v_data = c->v_pools[layer];
+    view->dtype = c->cfg.dtype;
+    view->layout = c->cfg.layout;
+    view->device = c->cfg.device;
+    view->num_blocks = c->cfg.num_blocks;
+    view->page_size = c->cfg.page_size;
+    view->num_kv_heads = c->cfg.num_kv_heads;
+    view->head_dim_qk = c->cfg.head_dim_qk;
+    view->head_dim_vo = c->cfg.head_dim_vo;
+    return AK_OK;
+}
+
+/* ---- block allocator ----------------------------------------------------- */
+
+static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids, int need_allocated)
+{
+    if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
+    if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
+    if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= c->cfg.num_blocks)
+            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is out of range [0, %d)", i,
+                                ids[i], c->cfg.num_blocks);
+        if (need_allocated && c->refcount[ids[i]] == 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, ids[i]);
+    }
+    return AK_OK;
+}
+
+ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
+{
+    AK_TRY(check_ids(c, 0, ids, 0));
+    if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
+    if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
+    if (n > c->num_free)
+        return ak_set_error(AK_ERR_OUT_OF_BLOCKS, "asked for %d blocks, only %d of %d are free", n,
+                            c->num_free, c->cfg.num_blocks);
+    for (int i = 0; i < n; i++) {
+        const int32_t id = c->free_ids[--c->num_free];
+        c->refcount[id] = 1;
+        ids[i] = id;
+    }
+    return AK_OK;
+}
+
+ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    AK_TRY(check_ids(c, n, ids, 1));
+    for (int i = 0; i < n; i++) c->refcount[ids[i]]++;
+    return AK_OK;
+}
+
+ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    AK_TRY(check_ids(c, n, ids, 1));
+    /* a list naming one block more often than it has references would drive
+     * the count below zero: reject it before changing anything */
+    for (int i = 0; i < n; i++) {
+        int times = 0;
+        for (int j = 0; j <= i; j++) times += ids[j] == ids[i];
+        if (times > c->refcount[ids[i]])
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "block_ids[%d] = %d is freed %d times but has %d references", i,
+                                ids[i], times, c->refcount[ids[i]]);
+    }
+    for (int i = 0; i < n; i++)
+        if (--c->refcount[ids[i]] == 0) c->free_ids[c->num_free++] = ids[i];
+    return AK_OK;
+}
+
+int ak_kv_cache_num_free(const ak_kv_cache *c) { return c ? c->num_free : 0; }
+
+int ak_kv_cache_refcount(const ak_kv_cache *c, int32_t id)
+{
+    if (!c || id < 0 || id >= c->cfg.num_blocks) return -1;
+    return c->refcount[id];
+}

@@ -1,0 +1,258 @@
+/*
+ * registry.c - the backend table, the selector, and the public backend calls
+ * (create / plan / run / destroy) that wrap every backend's vtable.
+ *
+ * Selection: an explicit name, else AK_BACKEND, else the first backend of the
+ * device's priority list whose check() gives no reason. A named backend that
+ * is unknown or cannot serve the config is an error listing every backend
+ * with its reasons; it never falls back silently.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every backend compiled in, in the order attnkit-info lists them. */
+static const ak_backend_vtbl *const registry[] = {
+    &ak_backend_cpu_ref,
+#ifdef AK_HAVE_CUDA_PAGED
+    &ak_backend_cuda_paged,
+#endif
+};
+#define REGISTRY_SIZE ((int)(sizeof registry / sizeof registry[0]))
+
+/* Priority per device class: the selector takes the first one that accepts
+ * the config. cpu_ref is last on the CPU: always correct, never fast. */
+static const char *const cpu_priority[] = {"cpu_ref"};
+static const char *const cuda_priority[] = {"cuda_paged"};
+
+int ak_backend_count(void) { return REGISTRY_SIZE; }
+
+const char *ak_backend_name_at(int i)
+{
+    return i >= 0 && i < REGISTRY_SIZE ? registry[i]->name : NULL;
+}
+
+static const ak_backend_vtbl *find(const char *name)
+{
+    for (int i = 0; i < REGISTRY_SIZE; i++)
+        if (strcmp(registry[i]->name, name) == 0) return registry[i];
+    return NULL;
+}
+
+static const char *device_kind_name(ak_device_kind k)
+{
+    return k == AK_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+/* Why vt cannot serve cfg on the device described by dev (NULL if that device
+ * is absent): the device class first, then the backend's own check(). */
+static int reasons_for(const ak_backend_vtbl *vt, const ak_attn_config *cfg,
+                       const ak_device_info *dev, ak_reasons *why)
+{
+    memset(why, 0, sizeof *why);
+    if (vt->device != cfg->device.kind) {
+        ak_reason_add(why, "runs on %s, cfg.device is %s", device_kind_name(vt->device),
+                      device_kind_name(cfg->device.kind));
+        return why->count;
+    }
+    if (!dev) {
+        ak_reason_add(why, "no %s device %d is present", device_kind_name(cfg->device.kind),
+                      cfg->device.index);
+        return why->count;
+    }
+    return vt->check(cfg, dev, why);
+}
+
+/* A growing text buffer that never overflows. */
+typedef struct textbuf {
+    char *buf;
+    size_t cap, len;
+} textbuf;
+
+static void tb_printf(textbuf *tb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void tb_printf(textbuf *tb, const char *fmt, ...)
+{
+    if (!tb->buf || tb->cap == 0 || tb->len + 1 >= tb->cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(tb->buf + tb->len, tb->cap - tb->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) tb->len = tb->len + (size_t)n < tb->cap ? tb->len + (size_t)n : tb->cap - 1;
+}
+
+static void describe_config(textbuf *tb, const ak_attn_config *c)
+{
+    tb_printf(tb, "config: heads %d/%d, head_dim %d/%d, q/kv/o %s/%s/%s, %s, window %d, soft-cap %g, ",
+              c->num_qo_heads, c->num_kv_heads, c->head_dim_qk, c->head_dim_vo,
+              ak_dtype_name(c->q_dtype), ak_dtype_name(c->kv_dtype), ak_dtype_name(c->o_dtype),
+              c->causal ? "causal" : "non-causal", c->window_left, c->logits_soft_cap);
+    if (c->kv_storage == AK_KV_PAGED)
+        tb_printf(tb, "paged %s page %d, ", c->kv_layout == AK_LAYOUT_NHD ? "NHD" : "HND", c->page_size);
+    else
+        tb_printf(tb, "ragged K/V, ");
+    tb_printf(tb, "device %s:%d\n", device_kind_name(c->device.kind), c->device.index);
+}
+
+/* The one selection routine behind ak_backend_create and ak_explain. Writes
+ * the explanation into tb (which may have a NULL buffer) and the winner into
+ * *chosen (NULL on failure). The returned status carries a message listing
+ * every backend with its reasons when no backend can be used. */
+static ak_status select_backend(const ak_attn_config *cfg, const char *name,
+                                const ak_backend_vtbl **chosen, textbuf *tb)
+{
+    *chosen = NULL;
+    AK_TRY(ak_config_validate(cfg));
+    ak_device_info info;
+    const int have_dev = ak_device_get_info(cfg->device, &info) == AK_OK;
+    ak_clear_error();
+
+    const char *rule_src = "argument";
+    if (!name || !*name) {
+        const char *env = getenv("AK_BACKEND");
+        name = env && *env ? env : NULL;
+        rule_src = "AK_BACKEND";
+    }
+
+    describe_config(tb, cfg);
+    const ak_backend_vtbl *pick = NULL;
+    ak_status st = AK_OK;
+    if (name) {
+        tb_printf(tb, "rule: %s=%s (override)\n", rule_src, name);
+        pick = find(name);
+        if (!pick) {
+            st = AK_ERR_BACKEND_NOT_FOUND;
+        } else {
+            ak_reasons why;
+            if (reasons_for(pick, cfg, have_dev ? &info : NULL, &why) > 0) {
+                st = AK_ERR_UNSUPPORTED;
+                pick = NULL;
+            }
+        }
+    } else {
+        const int is_cuda = cfg->device.kind == AK_DEVICE_CUDA;
+        const char *const *prio = is_cuda ? cuda_priority : cpu_priority;
+        const int n = is_cuda ? (int)(sizeof cuda_priority / sizeof *cuda_priority)
+                              : (int)(sizeof cpu_priority / sizeof *cpu_priority);
+        tb_printf(tb, "rule: priority list for %s:", device_kind_name(cfg->device.kind));
+        for (int i = 0; i < n; i++) tb_printf(tb, " %s", prio[i]);
+        tb_printf(tb, " (first backend with no reasons)\n");
+        for (int i = 0; i < n && !pick; i++) {
+            const ak_backend_vtbl *vt = find(prio[i]);
+            ak_reasons why;
+            if (vt && reasons_for(vt, cfg, have_dev ? &info : NULL, &why) == 0) pick = vt;
+        }
+        if (!pick) st = have_dev ? AK_ERR_UNSUPPORTED : AK_ERR_NO_DEVICE;
+    }
+
+    /* the table: every backend, chosen / available / reasons */
+    char list[4096];
+    textbuf lt = {list, sizeof list, 0};
+    list[0] = '\0';
+    for (int i = 0; i < REGISTRY_SIZE; i++) {
+        ak_reasons why;
+        const int n = reasons_for(registry[i], cfg, have_dev ? &info : NULL, &why);
+        tb_printf(&lt, "  %-14s ", registry[i]->name);
+        if (registry[i] == pick)
+            tb_printf(&lt, "chosen");
+        else if (n == 0)
+            tb_printf(&lt, "available");
+        for (int r = 0; r < n && r < AK_MAX_REASONS; r++)
+            tb_printf(&lt, "%s%s", r ? "; " : "- ", why.text[r]);
+        tb_printf(&lt, "\n");
+    }
+    tb_printf(tb, "%s", list);
+
+    if (st == AK_ERR_BACKEND_NOT_FOUND)
+        return ak_set_error(st, "%s=%s names no backend; the backends are:\n%s", rule_src, name, list);
+    if (st != AK_OK && name)
+        return ak_set_error(st, "%s=%s cannot serve this config; the backends are:\n%s", rule_src,
+                            name, list);
+    if (st != AK_OK)
+        return ak_set_error(st, "no backend can serve this config on %s:%d; the backends are:\n%s",
+                            device_kind_name(cfg->device.kind), cfg->device.index, list);
+    *chosen = pick;
+    return AK_OK;
+}
+
+ak_status ak_explain(const ak_attn_config *cfg, char *buf, size_t cap)
+{
+    if (buf && cap) buf[0] = '\0';
+    textbuf tb = {buf, cap, 0};
+    const ak_backend_vtbl *vt;
+    const ak_status st = select_backend(cfg, NULL, &vt, &tb);
+    if (st != AK_OK && tb.len == 0) tb_printf(&tb, "%s\n", ak_last_error());
+    return st;
+}
+
+/* ---- the backend object -------------------------------------------------- */
+
+ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, const char *name,
+                            ak_backend **out)
+{
+    if (!out) return ak_set_error(AK_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    AK_TRY(ak_limits_validate(lim));
+    textbuf none = {NULL, 0, 0};
+    const ak_backend_vtbl *vt;
+    AK_TRY(select_backend(cfg, name, &vt, &none));
+
+    ak_backend *b = calloc(1, sizeof *b);
+    if (!b) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the backend object");
+    b->vt = vt;
+    b->cfg = ak_config_normalized(cfg);
+    b->lim = *lim;
+    const ak_status st = vt->create(&b->cfg, &b->lim, &b->state);
+    if (st != AK_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return AK_OK;
+}
+
+void ak_backend_destroy(ak_backend *b)
+{
+    if (!b) return;
+    b->vt->destroy(b->state);
+    free(b);
+}
+
+ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
+{
+    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
+    ak_plan_info info = {0, 0, 0};
+    b->planned = 0; /* a failed plan leaves no plan: run() then says so */
+    const ak_status st = b->vt->plan(b->state, batch, stream, &info);
+    if (st != AK_OK) return st;
+    b->plan = info;
+    b->planned = 1;
+    return AK_OK;
+}
+
+ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream)
+{
+    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
+    if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "run() before a successful plan()");
+    AK_TRY(ak_run_args_validate(&b->cfg, &b->lim, b->plan.num_tokens, b->plan.num_kv_tokens, args));
+    return b->vt->run(b->state, args, stream);
+}
+
+const char *ak_backend_name(const ak_backend *b) { return b ? b->vt->name : NULL; }
+const ak_attn_config *ak_backend_config(const ak_backend *b) { return b ? &b->cfg : NULL; }
+int ak_backend_forward_includes_kv_update(const ak_backend *b)
+{
+    return b ? b->vt->forward_includes_kv_update : 0;
+}
+ak_graph_support ak_backend_graph_support(const ak_backend *b)
+{
+    return b ? b->vt->graph_support : AK_GRAPH_NEVER;
+}
+const int64_t *ak_backend_slot_mapping(const ak_backend *b)
+{
+    if (!b || !b->planned || !b->vt->slot_mapping) return NULL;
+    return b->vt->slot_mapping(b->state);
+}
+int ak_backend_planned_tokens(const ak_backend *b) { return b && b->planned ? b->plan.num_tokens : 0; }

@@ -1,0 +1,171 @@
+/*
+ * ref.c - cpu_ref, the golden reference: plain attention, one query row at a
+ * time, fp64 accumulation, every feature. Never optimised; every other backend
+ * is tested against it.
+ *
+ * For query token i of request r (position p = kv_len - q_len + i) and query
+ * head h (KV head g = h / (num_qo_heads / num_kv_heads)):
+ *     s_j = sm_scale * q . k_j            for visible keys j
+ *     s_j = cap * tanh(s_j / cap)         if soft-cap is on
+ *     o   = sum_j exp(s_j - lse) v_j,  lse = log sum_j exp(s_j)
+ * visible: j <= p when causal, and j >= p - window_left when windowed.
+ */
+#include "dtype.h"
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ref_state {
+    ak_attn_config cfg;
+    ak_limits lim;
+    ak_batch_meta meta; /* host copy of the plan */
+    int32_t *kv_lens;   /* [max_reqs] */
+    int num_reqs;
+    double *scores;     /* [max keys of one request] */
+    int scores_cap;
+} ref_state;
+
+static int ref_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+{
+    (void)dev;
+    if (cfg->q_dtype == AK_FP8_E4M3 || cfg->kv_dtype == AK_FP8_E4M3 || cfg->o_dtype == AK_FP8_E4M3)
+        ak_reason_add(why, "fp8 dtypes are not supported yet");
+    return why->count;
+}
+
+static void ref_destroy(void *state)
+{
+    ref_state *s = state;
+    if (!s) return;
+    ak_meta_free_host(&s->meta);
+    free(s->kv_lens);
+    free(s->scores);
+    free(s);
+}
+
+static ak_status ref_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
+{
+    ref_state *s = calloc(1, sizeof *s);
+    if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cpu_ref state");
+    s->cfg = *cfg;
+    s->lim = *lim;
+    const ak_meta_capacity cap = ak_meta_capacity_of(lim);
+    ak_status st = ak_meta_alloc_host(&cap, &s->meta);
+    s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
+    if (st == AK_OK && !s->kv_lens) st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate kv_lens");
+    if (st != AK_OK) {
+        ref_destroy(s);
+        return st;
+    }
+    *out = s;
+    return AK_OK;
+}
+
+static ak_status ref_plan(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info)
+{
+    (void)stream;
+    ref_state *s = state;
+    AK_TRY(ak_batch_build_meta(batch, &s->cfg, &s->lim, &s->meta));
+    int max_kv = 0;
+    int64_t kv_total = 0;
+    for (int r = 0; r < batch->num_reqs; r++) {
+        s->kv_lens[r] = batch->kv_lens[r];
+        if (batch->kv_lens[r] > max_kv) max_kv = batch->kv_lens[r];
+        kv_total += batch->kv_lens[r];
+    }
+    /* the scores row is the only buffer sized by the batch; plan may allocate */
+    if (max_kv > s->scores_cap) {
+        double *p = realloc(s->scores, sizeof(double) * (size_t)max_kv);
+        if (!p) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate %d scores", max_kv);
+        s->scores = p;
+        s->scores_cap = max_kv;
+    }
+    s->num_reqs = batch->num_reqs;
+    info->num_reqs = batch->num_reqs;
+    info->num_tokens = s->meta.qo_indptr[batch->num_reqs];
+    info->num_kv_tokens = kv_total;
+    return AK_OK;
+}
+
+/* Address of key/value j (0-based in the request) of KV head g. */
+static const void *kv_row(const ref_state *s, const ak_run_args *a, int r, int j, int g, int is_v)
+{
+    const size_t esz = ak_dtype_size(s->cfg.kv_dtype);
+    if (s->cfg.kv_storage == AK_KV_RAGGED) {
+        const ak_tensor *t = is_v ? a->v : a->k;
+        const int64_t row = s->meta.kv_indptr[r] + j;
+        return (const char *)t->data + (row * t->stride[0] + g * t->stride[1]) * esz;
+    }
+    const ak_paged_kv *kv = a->kv;
+    const int page = kv->page_size;
+    const int64_t block = s->meta.kv_indices[s->meta.kv_indptr[r] + j / page];
+    const int64_t off = is_v ? ak_paged_offset(kv, ak_kv_v_block_stride(kv), kv->head_dim_vo, block, j % page, g)
+                             : ak_paged_offset(kv, ak_kv_k_block_stride(kv), kv->head_dim_qk, block, j % page, g);
+    return (const char *)(is_v ? kv->v_data : kv->k_data) + off * esz;
+}
+
+static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)
+{
+    (void)stream;
+    ref_state *s = state;
+    const ak_attn_config *c = &s->cfg;
+    const int group = c->num_qo_heads / c->num_kv_heads;
+    double *sc = s->scores;
+    for (int r = 0; r < s->num_reqs; r++) {
+        const int q0 = s->meta.qo_indptr[r], q_len = s->meta.qo_indptr[r + 1] - q0;
+        const int keys = s->kv_lens[r];
+        for (int i = 0; i < q_len; i++) {
+            const int t = q0 + i, p = keys - q_len + i;
+            /* visible keys [lo, hi] */
+            const int lo = c->window_left >= 0 && p - c->window_left > 0 ? p - c->window_left : 0;
+            const int hi = c->causal && p < keys - 1 ? p : keys - 1;
+            for (int h = 0; h < c->num_qo_heads; h++) {
+                const int g = h / group;
+                const void *q = (const char *)a->q->data +
+                                (t * a->q->stride[0] + h * a->q->stride[1]) * ak_dtype_size(c->q_dtype);
+                double m = -INFINITY;
+                for (int j = lo; j <= hi; j++) {
+                    const void *k = kv_row(s, a, r, j, g, 0);
+                    double dot = 0.0;
+                    for (int d = 0; d < c->head_dim_qk; d++)
+                        dot += (double)ak_load_as_f32(q, c->q_dtype, d) * ak_load_as_f32(k, c->kv_dtype, d);
+                    double x = dot * c->sm_scale;
+                    if (c->logits_soft_cap > 0.0f) x = c->logits_soft_cap * tanh(x / c->logits_soft_cap);
+                    sc[j] = x;
+                    if (x > m) m = x;
+                }
+                double denom = 0.0;
+                for (int j = lo; j <= hi; j++) denom += exp(sc[j] - m);
+                void *o = (char *)a->o->data + (t * a->o->stride[0] + h * a->o->stride[1]) * ak_dtype_size(c->o_dtype);
+                for (int d = 0; d < c->head_dim_vo; d++) {
+                    double acc = 0.0;
+                    for (int j = lo; j <= hi; j++)
+                        acc += exp(sc[j] - m) * ak_load_as_f32(kv_row(s, a, r, j, g, 1), c->kv_dtype, d);
+                    ak_store_from_f32(o, c->o_dtype, d, denom > 0.0 ? (float)(acc / denom) : 0.0f);
+                }
+                if (a->lse)
+                    ((float *)a->lse->data)[t * a->lse->stride[0] + h * a->lse->stride[1]] =
+                        denom > 0.0 ? (float)(m + log(denom)) : -INFINITY;
+            }
+        }
+    }
+    return AK_OK;
+}
+
+static const int64_t *ref_slot_mapping(void *state) { return ((ref_state *)state)->meta.slot_mapping; }
+
+const ak_backend_vtbl ak_backend_cpu_ref = {
+    /* .api_version = */ AK_API_VERSION,
+    /* .name = */ "cpu_ref",
+    /* .device = */ AK_DEVICE_CPU,
+    /* .forward_includes_kv_update = */ 0,
+    /* .graph_support = */ AK_GRAPH_NEVER,
+    /* .check = */ ref_check,
+    /* .create = */ ref_create,
+    /* .plan = */ ref_plan,
+    /* .run = */ ref_run,
+    /* .destroy = */ ref_destroy,
+    /* .slot_mapping = */ ref_slot_mapping,
+};

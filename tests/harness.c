@@ -1,0 +1,566 @@
+/*
+ * harness.c - results, random inputs, guarded buffers on either device, the
+ * test scene and the dense oracle. See harness.h.
+ */
+#include "harness.h"
+
+#include "dtype.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef AK_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* ---- results ----------------------------------------------------------- */
+
+static void report(const char *tag, const char *backend, const char *name, const char *fmt, va_list ap)
+{
+    printf("%-4s %-12s %-44s ", tag, backend ? backend : "-", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    fflush(stdout);
+}
+
+void t_pass(test_ctx *t, const char *backend, const char *name, const char *fmt, ...)
+{
+    t->passed++;
+    if (!t->verbose) return;
+    va_list ap;
+    va_start(ap, fmt);
+    report("PASS", backend, name, fmt, ap);
+    va_end(ap);
+}
+
+void t_fail(test_ctx *t, const char *backend, const char *name, const char *fmt, ...)
+{
+    t->failed++;
+    va_list ap;
+    va_start(ap, fmt);
+    report("FAIL", backend, name, fmt, ap);
+    va_end(ap);
+}
+
+void t_skip(test_ctx *t, const char *backend, const char *name, const char *fmt, ...)
+{
+    t->skipped++;
+    if (!t->verbose) return;
+    va_list ap;
+    va_start(ap, fmt);
+    report("SKIP", backend, name, fmt, ap);
+    va_end(ap);
+}
+
+int t_selected(const test_ctx *t, const char *name)
+{
+    return !t->filter || strstr(name, t->filter) != NULL;
+}
+
+int t_backends(const test_ctx *t, const char **names, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < ak_backend_count() && n < cap; i++) {
+        const char *nm = ak_backend_name_at(i);
+        const int is_cuda = strncmp(nm, "cuda", 4) == 0;
+        if (is_cuda != (t->device.kind == AK_DEVICE_CUDA)) continue;
+        if (t->backend && strcmp(t->backend, nm) != 0) continue;
+        names[n++] = nm;
+    }
+    return n;
+}
+
+/* ---- random ------------------------------------------------------------- */
+
+uint64_t rng_next(uint64_t *s)
+{
+    /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+uint64_t name_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
+
+int rng_int(uint64_t *s, int lo, int hi) { return lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1)); }
+
+void rng_shuffle_i32(uint64_t *s, int32_t *a, int n)
+{
+    for (int i = n - 1; i > 0; i--) {
+        const int j = (int)(rng_next(s) % (uint64_t)(i + 1));
+        const int32_t x = a[i];
+        a[i] = a[j];
+        a[j] = x;
+    }
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+static inline int on_gpu(ak_device dev) { return dev.kind == AK_DEVICE_CUDA; }
+
+static void *dev_alloc(ak_device dev, size_t bytes)
+{
+#ifdef AK_HAVE_CUDA
+    if (on_gpu(dev)) {
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
+        return p;
+    }
+#endif
+    (void)dev;
+    return malloc(bytes);
+}
+
+static void dev_free(ak_device dev, void *p)
+{
+#ifdef AK_HAVE_CUDA
+    if (on_gpu(dev)) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)dev;
+    free(p);
+}
+
+void dev_copy_to(ak_device dev, void *dst, const void *src, size_t bytes)
+{
+#ifdef AK_HAVE_CUDA
+    if (on_gpu(dev)) {
+        if (cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) abort();
+        return;
+    }
+#endif
+    (void)dev;
+    memcpy(dst, src, bytes);
+}
+
+void dev_copy_from(ak_device dev, void *dst, const void *src, size_t bytes)
+{
+#ifdef AK_HAVE_CUDA
+    if (on_gpu(dev)) {
+        if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) abort();
+        return;
+    }
+#endif
+    (void)dev;
+    memcpy(dst, src, bytes);
+}
+
+void dev_sync(ak_device dev)
+{
+#ifdef AK_HAVE_CUDA
+    if (on_gpu(dev)) {
+        const cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            fprintf(stderr, "CUDA error after sync: %s\n", cudaGetErrorString(e));
+            abort();
+        }
+    }
+#endif
+    (void)dev;
+}
+
+int tbuf_alloc(tbuf *b, ak_device dev, size_t bytes)
+{
+    memset(b, 0, sizeof *b);
+    b->dev = dev;
+    b->bytes = bytes;
+    b->host = malloc(bytes + 2 * GUARD_BYTES);
+    b->raw = dev_alloc(dev, bytes + 2 * GUARD_BYTES);
+    if (!b->host || !b->raw) {
+        tbuf_free(b);
+        return -1;
+    }
+    memset(b->host, GUARD_BYTE, bytes + 2 * GUARD_BYTES);
+    return 0;
+}
+
+void tbuf_free(tbuf *b)
+{
+    free(b->host);
+    if (b->raw) dev_free(b->dev, b->raw);
+    memset(b, 0, sizeof *b);
+}
+
+void *tbuf_data(const tbuf *b) { return b->raw + GUARD_BYTES; }
+void *tbuf_host(const tbuf *b) { return b->host + GUARD_BYTES; }
+void tbuf_upload(tbuf *b) { dev_copy_to(b->dev, b->raw, b->host, b->bytes + 2 * GUARD_BYTES); }
+void tbuf_download(tbuf *b) { dev_copy_from(b->dev, b->host, b->raw, b->bytes + 2 * GUARD_BYTES); }
+
+void tbuf_poison(tbuf *b)
+{
+    memset(b->host, GUARD_BYTE, GUARD_BYTES);
+    memset(b->host + GUARD_BYTES, POISON_BYTE, b->bytes);
+    memset(b->host + GUARD_BYTES + b->bytes, GUARD_BYTE, GUARD_BYTES);
+    tbuf_upload(b);
+}
+
+int tbuf_guards_ok(const tbuf *b)
+{
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        if (b->host[i] != GUARD_BYTE || b->host[GUARD_BYTES + b->bytes + i] != GUARD_BYTE) return 0;
+    return 1;
+}
+
+/* ---- the scene --------------------------------------------------------- */
+
+ak_attn_config case_config(const attn_case *tc, ak_device dev)
+{
+    ak_attn_config c;
+    ak_attn_config_init(&c);
+    c.num_qo_heads = tc->num_qo_heads;
+    c.num_kv_heads = tc->num_kv_heads;
+    c.head_dim_qk = tc->head_dim_qk;
+    c.head_dim_vo = tc->head_dim_vo;
+    c.causal = tc->causal;
+    c.window_left = tc->window_left;
+    c.logits_soft_cap = tc->soft_cap;
+    c.q_dtype = c.kv_dtype = tc->dtype;
+    c.o_dtype = tc->o_f32 ? AK_F32 : tc->dtype;
+    c.device = dev;
+    c.kv_storage = tc->storage;
+    c.kv_layout = tc->layout;
+    c.page_size = tc->page_size;
+    return c;
+}
+
+/* Padding (elements) added to each head row of q and o, so that strides are
+ * exercised and a write past a row lands in checked poison. */
+#define ROW_PAD 8
+#define LSE_PAD 3
+
+static float round_to(ak_dtype t, float x)
+{
+    if (t == AK_F16) return ak_f16_to_f32(ak_f32_to_f16(x));
+    if (t == AK_BF16) return ak_bf16_to_f32(ak_f32_to_bf16(x));
+    return x;
+}
+
+/* Fills n elements of dtype t at dst from f32 src (or random if src NULL). */
+static void store_row(void *dst, ak_dtype t, const float *src, int n, uint64_t *rng)
+{
+    for (int i = 0; i < n; i++) ak_store_from_f32(dst, t, i, src ? src[i] : rng_uniform(rng));
+}
+
+int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->tc = *tc;
+    sc->cfg = case_config(tc, dev);
+    const int Hq = tc->num_qo_heads, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk, Dvo = tc->head_dim_vo;
+    const int R = tc->num_reqs, P = tc->page_size > 0 ? tc->page_size : 1;
+    const ak_dtype dt = tc->dtype;
+    const size_t esz = ak_dtype_size(dt);
+
+    sc->qo_indptr = calloc((size_t)R + 1, sizeof(int32_t));
+    sc->kv_lens = calloc((size_t)R + 1, sizeof(int32_t));
+    int max_blocks = 1;
+    for (int r = 0; r < R; r++) {
+        sc->qo_indptr[r + 1] = sc->qo_indptr[r] + tc->reqs[r].q_len;
+        sc->kv_lens[r] = tc->reqs[r].kv_len;
+        sc->num_kv_tokens += tc->reqs[r].kv_len;
+        const int nb = (tc->reqs[r].kv_len + P - 1) / P;
+        if (nb > max_blocks) max_blocks = nb;
+    }
+    sc->num_tokens = sc->qo_indptr[R];
+
+    /* logical inputs, rounded to the dtype so every consumer sees the same values */
+    const int T = sc->num_tokens;
+    sc->q = malloc(sizeof(float) * ((size_t)T * Hq * Dqk + 1));
+    for (int64_t i = 0; i < (int64_t)T * Hq * Dqk; i++) sc->q[i] = round_to(dt, rng_uniform(rng));
+    sc->k = calloc((size_t)R + 1, sizeof(float *));
+    sc->v = calloc((size_t)R + 1, sizeof(float *));
+    /* K is scaled up so the softmax is peaked enough to notice a wrong key */
+    for (int r = 0; r < R; r++) {
+        const int L = tc->reqs[r].kv_len;
+        sc->k[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dqk + 1));
+        sc->v[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dvo + 1));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++) sc->k[r][i] = round_to(dt, 2.0f * rng_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++) sc->v[r][i] = round_to(dt, rng_uniform(rng));
+    }
+
+    /* q on the device, rows padded */
+    if (tbuf_alloc(&sc->q_buf, dev, esz * ((size_t)T * Hq * (Dqk + ROW_PAD) + 1))) return -1;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < Hq; h++) {
+            char *row = (char *)tbuf_host(&sc->q_buf) + esz * ((size_t)t * Hq + h) * (Dqk + ROW_PAD);
+            store_row(row, dt, sc->q + ((int64_t)t * Hq + h) * Dqk, Dqk, rng);
+            store_row(row + esz * Dqk, dt, NULL, ROW_PAD, rng);
+        }
+    tbuf_upload(&sc->q_buf);
+
+    ak_limits_init(&sc->lim);
+    sc->lim.max_reqs = R > 0 ? R : 1;
+    sc->lim.max_tokens = T > 0 ? T : 1;
+    sc->lim.max_blocks_per_req = max_blocks;
+
+    ak_batch_init(&sc->batch);
+    sc->batch.num_reqs = R;
+    sc->batch.qo_indptr = sc->qo_indptr;
+    sc->batch.kv_lens = sc->kv_lens;
+
+    if (tc->storage == AK_KV_RAGGED) {
+        const int64_t N = sc->num_kv_tokens;
+        if (tbuf_alloc(&sc->k_rag, dev, esz * ((size_t)N * Hk * Dqk + 1)) ||
+            tbuf_alloc(&sc->v_rag, dev, esz * ((size_t)N * Hk * Dvo + 1)))
+            return -1;
+        int64_t row = 0;
+        for (int r = 0; r < R; r++) {
+            const int L = tc->reqs[r].kv_len;
+            store_row((char *)tbuf_host(&sc->k_rag) + esz * row * Hk * Dqk, dt, sc->k[r], L * Hk * Dqk, rng);
+            store_row((char *)tbuf_host(&sc->v_rag) + esz * row * Hk * Dvo, dt, sc->v[r], L * Hk * Dvo, rng);
+            row += L;
+        }
+        tbuf_upload(&sc->k_rag);
+        tbuf_upload(&sc->v_rag);
+        sc->lim.num_cache_blocks = 1;
+        return 0;
+    }
+
+    /* paged: blocks in shuffled order, a few spare blocks that stay random */
+    int total_blocks = 0;
+    for (int r = 0; r < R; r++) total_blocks += (tc->reqs[r].kv_len + P - 1) / P;
+    const int num_blocks = total_blocks + 5;
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = num_blocks;
+    kc.page_size = P;
+    kc.num_kv_heads = Hk;
+    kc.head_dim_qk = Dqk;
+    kc.head_dim_vo = Dvo;
+    kc.dtype = dt;
+    kc.layout = tc->layout;
+    kc.device = dev;
+    if (ak_kv_cache_create(&kc, &sc->cache) != AK_OK) return -1;
+    ak_kv_cache_layer(sc->cache, 0, &sc->kv);
+    sc->lim.num_cache_blocks = num_blocks;
+
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_blocks);
+    ak_kv_cache_alloc(sc->cache, num_blocks, ids);
+    rng_shuffle_i32(rng, ids, num_blocks);
+    /* rows padded with a spare column of garbage ids, never read */
+    sc->bt_stride = max_blocks + 1;
+    sc->block_table = malloc(sizeof(int32_t) * ((size_t)R * sc->bt_stride + 1));
+    int next = 0;
+    for (int r = 0; r < R; r++) {
+        const int nb = (tc->reqs[r].kv_len + P - 1) / P;
+        for (int i = 0; i < sc->bt_stride; i++)
+            sc->block_table[r * sc->bt_stride + i] = i < nb ? ids[next++] : -7;
+    }
+    free(ids);
+    sc->batch.block_table = sc->block_table;
+    sc->batch.block_table_stride = sc->bt_stride;
+
+    /* pool images: random everywhere, then the logical rows at their slots */
+    const size_t kpool = (size_t)num_blocks * P * Hk * Dqk, vpool = (size_t)num_blocks * P * Hk * Dvo;
+    char *kimg = malloc(kpool * esz), *vimg = malloc(vpool * esz);
+    store_row(kimg, dt, NULL, (int)kpool, rng);
+    store_row(vimg, dt, NULL, (int)vpool, rng);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < tc->reqs[r].kv_len; j++) {
+            const int64_t blk = sc->block_table[r * sc->bt_stride + j / P];
+            const int s = j % P;
+            for (int h = 0; h < Hk; h++) {
+                const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
+                store_row(kimg + esz * row * Dqk, dt, sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
+                store_row(vimg + esz * row * Dvo, dt, sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
+            }
+        }
+    dev_copy_to(dev, sc->kv.k_data, kimg, kpool * esz);
+    dev_copy_to(dev, sc->kv.v_data, vimg, vpool * esz);
+    free(kimg);
+    free(vimg);
+    return 0;
+}
+
+void scene_free(scene *sc)
+{
+    for (int r = 0; r < sc->tc.num_reqs; r++) {
+        if (sc->k) free(sc->k[r]);
+        if (sc->v) free(sc->v[r]);
+    }
+    free(sc->k);
+    free(sc->v);
+    free(sc->q);
+    free(sc->qo_indptr);
+    free(sc->kv_lens);
+    free(sc->block_table);
+    ak_kv_cache_destroy(sc->cache);
+    tbuf_free(&sc->q_buf);
+    tbuf_free(&sc->k_rag);
+    tbuf_free(&sc->v_rag);
+    memset(sc, 0, sizeof *sc);
+}
+
+void dense_attention(const scene *sc, double *o, double *lse)
+{
+    const attn_case *tc = &sc->tc;
+    const int Hq = tc->num_qo_heads, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk, Dvo = tc->head_dim_vo;
+    const double scale = 1.0 / sqrt((double)Dqk);
+    int max_l = 1;
+    for (int r = 0; r < tc->num_reqs; r++)
+        if (tc->reqs[r].kv_len > max_l) max_l = tc->reqs[r].kv_len;
+    double *w = malloc(sizeof(double) * (size_t)max_l);
+    for (int r = 0; r < tc->num_reqs; r++) {
+        const int L = tc->reqs[r].kv_len, Q = tc->reqs[r].q_len;
+        for (int i = 0; i < Q; i++) {
+            const int t = sc->qo_indptr[r] + i, pos = L - Q + i;
+            for (int h = 0; h < Hq; h++) {
+                const int g = h / (Hq / Hk);
+                double mx = -INFINITY;
+                for (int j = 0; j < L; j++) {
+                    const int visible = (!tc->causal || j <= pos) &&
+                                        (tc->window_left < 0 || j >= pos - tc->window_left);
+                    if (!visible) {
+                        w[j] = -INFINITY;
+                        continue;
+                    }
+                    double s = 0;
+                    for (int d = 0; d < Dqk; d++)
+                        s += (double)sc->q[((int64_t)t * Hq + h) * Dqk + d] * sc->k[r][((int64_t)j * Hk + g) * Dqk + d];
+                    s *= scale;
+                    if (tc->soft_cap > 0) s = tc->soft_cap * tanh(s / tc->soft_cap);
+                    w[j] = s;
+                    if (s > mx) mx = s;
+                }
+                double sum = 0;
+                for (int j = 0; j < L; j++) sum += w[j] == -INFINITY ? 0.0 : exp(w[j] - mx);
+                double *orow = o + ((int64_t)t * Hq + h) * Dvo;
+                for (int d = 0; d < Dvo; d++) orow[d] = 0;
+                for (int j = 0; j < L && sum > 0; j++) {
+                    if (w[j] == -INFINITY) continue;
+                    const double p = exp(w[j] - mx) / sum;
+                    for (int d = 0; d < Dvo; d++) orow[d] += p * sc->v[r][((int64_t)j * Hk + g) * Dvo + d];
+                }
+                lse[(int64_t)t * Hq + h] = sum > 0 ? mx + log(sum) : -INFINITY;
+            }
+        }
+    }
+    free(w);
+}
+
+static int is_nan_bits(const unsigned char *p, ak_dtype t)
+{
+    return isnan(ak_load_as_f32(p, t, 0));
+}
+
+ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, char *bad, size_t cap)
+{
+    bad[0] = '\0';
+    ak_backend *b = NULL;
+    ak_status st = ak_backend_create(&sc->cfg, &sc->lim, name, &b);
+    if (st != AK_OK) return st;
+    const ak_attn_config *c = &sc->cfg;
+    const int T = sc->num_tokens, Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
+    const size_t oes = ak_dtype_size(c->o_dtype);
+    tbuf ob, lb;
+    tbuf_alloc(&ob, c->device, oes * ((size_t)T * Hq * (Dvo + ROW_PAD) + 1));
+    tbuf_alloc(&lb, c->device, sizeof(float) * ((size_t)T * (Hq + LSE_PAD) + 1));
+    tbuf_poison(&ob);
+    tbuf_poison(&lb);
+
+    ak_tensor q = ak_tensor_3d(tbuf_data(&sc->q_buf), c->q_dtype, T, Hq, Dqk);
+    q.stride[1] = Dqk + ROW_PAD;
+    q.stride[0] = (int64_t)Hq * (Dqk + ROW_PAD);
+    ak_tensor ot = ak_tensor_3d(tbuf_data(&ob), c->o_dtype, T, Hq, Dvo);
+    ot.stride[1] = Dvo + ROW_PAD;
+    ot.stride[0] = (int64_t)Hq * (Dvo + ROW_PAD);
+    ak_tensor lt = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
+    lt.stride[0] = Hq + LSE_PAD;
+    ak_tensor kt = ak_tensor_3d(tbuf_data(&sc->k_rag), c->kv_dtype, sc->num_kv_tokens, c->num_kv_heads, Dqk);
+    ak_tensor vt = ak_tensor_3d(tbuf_data(&sc->v_rag), c->kv_dtype, sc->num_kv_tokens, c->num_kv_heads, Dvo);
+
+    ak_run_args a;
+    ak_run_args_init(&a);
+    a.q = &q;
+    a.o = &ot;
+    a.lse = &lt;
+    if (c->kv_storage == AK_KV_PAGED) {
+        a.kv = &sc->kv;
+    } else {
+        a.k = &kt;
+        a.v = &vt;
+    }
+    st = ak_backend_plan(b, &sc->batch, NULL);
+    if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
+    dev_sync(c->device);
+    tbuf_download(&ob);
+    tbuf_download(&lb);
+
+    if (st == AK_OK) {
+        if (!tbuf_guards_ok(&ob)) snprintf(bad, cap, "write outside o (guard bytes changed)");
+        if (!tbuf_guards_ok(&lb)) snprintf(bad, cap, "write outside lse (guard bytes changed)");
+        const unsigned char *oh = tbuf_host(&ob);
+        for (int t = 0; t < T && !bad[0]; t++)
+            for (int h = 0; h < Hq && !bad[0]; h++) {
+                const unsigned char *row = oh + oes * ((size_t)t * Hq + h) * (Dvo + ROW_PAD);
+                for (int d = 0; d < Dvo; d++) {
+                    if (is_nan_bits(row + oes * d, c->o_dtype)) {
+                        snprintf(bad, cap, "o[%d][%d][%d] is NaN (unwritten or computed)", t, h, d);
+                        break;
+                    }
+                    o[((int64_t)t * Hq + h) * Dvo + d] = ak_load_as_f32(row, c->o_dtype, d);
+                }
+                for (size_t p = oes * Dvo; p < oes * (Dvo + ROW_PAD) && !bad[0]; p++)
+                    if (row[p] != POISON_BYTE) snprintf(bad, cap, "o row padding of [%d][%d] was written", t, h);
+                const float *lrow = (const float *)tbuf_host(&lb) + (size_t)t * (Hq + LSE_PAD);
+                if (isnan(lrow[h])) snprintf(bad, cap, "lse[%d][%d] is NaN", t, h);
+                lse[(int64_t)t * Hq + h] = lrow[h];
+            }
+    }
+    tbuf_free(&ob);
+    tbuf_free(&lb);
+    ak_backend_destroy(b);
+    return st;
+}
+
+/* ---- error measures ----------------------------------------------------- */
+
+double rel_err_f(const float *x, const double *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double)x[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+double max_lse_err(const float *x, const double *ref, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isinf(ref[i]) || isinf(x[i])) {
+            if (!(isinf(ref[i]) && isinf(x[i]) && (ref[i] < 0) == (x[i] < 0))) return INFINITY;
+            continue;
+        }
+        const double d = fabs((double)x[i] - ref[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+double tolerance(ak_dtype t)
+{
+    /* relative (Frobenius) error of o. f32: accumulation order and fast exp;
+     * f16/bf16: output rounding plus probabilities rounded for the P.V product
+     * on tensor cores (bf16 has 8 mantissa bits: ~4e-3 per element). */
+    switch (t) {
+    case AK_F16: return 4e-3;
+    case AK_BF16: return 2e-2;
+    default: return 1e-4;
+    }
+}

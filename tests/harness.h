@@ -1,0 +1,136 @@
+/*
+ * harness.h - the test harness shared by every test file: results, random
+ * inputs, buffers on the CPU or the GPU with guard bytes, the test scene
+ * (a paged cache filled from logical per-request K/V), and the dense oracle.
+ */
+#ifndef AK_TEST_HARNESS_H
+#define AK_TEST_HARNESS_H
+
+#include "attnkit.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- results ----------------------------------------------------------- */
+
+typedef struct test_ctx {
+    ak_device device;     /* which device's backends are under test */
+    const char *backend;  /* only this backend (NULL = all) */
+    const char *filter;   /* only cases whose name contains this */
+    uint64_t seed;
+    int verbose;
+    int passed, failed, skipped;
+} test_ctx;
+
+void t_pass(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
+void t_fail(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
+void t_skip(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
+int t_selected(const test_ctx *t, const char *name);
+
+/* Backends of the device under test (in registry order). */
+int t_backends(const test_ctx *t, const char **names, int cap);
+
+/* ---- random ------------------------------------------------------------- */
+
+uint64_t rng_next(uint64_t *s);
+uint64_t name_hash(const char *s);         /* FNV-1a: a per-case seed that survives ASLR */
+float rng_uniform(uint64_t *s);            /* [-1, 1) */
+int rng_int(uint64_t *s, int lo, int hi);  /* [lo, hi] */
+void rng_shuffle_i32(uint64_t *s, int32_t *a, int n);
+
+/* ---- buffers: host mirror + device copy, with guard bytes --------------- */
+
+#define GUARD_BYTES 256
+#define GUARD_BYTE 0xA5
+#define POISON_BYTE 0xFF /* all-ones is NaN in f32, f16 and bf16 */
+
+typedef struct tbuf {
+    ak_device dev;
+    size_t bytes;      /* payload */
+    unsigned char *host; /* [GUARD | payload | GUARD] */
+    unsigned char *raw;  /* device (or host) allocation with the same layout */
+} tbuf;
+
+int tbuf_alloc(tbuf *b, ak_device dev, size_t bytes);
+void tbuf_free(tbuf *b);
+void *tbuf_data(const tbuf *b);    /* payload address on b->dev */
+void *tbuf_host(const tbuf *b);    /* payload address in the host mirror */
+void tbuf_upload(tbuf *b);         /* host mirror (with guards) -> device */
+void tbuf_download(tbuf *b);       /* device -> host mirror */
+void tbuf_poison(tbuf *b);         /* payload POISON, guards GUARD, uploaded */
+int tbuf_guards_ok(const tbuf *b); /* after download */
+void dev_sync(ak_device dev);
+void dev_copy_to(ak_device dev, void *dst, const void *src, size_t bytes);   /* host -> dev */
+void dev_copy_from(ak_device dev, void *dst, const void *src, size_t bytes); /* dev -> host */
+
+/* ---- the scene: one batch on a paged (or ragged) cache ------------------- */
+
+typedef struct req_spec {
+    int q_len, kv_len;
+} req_spec;
+
+#define MAX_REQS 80
+
+typedef struct attn_case {
+    const char *name;
+    int num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo;
+    ak_dtype dtype;      /* q, kv and o */
+    ak_dtype o_dtype;    /* 0 (= AK_F32) means "same as dtype" unless o_f32 */
+    int o_f32;           /* 1: o in f32 whatever dtype is */
+    int causal, window_left;
+    float soft_cap;
+    int page_size;
+    ak_kv_layout layout;
+    ak_kv_storage storage;
+    int num_reqs;
+    req_spec reqs[MAX_REQS];
+} attn_case;
+
+typedef struct scene {
+    attn_case tc;
+    ak_attn_config cfg;
+    ak_limits lim;
+    int num_tokens;
+    int64_t num_kv_tokens;
+    /* logical data, already rounded to the dtype, as f32 */
+    float *q;             /* [num_tokens, Hq, Dqk] */
+    float **k, **v;       /* per request [kv_len, Hkv, D] */
+    /* batch */
+    int32_t *qo_indptr, *kv_lens, *block_table;
+    int bt_stride;
+    ak_batch batch;
+    /* storage on the device */
+    ak_kv_cache *cache;   /* paged */
+    ak_paged_kv kv;
+    tbuf q_buf, k_rag, v_rag; /* ragged K/V */
+} scene;
+
+ak_attn_config case_config(const attn_case *tc, ak_device dev);
+/* Builds a scene: random inputs, shuffled block ids, unused cache slots filled
+ * with random values, K/V written through the block table by the test's own
+ * scatter (not ak_kv_update). Returns 0 on success. */
+int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng);
+void scene_free(scene *sc);
+
+/* Dense oracle from the logical arrays: o [num_tokens, Hq, Dvo], lse
+ * [num_tokens, Hq], fp64. Independent of every backend (no paging). */
+void dense_attention(const scene *sc, double *o, double *lse);
+
+/* Runs backend `name` on the scene. On success fills o (f32, [tokens, Hq, Dvo])
+ * and lse; returns AK_ERR_UNSUPPORTED (with the reasons in ak_last_error) if
+ * the backend cannot serve, another status on failure; guards/NaN problems are
+ * reported through *bad (a message, "" if none). */
+ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, char *bad, size_t cap);
+
+/* Error measures. */
+double rel_err_f(const float *x, const double *ref, int64_t n);
+double max_lse_err(const float *x, const double *ref, int64_t n); /* inf if -inf mismatch */
+double tolerance(ak_dtype dtype);  /* relative error allowed for o in this dtype */
+
+/* Test suites. */
+void test_core(test_ctx *t);
+void test_attn_cases(test_ctx *t);
+void test_props(test_ctx *t);
+void test_bad_input(test_ctx *t);
+
+#endif

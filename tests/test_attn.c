@@ -1,0 +1,209 @@
+/*
+ * test_attn.c - the case table: every backend of the device under test whose
+ * check() accepts a case is run on it and compared with cpu_ref (itself
+ * compared with the dense formula of harness.c). Unsupported = SKIP.
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NHD AK_LAYOUT_NHD
+#define HND AK_LAYOUT_HND
+#define PAGED AK_KV_PAGED
+#define RAGGED AK_KV_RAGGED
+
+/* name, Hq, Hkv, Dqk, Dvo, dtype, o_dtype(unused), o_f32, causal, window, cap,
+ * page, layout, storage, num_reqs, {q_len, kv_len}... */
+static const attn_case fixed_cases[] = {
+    {"decode mha f32 ragged lengths", 4, 4, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{1, 1}, {1, 17}, {1, 113}, {1, 1030}}},
+    {"decode gqa4 bf16 d128", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{1, 1}, {1, 17}, {1, 113}, {1, 1030}}},
+    {"decode gqa8 f16 d128 page1", 16, 2, 128, 128, AK_F16, 0, 0, 1, -1, 0, 1, NHD, PAGED, 3,
+     {{1, 5}, {1, 64}, {1, 300}}},
+    {"decode mqa f16 d256 page64", 8, 1, 256, 256, AK_F16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{1, 63}, {1, 64}, {1, 1100}}},
+    {"decode phi3 d96", 4, 4, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{1, 40}, {1, 257}}},
+    {"decode hnd f16", 8, 2, 128, 128, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 3, {{1, 15}, {1, 16}, {1, 333}}},
+    {"decode many requests", 8, 2, 64, 64, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 64,
+     {{1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
+      {1, 9}, {1, 10}, {1, 11}, {1, 12}}},
+    {"decode long context split", 4, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 1, {{1, 4100}}},
+    {"prefill causal f32", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3, {{17, 17}, {113, 113}, {64, 64}}},
+    {"prefill causal bf16 d128", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 1}, {17, 17}, {130, 130}}},
+    {"prefill 1000+ tokens", 2, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 1, {{1030, 1030}}},
+    {"chunked prefill on a prefix", 4, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{32, 200}, {100, 1030}, {5, 17}}},
+    {"mixed prefill+decode", 8, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 6,
+     {{1, 500}, {40, 40}, {1, 17}, {64, 300}, {1, 1}, {7, 7}}},
+    {"verify 2-8 tokens", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{2, 100}, {4, 57}, {8, 300}, {3, 3}}},
+    {"non-causal encoder", 4, 4, 64, 64, AK_F32, 0, 0, 0, -1, 0, 16, NHD, PAGED, 2, {{33, 33}, {100, 100}}},
+    {"cross attention q>kv, empty kv", 4, 2, 64, 64, AK_F32, 0, 0, 0, -1, 0, 16, NHD, PAGED, 3,
+     {{50, 20}, {3, 200}, {2, 0}}},
+    {"sliding window 32", 8, 2, 128, 128, AK_BF16, 0, 0, 1, 32, 0, 16, NHD, PAGED, 4,
+     {{1, 500}, {40, 40}, {100, 300}, {1, 20}}},
+    {"window 0 (self only)", 4, 4, 64, 64, AK_F32, 0, 0, 1, 0, 0, 16, NHD, PAGED, 2, {{1, 30}, {9, 9}}},
+    {"soft-cap 1.0", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 1.0f, 16, NHD, PAGED, 2, {{1, 300}, {20, 60}}},
+    {"gemma2 soft-cap 50 d256", 16, 8, 256, 256, AK_BF16, 0, 0, 1, -1, 50.0f, 16, NHD, PAGED, 3,
+     {{1, 100}, {1, 17}, {24, 40}}},
+    {"mistral window 64 gqa4", 16, 4, 128, 128, AK_BF16, 0, 0, 1, 64, 0, 16, NHD, PAGED, 3,
+     {{1, 1000}, {30, 200}, {1, 65}}},
+    {"dvo != dqk (192/128)", 8, 2, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 50}, {20, 20}, {5, 70}}},
+    {"bf16 in, f32 out", 8, 2, 128, 128, AK_BF16, 0, 1, 1, -1, 0, 16, NHD, PAGED, 2, {{1, 100}, {10, 30}}},
+    {"empty requests in a batch", 4, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
+     {{0, 0}, {1, 20}, {0, 33}, {5, 5}, {0, 0}}},
+    {"prefill hnd page 64", 4, 2, 128, 128, AK_F16, 0, 0, 1, -1, 0, 64, HND, PAGED, 2, {{70, 70}, {3, 200}}},
+    {"ragged prefill", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{17, 17}, {113, 113}, {1, 1}}},
+    {"ragged cross attention", 4, 2, 128, 128, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 3,
+     {{30, 77}, {5, 1}, {2, 0}}},
+    {"ragged chunk window softcap", 8, 2, 64, 64, AK_F16, 0, 0, 1, 16, 20.0f, 0, NHD, RAGGED, 2,
+     {{20, 100}, {1, 40}}},
+};
+
+/* Runs one case on every backend of the device under test. */
+static void run_case(test_ctx *t, const attn_case *tc)
+{
+    if (!t_selected(t, tc->name)) return;
+    const char *names[16];
+    const int nb = t_backends(t, names, 16);
+    const ak_device cpu = {AK_DEVICE_CPU, 0};
+
+    /* oracle: cpu_ref on a CPU twin of the scene (same seed -> same data) */
+    uint64_t seed = t->seed ^ name_hash(tc->name);
+    uint64_t rng = seed;
+    scene ref_sc;
+    if (scene_build(&ref_sc, tc, cpu, &rng)) {
+        t_fail(t, "cpu_ref", tc->name, "cannot build the scene");
+        return;
+    }
+    const int64_t n_o = (int64_t)ref_sc.num_tokens * tc->num_qo_heads * tc->head_dim_vo;
+    const int64_t n_l = (int64_t)ref_sc.num_tokens * tc->num_qo_heads;
+    double *dense_o = malloc(sizeof(double) * (size_t)(n_o + 1));
+    double *dense_l = malloc(sizeof(double) * (size_t)(n_l + 1));
+    float *ref_o = malloc(sizeof(float) * (size_t)(n_o + 1));
+    float *ref_l = malloc(sizeof(float) * (size_t)(n_l + 1));
+    double *ref_od = malloc(sizeof(double) * (size_t)(n_o + 1));
+    double *ref_ld = malloc(sizeof(double) * (size_t)(n_l + 1));
+    float *o = malloc(sizeof(float) * (size_t)(n_o + 1));
+    float *l = malloc(sizeof(float) * (size_t)(n_l + 1));
+    dense_attention(&ref_sc, dense_o, dense_l);
+
+    char bad[256];
+    const double tol = tolerance(tc->o_f32 ? AK_F32 : tc->dtype);
+    const double lse_tol = tc->dtype == AK_F32 ? 1e-4 : 2e-3;
+    ak_status st = scene_run(&ref_sc, "cpu_ref", ref_o, ref_l, bad, sizeof bad);
+    const double oracle_err = st == AK_OK ? rel_err_f(ref_o, dense_o, n_o) : INFINITY;
+    const double oracle_lse = st == AK_OK ? max_lse_err(ref_l, dense_l, n_l) : INFINITY;
+    /* cpu_ref reads the same rounded inputs in fp64: only its output rounding differs */
+    const int oracle_ok = st == AK_OK && !bad[0] && oracle_err <= tol && oracle_lse <= 1e-4;
+    for (int64_t i = 0; i < n_o; i++) ref_od[i] = ref_o[i];
+    for (int64_t i = 0; i < n_l; i++) ref_ld[i] = ref_l[i];
+
+    for (int i = 0; i < nb; i++) {
+        const char *name = names[i];
+        if (strcmp(name, "cpu_ref") == 0) {
+            if (oracle_ok)
+                t_pass(t, name, tc->name, "vs dense: rel err %.2e, lse err %.2e", oracle_err, oracle_lse);
+            else
+                t_fail(t, name, tc->name, "vs dense: status %s %s, rel err %.2e, lse err %.2e %s",
+                       ak_status_str(st), st ? ak_last_error() : "", oracle_err, oracle_lse, bad);
+            continue;
+        }
+        if (!oracle_ok) {
+            t_fail(t, name, tc->name, "no oracle: cpu_ref disagrees with the dense formula");
+            continue;
+        }
+        scene sc;
+        uint64_t rng2 = seed;
+        if (scene_build(&sc, tc, t->device, &rng2)) {
+            t_fail(t, name, tc->name, "cannot build the scene");
+            continue;
+        }
+        st = scene_run(&sc, name, o, l, bad, sizeof bad);
+        if (st == AK_ERR_UNSUPPORTED) {
+            t_skip(t, name, tc->name, "unsupported");
+        } else if (st != AK_OK) {
+            t_fail(t, name, tc->name, "status %s: %s", ak_status_str(st), ak_last_error());
+        } else if (bad[0]) {
+            t_fail(t, name, tc->name, "%s", bad);
+        } else {
+            const double e = rel_err_f(o, ref_od, n_o), le = max_lse_err(l, ref_ld, n_l);
+            if (e <= tol && le <= lse_tol)
+                t_pass(t, name, tc->name, "rel err %.2e (tol %.0e), lse err %.2e", e, tol, le);
+            else
+                t_fail(t, name, tc->name, "rel err %.2e (tol %.0e), lse err %.2e (tol %.0e)", e, tol,
+                       le, lse_tol);
+        }
+        scene_free(&sc);
+    }
+    scene_free(&ref_sc);
+    free(dense_o);
+    free(dense_l);
+    free(ref_o);
+    free(ref_l);
+    free(ref_od);
+    free(ref_ld);
+    free(o);
+    free(l);
+}
+
+/* The sweep: head dims x GQA x page sizes x dtypes, each on a decode batch with
+ * ragged lengths and on a small prefill/extend batch. */
+static void run_sweep(test_ctx *t)
+{
+    static const int head_dims[] = {64, 96, 128, 256};
+    static const int groups[] = {1, 4, 8};
+    static const int pages[] = {1, 16, 64};
+    static const ak_dtype dtypes[] = {AK_F32, AK_F16, AK_BF16};
+    static char names[2][128];
+    for (size_t a = 0; a < sizeof head_dims / sizeof *head_dims; a++)
+        for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+            for (size_t p = 0; p < sizeof pages / sizeof *pages; p++)
+                for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+                    attn_case tc;
+                    memset(&tc, 0, sizeof tc);
+                    tc.num_kv_heads = 2;
+                    tc.num_qo_heads = 2 * groups[g];
+                    tc.head_dim_qk = tc.head_dim_vo = head_dims[a];
+                    tc.dtype = dtypes[d];
+                    tc.causal = 1;
+                    tc.window_left = -1;
+                    tc.page_size = pages[p];
+                    tc.layout = (a + p) % 2 ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
+                    tc.storage = AK_KV_PAGED;
+                    snprintf(names[0], sizeof names[0], "sweep decode d%d g%d p%d %s %s", head_dims[a],
+                             groups[g], pages[p], ak_dtype_name(dtypes[d]),
+                             tc.layout == AK_LAYOUT_NHD ? "nhd" : "hnd");
+                    tc.name = names[0];
+                    tc.num_reqs = 4;
+                    const req_spec dec[4] = {{1, 1}, {1, 17}, {1, 113}, {1, 1030}};
+                    memcpy(tc.reqs, dec, sizeof dec);
+                    run_case(t, &tc);
+
+                    snprintf(names[1], sizeof names[1], "sweep extend d%d g%d p%d %s %s", head_dims[a],
+                             groups[g], pages[p], ak_dtype_name(dtypes[d]),
+                             tc.layout == AK_LAYOUT_NHD ? "nhd" : "hnd");
+                    tc.name = names[1];
+                    tc.num_reqs = 3;
+                    const req_spec ext[3] = {{17, 17}, {40, 113}, {3, 70}};
+                    memcpy(tc.reqs, ext, sizeof ext);
+                    run_case(t, &tc);
+                }
+}
+
+void test_attn_cases(test_ctx *t)
+{
+    for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
+    run_sweep(t);
+}

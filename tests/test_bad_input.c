@@ -1,0 +1,246 @@
+/*
+ * test_bad_input.c - the bad-input table. Each case breaks one thing; the call
+ * must return the expected status, the message must name the field, and no
+ * output or cache byte may change.
+ */
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum where { AT_CREATE, AT_PLAN, AT_RUN, AT_KV_UPDATE } where;
+
+/* Everything a bad case may break, copied from a valid baseline. */
+typedef struct inputs {
+    ak_attn_config cfg;
+    ak_limits lim;
+    const char *name;   /* backend name passed to create (NULL = selector) */
+    ak_batch batch;
+    int32_t qo[8], kvl[8], bt[8 * 8];
+    ak_run_args args;
+    ak_tensor q, o, lse;
+    ak_paged_kv kv;
+    int64_t slots[8];   /* kv_update slot mapping (host copy) */
+    int num_new;        /* kv_update tokens */
+} inputs;
+
+typedef struct bad_case {
+    const char *name;
+    where at;
+    ak_status expect;
+    const char *field; /* must appear in ak_last_error() */
+    void (*breaks)(inputs *in);
+} bad_case;
+
+static void qo_not_monotone(inputs *in) { in->qo[2] = in->qo[1] - 1; }
+static void qo_not_zero(inputs *in) { in->qo[0] = 1; }
+static void q_longer_than_kv(inputs *in) { in->kvl[1] = (in->qo[2] - in->qo[1]) - 1; }
+static void kv_beyond_blocks(inputs *in) { in->kvl[0] = in->batch.block_table_stride * in->cfg.page_size + 1; }
+static void block_id_high(inputs *in) { in->bt[1] = in->lim.num_cache_blocks; }
+static void block_id_negative(inputs *in) { in->bt[in->batch.block_table_stride] = -1; }
+static void kv_negative(inputs *in) { in->kvl[2] = -3; }
+static void too_many_reqs(inputs *in) { in->lim.max_reqs = 2; }
+static void too_many_tokens(inputs *in) { in->lim.max_tokens = 4; }
+static void too_many_blocks(inputs *in) { in->lim.max_blocks_per_req = 1; }
+static void heads_dont_divide(inputs *in) { in->cfg.num_qo_heads = 6; in->cfg.num_kv_heads = 4; }
+static void head_dim_zero(inputs *in) { in->cfg.head_dim_qk = 0; }
+static void head_dim_huge(inputs *in) { in->cfg.head_dim_vo = 4096; }
+static void unknown_backend(inputs *in) { in->name = "nope"; }
+static void page_size_zero(inputs *in) { in->cfg.page_size = 0; }
+static void limits_zero(inputs *in) { in->lim.max_reqs = 0; }
+static void q_wrong_tokens(inputs *in) { in->q.shape[0] += 1; }
+static void q_wrong_dtype(inputs *in) { in->q.dtype = in->q.dtype == AK_F32 ? AK_F16 : AK_F32; }
+static void o_wrong_heads(inputs *in) { in->o.shape[1] = 3; }
+static void o_inner_stride(inputs *in) { in->o.stride[2] = 2; }
+static void lse_wrong_dtype(inputs *in) { in->lse.dtype = AK_BF16; }
+static void kv_view_small(inputs *in) { in->kv.num_blocks = in->lim.num_cache_blocks - 1; }
+static void kv_view_page(inputs *in) { in->kv.page_size *= 2; }
+static void kv_missing(inputs *in) { in->args.kv = NULL; }
+static void slot_out_of_range(inputs *in) { in->slots[1] = (int64_t)in->kv.num_blocks * in->kv.page_size; }
+static void slot_negative(inputs *in) { in->slots[0] = -2; }
+
+static const bad_case cases[] = {
+    {"non-monotone qo_indptr", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr", qo_not_monotone},
+    {"qo_indptr[0] != 0", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr[0]", qo_not_zero},
+    {"q_len > kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[1]", q_longer_than_kv},
+    {"kv_len beyond the blocks given", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[0]", kv_beyond_blocks},
+    {"block id >= num_cache_blocks", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[0][1]", block_id_high},
+    {"negative block id", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[1][0]", block_id_negative},
+    {"negative kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[2]", kv_negative},
+    {"more requests than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_reqs", too_many_reqs},
+    {"more tokens than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_tokens", too_many_tokens},
+    {"more blocks than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_blocks_per_req", too_many_blocks},
+    {"head counts don't divide", AT_CREATE, AK_ERR_INVALID_ARG, "num_qo_heads", heads_dont_divide},
+    {"head dim 0", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_qk", head_dim_zero},
+    {"head dim 4096", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_vo", head_dim_huge},
+    {"unknown backend name", AT_CREATE, AK_ERR_BACKEND_NOT_FOUND, "cpu_ref", unknown_backend},
+    {"page size 0", AT_CREATE, AK_ERR_INVALID_ARG, "page_size", page_size_zero},
+    {"limits.max_reqs 0", AT_CREATE, AK_ERR_INVALID_ARG, "max_reqs", limits_zero},
+    {"q has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[0]", q_wrong_tokens},
+    {"q has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.q->dtype", q_wrong_dtype},
+    {"o has the wrong head count", AT_RUN, AK_ERR_INVALID_ARG, "args.o->shape[1]", o_wrong_heads},
+    {"o inner stride != 1", AT_RUN, AK_ERR_INVALID_ARG, "args.o->stride[2]", o_inner_stride},
+    {"lse not f32", AT_RUN, AK_ERR_INVALID_ARG, "args.lse->dtype", lse_wrong_dtype},
+    {"cache view smaller than limits", AT_RUN, AK_ERR_INVALID_ARG, "num_blocks", kv_view_small},
+    {"cache view page size differs", AT_RUN, AK_ERR_INVALID_ARG, "page_size", kv_view_page},
+    {"no cache given", AT_RUN, AK_ERR_INVALID_ARG, "args.kv", kv_missing},
+    {"slot beyond the cache", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[1]", slot_out_of_range},
+    {"slot below -1", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[0]", slot_negative},
+};
+
+/* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2. */
+static const attn_case baseline = {
+    "bad-input baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
+    {{1, 40}, {5, 20}, {6, 6}}};
+
+static uint64_t checksum(ak_device dev, const void *p, size_t bytes)
+{
+    unsigned char *h = malloc(bytes);
+    dev_copy_from(dev, h, p, bytes);
+    uint64_t x = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) x = (x ^ h[i]) * 1099511628211ull;
+    free(h);
+    return x;
+}
+
+static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
+{
+    if (!t_selected(t, bc->name)) return;
+    attn_case tc = baseline;
+    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+    uint64_t rng = t->seed ^ name_hash(bc->name);
+    scene sc;
+    if (scene_build(&sc, &tc, t->device, &rng)) {
+        t_fail(t, backend, bc->name, "cannot build the scene");
+        return;
+    }
+    inputs in;
+    memset(&in, 0, sizeof in);
+    in.cfg = sc.cfg;
+    in.lim = sc.lim;
+    in.name = backend;
+    in.batch = sc.batch;
+    memcpy(in.qo, sc.qo_indptr, sizeof(int32_t) * 4);
+    memcpy(in.kvl, sc.kv_lens, sizeof(int32_t) * 3);
+    memcpy(in.bt, sc.block_table, sizeof(int32_t) * 3 * (size_t)sc.bt_stride);
+    in.batch.qo_indptr = in.qo;
+    in.batch.kv_lens = in.kvl;
+    in.batch.block_table = in.bt;
+    in.kv = sc.kv;
+    const int T = sc.num_tokens, Hq = tc.num_qo_heads, D = tc.head_dim_qk;
+    const size_t esz = ak_dtype_size(tc.dtype);
+    tbuf ob, lb, nb;
+    tbuf_alloc(&ob, t->device, esz * (size_t)T * Hq * D);
+    tbuf_alloc(&lb, t->device, 4 * (size_t)T * Hq);
+    tbuf_alloc(&nb, t->device, esz * 2 * 2 * D); /* 2 new tokens' K (and V) rows */
+    tbuf_poison(&ob);
+    tbuf_poison(&lb);
+    tbuf_poison(&nb);
+    in.q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, T, Hq, D);
+    in.q.stride[1] = D + 8;
+    in.q.stride[0] = (int64_t)Hq * (D + 8);
+    in.o = ak_tensor_3d(tbuf_data(&ob), tc.dtype, T, Hq, D);
+    in.lse = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
+    ak_run_args_init(&in.args);
+    in.args.q = &in.q;
+    in.args.o = &in.o;
+    in.args.lse = &in.lse;
+    in.args.kv = &in.kv;
+    in.num_new = 2;
+    in.slots[0] = 3;
+    in.slots[1] = 17;
+
+    const size_t kbytes = esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
+    const uint64_t k_before = checksum(t->device, sc.kv.k_data, kbytes);
+    const uint64_t v_before = checksum(t->device, sc.kv.v_data, kbytes);
+
+    ak_backend *b = NULL;
+    ak_status st = AK_OK;
+    char msg[4096] = "";
+    if (bc->at == AT_CREATE) {
+        bc->breaks(&in);
+        st = ak_backend_create(&in.cfg, &in.lim, in.name, &b);
+    } else if (bc->at == AT_PLAN) {
+        st = ak_backend_create(&in.cfg, &in.lim, in.name, &b);
+        if (st == AK_OK) {
+            bc->breaks(&in);
+            if (in.lim.max_reqs != sc.lim.max_reqs || in.lim.max_tokens != sc.lim.max_tokens ||
+                in.lim.max_blocks_per_req != sc.lim.max_blocks_per_req) {
+                ak_backend_destroy(b); /* a limits case: the backend is made with the small limits */
+                st = ak_backend_create(&in.cfg, &in.lim, in.name, &b);
+            }
+            if (st == AK_OK) st = ak_backend_plan(b, &in.batch, NULL);
+            if (st != AK_OK) {
+                snprintf(msg, sizeof msg, "%s", ak_last_error());
+                /* a failed plan leaves no plan: run must refuse and write nothing */
+                const ak_status st2 = ak_backend_run(b, &in.args, NULL);
+                if (st2 != AK_ERR_NOT_PLANNED) st = AK_ERR_INTERNAL;
+            }
+        }
+    } else if (bc->at == AT_RUN) {
+        st = ak_backend_create(&in.cfg, &in.lim, in.name, &b);
+        if (st == AK_OK) st = ak_backend_plan(b, &in.batch, NULL);
+        if (st == AK_OK) {
+            bc->breaks(&in);
+            st = ak_backend_run(b, &in.args, NULL);
+        }
+    } else {
+        bc->breaks(&in);
+        /* on the GPU make every slot bad, so "nothing written" is exact */
+        if (t->device.kind == AK_DEVICE_CUDA) {
+            if (in.slots[0] != 3)
+                in.slots[1] = in.slots[0];
+            else
+                in.slots[0] = in.slots[1];
+        }
+        /* slots live on the cache's device */
+        tbuf slot_buf;
+        tbuf_alloc(&slot_buf, t->device, sizeof in.slots);
+        memcpy(tbuf_host(&slot_buf), in.slots, sizeof in.slots);
+        tbuf_upload(&slot_buf);
+        ak_tensor kt = ak_tensor_3d(tbuf_data(&nb), tc.dtype, 2, tc.num_kv_heads, D);
+        st = ak_kv_update(&in.kv, &kt, &kt, tbuf_data(&slot_buf), in.num_new, NULL);
+        dev_sync(t->device);
+        tbuf_free(&slot_buf);
+    }
+    dev_sync(t->device);
+    tbuf_download(&ob);
+    tbuf_download(&lb);
+    /* o and lse must still be all poison; the cache unchanged */
+    int untouched = tbuf_guards_ok(&ob) && tbuf_guards_ok(&lb);
+    for (size_t i = 0; i < ob.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&ob))[i] == POISON_BYTE;
+    for (size_t i = 0; i < lb.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&lb))[i] == POISON_BYTE;
+    const int cache_same = checksum(t->device, sc.kv.k_data, kbytes) == k_before &&
+                           checksum(t->device, sc.kv.v_data, kbytes) == v_before;
+
+    /* on the GPU a bad slot cannot be seen without reading device memory: the
+     * kernel skips it, so only "nothing written" is required there */
+    const int gpu_slot = bc->at == AT_KV_UPDATE && t->device.kind == AK_DEVICE_CUDA;
+    if (!msg[0]) snprintf(msg, sizeof msg, "%s", ak_last_error());
+    const int status_ok = gpu_slot ? (st == AK_OK || st == bc->expect) : st == bc->expect;
+    const int names_field = gpu_slot || strstr(msg, bc->field) != NULL;
+    if (status_ok && names_field && untouched && cache_same)
+        t_pass(t, backend, bc->name, "%s", gpu_slot ? "(skipped by the kernel)" : ak_status_str(st));
+    else
+        t_fail(t, backend, bc->name, "status %s (want %s), message %s \"%s\", outputs %s, cache %s",
+               ak_status_str(st), ak_status_str(bc->expect), names_field ? "names the field" : "lacks",
+               msg, untouched ? "untouched" : "WRITTEN", cache_same ? "unchanged" : "CHANGED");
+    ak_backend_destroy(b);
+    tbuf_free(&ob);
+    tbuf_free(&lb);
+    tbuf_free(&nb);
+    scene_free(&sc);
+}
+
+void test_bad_input(test_ctx *t)
+{
+    const char *names[16];
+    const int nb = t_backends(t, names, 16);
+    for (int i = 0; i < nb; i++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            /* kv_update is backend-independent: run its cases once */
+            if (cases[c].at == AT_KV_UPDATE && i > 0) continue;
+            run_bad(t, names[i], &cases[c]);
+        }
+}

@@ -1,0 +1,261 @@
+#define _POSIX_C_SOURCE 200809L
+/*
+ * test_core.c - the pieces under the backends: dtype conversion, the block
+ * allocator, batch metadata, ak_kv_update, ak_merge_states, the selector.
+ */
+#include "harness.h"
+
+#include "dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(t, name, cond, ...)                                              \
+    do {                                                                       \
+        if (cond)                                                              \
+            t_pass(t, NULL, name, "ok");                                      \
+        else                                                                   \
+            t_fail(t, NULL, name, __VA_ARGS__);                                \
+    } while (0)
+
+static void core_dtypes(test_ctx *t)
+{
+    /* exact values */
+    CHECK(t, "f16 1.0", ak_f32_to_f16(1.0f) == 0x3c00, "0x%04x", ak_f32_to_f16(1.0f));
+    CHECK(t, "f16 -2.5", ak_f32_to_f16(-2.5f) == 0xc100, "0x%04x", ak_f32_to_f16(-2.5f));
+    CHECK(t, "f16 max", ak_f32_to_f16(65504.0f) == 0x7bff, "0x%04x", ak_f32_to_f16(65504.0f));
+    CHECK(t, "f16 overflow -> inf", ak_f32_to_f16(70000.0f) == 0x7c00, "0x%04x", ak_f32_to_f16(70000.0f));
+    CHECK(t, "f16 smallest subnormal", ak_f32_to_f16(5.9604645e-8f) == 0x0001, "0x%04x",
+          ak_f32_to_f16(5.9604645e-8f));
+    CHECK(t, "f16 nan", isnan(ak_f16_to_f32(ak_f32_to_f16(NAN))), "not NaN");
+    CHECK(t, "bf16 1.0", ak_f32_to_bf16(1.0f) == 0x3f80, "0x%04x", ak_f32_to_bf16(1.0f));
+    CHECK(t, "bf16 round to even", ak_f32_to_bf16(ak_bits_f32(0x3f808000u)) == 0x3f80, "0x%04x",
+          ak_f32_to_bf16(ak_bits_f32(0x3f808000u)));
+    CHECK(t, "bf16 nan", isnan(ak_bf16_to_f32(ak_f32_to_bf16(NAN))), "not NaN");
+    /* every f16 value round-trips through f32 */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        const uint16_t x = (uint16_t)h;
+        if ((x & 0x7c00u) == 0x7c00u && (x & 0x3ffu)) continue; /* NaN payloads */
+        if (ak_f32_to_f16(ak_f16_to_f32(x)) != x) bad++;
+    }
+    CHECK(t, "f16 round trip (65536 values)", bad == 0, "%d values differ", bad);
+    /* random values: rounding error within half an ulp */
+    uint64_t rng = t->seed;
+    double worst16 = 0, worstbf = 0;
+    for (int i = 0; i < 100000; i++) {
+        const float x = rng_uniform(&rng) * 1000.0f;
+        const double e16 = fabs(ak_f16_to_f32(ak_f32_to_f16(x)) - x) / fabs(x);
+        const double ebf = fabs(ak_bf16_to_f32(ak_f32_to_bf16(x)) - x) / fabs(x);
+        if (e16 > worst16) worst16 = e16;
+        if (ebf > worstbf) worstbf = ebf;
+    }
+    CHECK(t, "f16 rounding <= half ulp", worst16 <= 0.5 / 1024 * 1.0001, "worst %.3e", worst16);
+    CHECK(t, "bf16 rounding <= half ulp", worstbf <= 0.5 / 128 * 1.0001, "worst %.3e", worstbf);
+}
+
+static void core_allocator(test_ctx *t)
+{
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = 10;
+    kc.num_kv_heads = 1;
+    kc.head_dim_qk = kc.head_dim_vo = 8;
+    ak_kv_cache *c = NULL;
+    ak_status st = ak_kv_cache_create(&kc, &c);
+    CHECK(t, "cache create", st == AK_OK, "%s", ak_last_error());
+    if (st != AK_OK) return;
+    int32_t a[10], b[4];
+    CHECK(t, "alloc 6", ak_kv_cache_alloc(c, 6, a) == AK_OK && ak_kv_cache_num_free(c) == 4, "free %d",
+          ak_kv_cache_num_free(c));
+    int distinct = 1;
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < i; j++) distinct &= a[i] != a[j];
+    CHECK(t, "alloc gives distinct ids", distinct, "duplicate ids");
+    st = ak_kv_cache_alloc(c, 5, b);
+    CHECK(t, "out of blocks is all-or-nothing", st == AK_ERR_OUT_OF_BLOCKS && ak_kv_cache_num_free(c) == 4 &&
+          strstr(ak_last_error(), "free") != NULL, "status %s free %d", ak_status_str(st), ak_kv_cache_num_free(c));
+    CHECK(t, "share adds a reference", ak_kv_cache_share(c, 2, a) == AK_OK && ak_kv_cache_refcount(c, a[0]) == 2,
+          "refcount %d", ak_kv_cache_refcount(c, a[0]));
+    CHECK(t, "free a shared block keeps it", ak_kv_cache_free(c, 2, a) == AK_OK && ak_kv_cache_num_free(c) == 4 &&
+          ak_kv_cache_refcount(c, a[0]) == 1, "free %d", ak_kv_cache_num_free(c));
+    CHECK(t, "free returns blocks", ak_kv_cache_free(c, 6, a) == AK_OK && ak_kv_cache_num_free(c) == 10,
+          "free %d", ak_kv_cache_num_free(c));
+    st = ak_kv_cache_free(c, 1, a);
+    CHECK(t, "double free is an error", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "block_ids[0]"),
+          "status %s", ak_status_str(st));
+    ak_kv_cache_alloc(c, 1, b);
+    const int32_t twice[2] = {b[0], b[0]};
+    st = ak_kv_cache_free(c, 2, twice);
+    CHECK(t, "freeing more refs than held changes nothing",
+          st == AK_ERR_INVALID_ARG && ak_kv_cache_refcount(c, b[0]) == 1, "status %s", ak_status_str(st));
+    const int32_t out_of_range = 10;
+    st = ak_kv_cache_share(c, 1, &out_of_range);
+    CHECK(t, "share out of range", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "out of range"), "status %s",
+          ak_status_str(st));
+    ak_kv_cache_destroy(c);
+    ak_kv_cache_destroy(NULL);
+}
+
+static void core_meta(test_ctx *t)
+{
+    /* page 4: a decode on 6 keys, a chunk of 3 on 9 keys, a prefill of 4 */
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.page_size = 4;
+    const int32_t qo[4] = {0, 1, 4, 8}, kvl[3] = {6, 9, 4};
+    const int32_t bt[3 * 3] = {7, 2, -1, 5, 0, 9, 3, -1, -1};
+    ak_batch b;
+    ak_batch_init(&b);
+    b.num_reqs = 3;
+    b.qo_indptr = qo;
+    b.kv_lens = kvl;
+    b.block_table = bt;
+    b.block_table_stride = 3;
+    int nt = 0, ni = 0;
+    ak_status st = ak_batch_meta_sizes(&b, &cfg, NULL, &nt, &ni);
+    CHECK(t, "meta sizes", st == AK_OK && nt == 8 && ni == 6, "tokens %d indices %d", nt, ni);
+    int32_t qoi[4], kvi[4], idx[6], last[3], pos[8];
+    int64_t slots[8];
+    ak_batch_meta m = {qoi, kvi, idx, last, pos, slots};
+    st = ak_batch_build_meta(&b, &cfg, NULL, &m);
+    const int32_t want_kvi[4] = {0, 2, 5, 6}, want_idx[6] = {7, 2, 5, 0, 9, 3}, want_last[3] = {2, 1, 4};
+    const int32_t want_pos[8] = {5, 6, 7, 8, 0, 1, 2, 3};
+    const int64_t want_slots[8] = {2 * 4 + 1, 0 * 4 + 2, 0 * 4 + 3, 9 * 4 + 0, 3 * 4 + 0, 13, 14, 15};
+    CHECK(t, "meta csr", st == AK_OK && !memcmp(kvi, want_kvi, sizeof kvi) && !memcmp(idx, want_idx, sizeof idx) &&
+          !memcmp(last, want_last, sizeof last), "mismatch");
+    CHECK(t, "meta positions and slots", !memcmp(pos, want_pos, sizeof pos) && !memcmp(slots, want_slots, sizeof slots),
+          "mismatch");
+}
+
+static void core_kv_update(test_ctx *t)
+{
+    /* HND, page 4, 2 heads of 8: write 3 tokens, one padded (-1) */
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = 4;
+    kc.page_size = 4;
+    kc.num_kv_heads = 2;
+    kc.head_dim_qk = 8;
+    kc.head_dim_vo = 4;
+    kc.dtype = AK_BF16;
+    kc.layout = AK_LAYOUT_HND;
+    ak_kv_cache *c = NULL;
+    ak_kv_cache_create(&kc, &c);
+    ak_paged_kv kv;
+    ak_kv_cache_layer(c, 0, &kv);
+    memset(kv.k_data, 0x11, 4 * 4 * 2 * 8 * 2);
+    memset(kv.v_data, 0x22, 4 * 4 * 2 * 4 * 2);
+    uint16_t k[3][2][8], v[3][2][4];
+    uint64_t rng = t->seed;
+    for (int i = 0; i < 3 * 2 * 8; i++) ((uint16_t *)k)[i] = ak_f32_to_bf16(rng_uniform(&rng));
+    for (int i = 0; i < 3 * 2 * 4; i++) ((uint16_t *)v)[i] = ak_f32_to_bf16(rng_uniform(&rng));
+    const int64_t slots[3] = {13, -1, 2};
+    ak_tensor kt = ak_tensor_3d(k, AK_BF16, 3, 2, 8), vt = ak_tensor_3d(v, AK_BF16, 3, 2, 4);
+    ak_status st = ak_kv_update(&kv, &kt, &vt, slots, 3, NULL);
+    const uint16_t *kp = kv.k_data, *vp = kv.v_data;
+    int ok = st == AK_OK;
+    /* token 0 -> block 3 slot 1; token 2 -> block 0 slot 2 */
+    for (int h = 0; h < 2; h++) {
+        ok &= !memcmp(kp + ((3 * 2 + h) * 4 + 1) * 8, k[0][h], 16);
+        ok &= !memcmp(vp + ((3 * 2 + h) * 4 + 1) * 4, v[0][h], 8);
+        ok &= !memcmp(kp + ((0 * 2 + h) * 4 + 2) * 8, k[2][h], 16);
+    }
+    int untouched = 0;
+    for (int i = 0; i < 4 * 4 * 2 * 8; i++) untouched += kp[i] == 0x1111;
+    CHECK(t, "kv_update writes the slots, skips -1", ok && untouched == 4 * 4 * 2 * 8 - 4 * 8, "status %s, %d untouched",
+          ak_status_str(st), untouched);
+    ak_kv_cache_destroy(c);
+}
+
+static void core_merge(test_ctx *t)
+{
+    /* 3 states over 2 tokens x 2 heads x 5 dims; one state empty (-inf) for
+     * token 1, every state empty for token 0 head 1 */
+    enum { T = 2, S = 3, H = 2, D = 5 };
+    float v[T][S][H][D], s[T][S][H], vo[T][H][D], so[T][H];
+    uint64_t rng = t->seed;
+    for (int i = 0; i < T * S * H * D; i++) ((float *)v)[i] = rng_uniform(&rng);
+    for (int i = 0; i < T * S * H; i++) ((float *)s)[i] = 3.0f * rng_uniform(&rng);
+    for (int i = 0; i < S; i++) s[0][i][1] = -INFINITY;
+    s[1][2][0] = -INFINITY;
+    v[1][2][0][0] = NAN; /* an empty part's output is never read */
+    ak_tensor vt = ak_tensor_4d(v, AK_F32, T, S, H, D), st_ = ak_tensor_3d(s, AK_F32, T, S, H);
+    ak_tensor vot = ak_tensor_3d(vo, AK_F32, T, H, D), sot = ak_tensor_2d(so, AK_F32, T, H);
+    const ak_device cpu = {AK_DEVICE_CPU, 0};
+    ak_status st = ak_merge_states(&vt, &st_, &vot, &sot, cpu, NULL);
+    double worst = 0;
+    int ok = st == AK_OK;
+    for (int tt = 0; tt < T; tt++)
+        for (int h = 0; h < H; h++) {
+            double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < S; i++) mx = s[tt][i][h] > mx ? s[tt][i][h] : mx;
+            for (int i = 0; i < S; i++)
+                if (s[tt][i][h] != -INFINITY) sum += exp(s[tt][i][h] - mx);
+            const double lse = sum > 0 ? mx + log(sum) : -INFINITY;
+            if (sum == 0) {
+                ok &= so[tt][h] == -INFINITY;
+                for (int d = 0; d < D; d++) ok &= vo[tt][h][d] == 0.0f;
+                continue;
+            }
+            worst = fmax(worst, fabs(so[tt][h] - lse));
+            for (int d = 0; d < D; d++) {
+                double acc = 0;
+                for (int i = 0; i < S; i++)
+                    if (s[tt][i][h] != -INFINITY) acc += exp(s[tt][i][h] - lse) * v[tt][i][h][d];
+                worst = fmax(worst, fabs(vo[tt][h][d] - acc));
+            }
+        }
+    CHECK(t, "merge_states matches the formula, empty -> 0/-inf", ok && worst < 1e-5, "status %s worst %.2e",
+          ak_status_str(st), worst);
+}
+
+static void core_selector(test_ctx *t)
+{
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.num_qo_heads = 32;
+    cfg.num_kv_heads = 8;
+    char buf[4096];
+    unsetenv("AK_BACKEND");
+    ak_status st = ak_explain(&cfg, buf, sizeof buf);
+    CHECK(t, "explain names a chosen backend", st == AK_OK && strstr(buf, "chosen") && strstr(buf, "rule:"),
+          "status %s: %s", ak_status_str(st), buf);
+    setenv("AK_BACKEND", "cpu_ref", 1);
+    ak_limits lim;
+    ak_limits_init(&lim);
+    ak_backend *b = NULL;
+    st = ak_backend_create(&cfg, &lim, NULL, &b);
+    CHECK(t, "AK_BACKEND=cpu_ref is obeyed", st == AK_OK && !strcmp(ak_backend_name(b), "cpu_ref"), "got %s",
+          b ? ak_backend_name(b) : ak_last_error());
+    ak_backend_destroy(b);
+    b = NULL;
+    setenv("AK_BACKEND", "nope", 1);
+    st = ak_backend_create(&cfg, &lim, NULL, &b);
+    int lists = st == AK_ERR_BACKEND_NOT_FOUND && b == NULL && strstr(ak_last_error(), "AK_BACKEND=nope");
+    for (int i = 0; i < ak_backend_count(); i++) lists = lists && strstr(ak_last_error(), ak_backend_name_at(i));
+    CHECK(t, "AK_BACKEND=nope fails and lists every backend", lists, "status %s: %s", ak_status_str(st), ak_last_error());
+    unsetenv("AK_BACKEND");
+    /* a CUDA config on a machine without CUDA is an error with reasons */
+    cfg.device.kind = AK_DEVICE_CUDA;
+    st = ak_backend_create(&cfg, &lim, NULL, &b);
+    if (ak_device_count(AK_DEVICE_CUDA) == 0)
+        CHECK(t, "no CUDA device: create fails with reasons", st != AK_OK && strstr(ak_last_error(), "cpu_ref"),
+              "status %s", ak_status_str(st));
+    ak_backend_destroy(b);
+    CHECK(t, "status strings", !strcmp(ak_status_str(AK_OK), "ok") && strlen(ak_status_str(AK_ERR_CUDA)) > 0,
+          "bad strings");
+}
+
+void test_core(test_ctx *t)
+{
+    if (t->device.kind != AK_DEVICE_CPU) return; /* device-independent: once, in the CPU run */
+    core_dtypes(t);
+    core_allocator(t);
+    core_meta(t);
+    core_kv_update(t);
+    core_merge(t);
+    core_selector(t);
+}

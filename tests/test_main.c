@@ -1,0 +1,52 @@
+/*
+ * test_main.c - attnkit-test: runs every suite for one device.
+ *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--seed N] [-v]
+ * Exit 0 if nothing failed, 1 otherwise, 77 (skipped) for --device cuda
+ * where no GPU is present.
+ */
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int main(int argc, char **argv)
+{
+    test_ctx t;
+    memset(&t, 0, sizeof t);
+    t.device.kind = AK_DEVICE_CPU;
+    t.seed = (uint64_t)time(NULL);
+    if (getenv("AK_TEST_SEED")) t.seed = strtoull(getenv("AK_TEST_SEED"), NULL, 10);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "cuda")) t.device.kind = AK_DEVICE_CUDA;
+            else if (strcmp(d, "cpu")) { fprintf(stderr, "--device: cpu or cuda, not %s\n", d); return 2; }
+        } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            t.backend = argv[++i];
+        } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
+            t.filter = argv[++i];
+        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+            t.seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "-v")) {
+            t.verbose = 1;
+        } else {
+            fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--seed N] [-v]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (t.device.kind == AK_DEVICE_CUDA && ak_device_count(AK_DEVICE_CUDA) == 0) {
+        printf("no CUDA device: GPU tests skipped\n");
+        return 77;
+    }
+    printf("attnkit-test: device %s, seed %llu (AK_TEST_SEED=%llu reproduces)\n",
+           t.device.kind == AK_DEVICE_CUDA ? "cuda" : "cpu", (unsigned long long)t.seed,
+           (unsigned long long)t.seed);
+    test_core(&t);
+    test_attn_cases(&t);
+    test_props(&t);
+    test_bad_input(&t);
+    printf("%d passed, %d failed (%d skipped as unsupported)\n", t.passed, t.failed, t.skipped);
+    return t.failed ? 1 : 0;
+}

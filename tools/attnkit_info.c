@@ -1,0 +1,110 @@
+/*
+ * attnkit-info - the devices found, and for one config every backend with
+ * "chosen", "available" or its reasons.
+ *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
+ *                [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
+ *                [--window N] [--soft-cap C] [--non-causal]
+ * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
+ * backend that cannot).
+ */
+#include "attnkit.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_dtype(const char *s, ak_dtype *t)
+{
+    if (!strcmp(s, "f32")) *t = AK_F32;
+    else if (!strcmp(s, "f16")) *t = AK_F16;
+    else if (!strcmp(s, "bf16")) *t = AK_BF16;
+    else return -1;
+    return 0;
+}
+
+static void usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]\n"
+            "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n",
+            argv0);
+}
+
+int main(int argc, char **argv)
+{
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.num_qo_heads = 32;
+    cfg.num_kv_heads = 8;
+    int device_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--heads") && v) {
+            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(argv[0]); return 2; }
+            i++;
+        } else if (!strcmp(a, "--head-dim") && v) {
+            const int n = sscanf(v, "%d/%d", &cfg.head_dim_qk, &cfg.head_dim_vo);
+            if (n == 1) cfg.head_dim_vo = cfg.head_dim_qk;
+            if (n < 1) { usage(argv[0]); return 2; }
+            i++;
+        } else if (!strcmp(a, "--dtype") && v) {
+            if (parse_dtype(v, &cfg.q_dtype)) { usage(argv[0]); return 2; }
+            cfg.kv_dtype = cfg.o_dtype = cfg.q_dtype;
+            i++;
+        } else if (!strcmp(a, "--device") && v) {
+            cfg.device.kind = !strcmp(v, "cuda") ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
+            device_given = 1;
+            i++;
+        } else if (!strcmp(a, "--page-size") && v) {
+            cfg.page_size = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--layout") && v) {
+            cfg.kv_layout = !strcmp(v, "hnd") ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
+            i++;
+        } else if (!strcmp(a, "--window") && v) {
+            cfg.window_left = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--soft-cap") && v) {
+            cfg.logits_soft_cap = (float)atof(v);
+            i++;
+        } else if (!strcmp(a, "--ragged")) {
+            cfg.kv_storage = AK_KV_RAGGED;
+        } else if (!strcmp(a, "--non-causal")) {
+            cfg.causal = 0;
+        } else {
+            usage(argv[0]);
+            return 2;
+        }
+    }
+
+    printf("devices:\n");
+    for (int k = 0; k < 2; k++) {
+        const ak_device_kind kind = k ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
+        const int n = ak_device_count(kind);
+        if (n == 0) printf("  %s: none\n", k ? "cuda" : "cpu");
+        for (int i = 0; i < n; i++) {
+            ak_device_info info;
+            const ak_device d = {kind, i};
+            if (ak_device_get_info(d, &info) != AK_OK) continue;
+            if (kind == AK_DEVICE_CPU)
+                printf("  cpu:0  %s, %d logical cores, AVX2+FMA+F16C %s\n", info.name, info.num_sms,
+                       info.cpu_has_avx2_fma_f16c ? "yes" : "no");
+            else
+                printf("  cuda:%d %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", i, info.name, info.cc_major,
+                       info.cc_minor, info.num_sms, info.memory_bytes / 1073741824.0, info.l2_bytes / 1048576.0);
+        }
+    }
+    /* default device: the GPU where one is found */
+    if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
+        cfg.device.kind = AK_DEVICE_CUDA;
+        if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    }
+    static char buf[16384];
+    const ak_status st = ak_explain(&cfg, buf, sizeof buf);
+    printf("\n%s", buf);
+    if (st != AK_OK) {
+        fprintf(stderr, "\nattnkit-info: %s: %s\n", ak_status_str(st), ak_last_error());
+        return 1;
+    }
+    return 0;
+}
