@@ -142,6 +142,14 @@ typedef enum ak_kv_storage {
     AK_KV_RAGGED = 1, /* K/V contiguous per request: [sum kv_len, num_kv_heads, head_dim] */
 } ak_kv_storage;
 
+/* Which batches a backend instance will be planned with. Engines often keep
+ * one instance for decode steps and one for the rest (as FlashInfer's decode
+ * and prefill wrappers); a decode-only instance may pick a faster kernel. */
+typedef enum ak_workload {
+    AK_WORKLOAD_ANY = 0,    /* prefill, chunks on a prefix, decode, mixed, verify */
+    AK_WORKLOAD_DECODE = 1, /* every request has q_len 1 (or 0, padding) */
+} ak_workload;
+
 /* What one backend instance computes. Everything here is fixed at create(). */
 typedef struct ak_attn_config {
     uint32_t struct_size;
@@ -160,10 +168,11 @@ typedef struct ak_attn_config {
     ak_kv_storage kv_storage;
     ak_kv_layout kv_layout; /* paged only */
     int page_size;          /* paged only: tokens per block */
+    ak_workload workload;   /* plan() rejects a batch outside it */
 } ak_attn_config;
 
 /* Defaults: MHA 1/1 heads, head dim 128, f32 on the CPU, causal, full window,
- * no soft-cap, paged NHD cache with page size 16. */
+ * no soft-cap, paged NHD cache with page size 16, any workload. */
 void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 
 /* Sizes fixed at create(): every static buffer of a backend is allocated from

@@ -233,6 +233,10 @@ ak_attn_config case_config(const attn_case *tc, ak_device dev)
     c.kv_storage = tc->storage;
     c.kv_layout = tc->layout;
     c.page_size = tc->page_size;
+    /* an all-decode batch is planned on a decode instance, as an engine would */
+    int decode = tc->num_reqs > 0;
+    for (int r = 0; r < tc->num_reqs; r++) decode &= tc->reqs[r].q_len <= 1;
+    c.workload = decode ? AK_WORKLOAD_DECODE : AK_WORKLOAD_ANY;
     return c;
 }
 

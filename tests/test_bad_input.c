@@ -40,6 +40,7 @@ static void kv_beyond_blocks(inputs *in) { in->kvl[0] = in->batch.block_table_st
 static void block_id_high(inputs *in) { in->bt[1] = in->lim.num_cache_blocks; }
 static void block_id_negative(inputs *in) { in->bt[in->batch.block_table_stride] = -1; }
 static void kv_negative(inputs *in) { in->kvl[2] = -3; }
+static void decode_gets_prefill(inputs *in) { in->cfg.workload = AK_WORKLOAD_DECODE; }
 static void too_many_reqs(inputs *in) { in->lim.max_reqs = 2; }
 static void too_many_tokens(inputs *in) { in->lim.max_tokens = 4; }
 static void too_many_blocks(inputs *in) { in->lim.max_blocks_per_req = 1; }
@@ -68,6 +69,7 @@ static const bad_case cases[] = {
     {"block id >= num_cache_blocks", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[0][1]", block_id_high},
     {"negative block id", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[1][0]", block_id_negative},
     {"negative kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[2]", kv_negative},
+    {"decode instance given a chunk", AT_PLAN, AK_ERR_INVALID_ARG, "cfg.workload", decode_gets_prefill},
     {"more requests than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_reqs", too_many_reqs},
     {"more tokens than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_tokens", too_many_tokens},
     {"more blocks than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_blocks_per_req", too_many_blocks},
@@ -166,8 +168,10 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         if (st == AK_OK) {
             bc->breaks(&in);
             if (in.lim.max_reqs != sc.lim.max_reqs || in.lim.max_tokens != sc.lim.max_tokens ||
-                in.lim.max_blocks_per_req != sc.lim.max_blocks_per_req) {
-                ak_backend_destroy(b); /* a limits case: the backend is made with the small limits */
+                in.lim.max_blocks_per_req != sc.lim.max_blocks_per_req ||
+                in.cfg.workload != sc.cfg.workload) {
+                /* a limits or workload case: the backend is made with the changed values */
+                ak_backend_destroy(b);
                 st = ak_backend_create(&in.cfg, &in.lim, in.name, &b);
             }
             if (st == AK_OK) st = ak_backend_plan(b, &in.batch, NULL);

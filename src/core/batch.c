@@ -50,6 +50,11 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
         const int kv_len = b->kv_lens[r];
         if (kv_len < 0)
             return ak_set_error(AK_ERR_INVALID_ARG, "batch.kv_lens[%d] = %d is negative", r, kv_len);
+        if (cfg->workload == AK_WORKLOAD_DECODE && q_len > 1)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "batch q_len of request %d (qo_indptr[%d] - qo_indptr[%d] = %d) "
+                                "is not 1, but cfg.workload is decode",
+                                r, r + 1, r, q_len);
         if (cfg->causal && q_len > kv_len)
             return ak_set_error(AK_ERR_INVALID_ARG,
                                 "batch q_len of request %d (qo_indptr[%d] - qo_indptr[%d] = %d) "

@@ -193,6 +193,8 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
     if (cfg->device.index < 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.index = %d is negative",
                             cfg->device.index);
+    if (cfg->workload != AK_WORKLOAD_ANY && cfg->workload != AK_WORKLOAD_DECODE)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.workload = %d is not a workload", cfg->workload);
     if (cfg->kv_storage != AK_KV_PAGED && cfg->kv_storage != AK_KV_RAGGED)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_storage = %d is not a storage kind",
                             cfg->kv_storage);

@@ -93,6 +93,7 @@ static void describe_config(textbuf *tb, const ak_attn_config *c)
         tb_printf(tb, "paged %s page %d, ", c->kv_layout == AK_LAYOUT_NHD ? "NHD" : "HND", c->page_size);
     else
         tb_printf(tb, "ragged K/V, ");
+    tb_printf(tb, "workload %s, ", c->workload == AK_WORKLOAD_DECODE ? "decode" : "any");
     tb_printf(tb, "device %s:%d\n", device_kind_name(c->device.kind), c->device.index);
 }
 
