@@ -132,5 +132,6 @@ void test_core(test_ctx *t);
 void test_attn_cases(test_ctx *t);
 void test_props(test_ctx *t);
 void test_bad_input(test_ctx *t);
+void test_graphs(test_ctx *t);
 
 #endif

@@ -47,6 +47,7 @@ int main(int argc, char **argv)
     test_attn_cases(&t);
     test_props(&t);
     test_bad_input(&t);
+    test_graphs(&t);
     printf("%d passed, %d failed (%d skipped as unsupported)\n", t.passed, t.failed, t.skipped);
     return t.failed ? 1 : 0;
 }

@@ -284,9 +284,9 @@ static void prop_merge(test_ctx *t, const char *name, int parts)
 
 /* ---- page size and layout do not change results --------------------------- */
 
-static void prop_layout(test_ctx *t, const char *name)
+static void prop_layout(test_ctx *t, const char *name, int decode_only)
 {
-    const char *tname = "page size and layout invariance";
+    const char *tname = decode_only ? "page size and layout invariance (decode)" : "page size and layout invariance";
     if (!t_selected(t, tname)) return;
     static const int pages[] = {1, 16, 64};
     attn_case tc;
@@ -304,9 +304,9 @@ static void prop_layout(test_ctx *t, const char *name)
     tc.storage = AK_KV_PAGED;
     tc.num_reqs = 3;
     tc.reqs[0] = (req_spec){1, 200};
-    tc.reqs[1] = (req_spec){30, 30};
-    tc.reqs[2] = (req_spec){7, 130};
-    const int64_t n = (int64_t)38 * 8 * 128;
+    tc.reqs[1] = decode_only ? (req_spec){1, 30} : (req_spec){30, 30};
+    tc.reqs[2] = decode_only ? (req_spec){1, 1300} : (req_spec){7, 130};
+    const int64_t n = (int64_t)(tc.reqs[0].q_len + tc.reqs[1].q_len + tc.reqs[2].q_len) * 8 * 128;
     float *first = malloc(sizeof(float) * (size_t)n), *o = malloc(sizeof(float) * (size_t)n);
     float l[38 * 8];
     double *fd = malloc(sizeof(double) * (size_t)n);
@@ -356,6 +356,7 @@ void test_props(test_ctx *t)
         prop_chunked(t, names[i], AK_BF16);
         for (int parts = 1; parts <= 5; parts++) prop_merge(t, names[i], parts);
         prop_merge(t, names[i], 12);
-        prop_layout(t, names[i]);
+        prop_layout(t, names[i], 0);
+        prop_layout(t, names[i], 1);
     }
 }

@@ -74,6 +74,8 @@ typedef struct ak_backend_vtbl {
     void (*destroy)(void *state);
     /* (optional) the static slot-mapping buffer, on cfg.device */
     const int64_t *(*slot_mapping)(void *state);
+    /* (optional) one line on how the backend will serve cfg (kernel choice) */
+    void (*explain)(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap);
 } ak_backend_vtbl;
 
 struct ak_backend {

@@ -16,7 +16,7 @@
 /* Every backend compiled in, in the order attnkit-info lists them. */
 static const ak_backend_vtbl *const registry[] = {
     &ak_backend_cpu_ref,
-#ifdef AK_HAVE_CUDA_PAGED
+#ifdef AK_HAVE_CUDA
     &ak_backend_cuda_paged,
 #endif
 };
@@ -156,8 +156,14 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
         ak_reasons why;
         const int n = reasons_for(registry[i], cfg, have_dev ? &info : NULL, &why);
         tb_printf(&lt, "  %-14s ", registry[i]->name);
-        if (registry[i] == pick)
+        if (registry[i] == pick) {
             tb_printf(&lt, "chosen");
+            if (pick->explain && have_dev) {
+                char note[AK_REASON_LEN];
+                pick->explain(cfg, &info, note, sizeof note);
+                tb_printf(&lt, " - %s", note);
+            }
+        }
         else if (n == 0)
             tb_printf(&lt, "available");
         for (int r = 0; r < n && r < AK_MAX_REASONS; r++)

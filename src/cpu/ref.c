@@ -168,4 +168,5 @@ const ak_backend_vtbl ak_backend_cpu_ref = {
     /* .run = */ ref_run,
     /* .destroy = */ ref_destroy,
     /* .slot_mapping = */ ref_slot_mapping,
+    /* .explain = */ NULL, /* (optional) */
 };

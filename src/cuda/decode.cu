@@ -1,0 +1,482 @@
+/*
+ * decode.cu - paged decode: one query token per request against its paged K/V.
+ *
+ * A thread block takes one work item (a request's keys [kv_begin, kv_end),
+ * planned on the host) for one KV head, and serves every query head of that
+ * head's GQA group from the same K/V loads. K/V tiles of 64 keys stream
+ * through shared memory with cp.async (STAGES deep); each of the 4 warps owns
+ * 16 keys of a tile and keeps its own online-softmax state {m, d, o}; the four
+ * states merge at the end (softmax_state.h's algebra, in base 2).
+ *
+ * Two engines compute q.k and p.v, chosen at create() from the group size:
+ *   tensor cores (group >= 4): the group's query heads are the 16 rows of an
+ *     mma.sync m16n8k16 tile (padded), K and V fed by ldmatrix;
+ *   CUDA cores (group <= 3): rows so few that a padded 16-row tile is mostly
+ *     waste; plain FMAs, q in shared memory as f32.
+ * Decode is memory-bound either way (~2 FLOP per byte of KV for small
+ * groups); what matters is keeping enough bytes in flight.
+ */
+#include "decode.cuh"
+#include "softmax_state.h"
+
+/* ---- tile traits ------------------------------------------------------------ */
+
+template <int D> struct decode_traits {
+    static constexpr int WARPS = 4;
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int KEYS_PER_WARP = 16; /* one k16 step of the p.v mma */
+    static constexpr int TILE = WARPS * KEYS_PER_WARP;
+    static constexpr int CHUNKS = D / 8; /* 16-byte chunks per K/V row */
+    /* 3 stages keep two tiles in flight while one is computed; at D = 256 a
+     * stage is 64 KB, so 2 stages (128 KB) is what fits beside occupancy 1 */
+    static constexpr int STAGES = D <= 128 ? 3 : 2;
+    static constexpr int ROWS = 16; /* query heads per tensor-core tile */
+    static constexpr int KV_BYTES = STAGES * 2 * TILE * D * 2;
+    static constexpr int Q_BYTES = ROWS * D * 2 > AK_DECODE_CC_MAX_GROUP * D * 4 ? ROWS * D * 2
+                                                                                 : AK_DECODE_CC_MAX_GROUP * D * 4;
+    /* the epilogue reuses the K/V stages: per-warp o, m, d of every row */
+    static constexpr int EPI_BYTES = WARPS * ROWS * (D + 2) * 4;
+    static constexpr int SMEM_BYTES = KV_BYTES + Q_BYTES;
+    static_assert(D % 64 == 0, "head dims are multiples of 64 (the swizzle needs 8 chunks)");
+    static_assert(EPI_BYTES <= KV_BYTES, "epilogue scratch must fit in the K/V stages");
+    static_assert((TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
+};
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+/* ---- device helpers --------------------------------------------------------- */
+
+/* Cooperative cp.async of keys [t0, t0 + TILE) of K and V into one stage;
+ * keys at or past kv_end are zero-filled (never read). */
+template <int D, typename T>
+__device__ __forceinline__ void load_kv_tile(const decode_params &p, const int32_t *pages, int kv_head, int t0,
+                                             int kv_end, T *ks, T *vs)
+{
+    typedef decode_traits<D> tr;
+    const int chunk = threadIdx.x % tr::CHUNKS;
+#pragma unroll
+    for (int i = 0; i < tr::TILE * tr::CHUNKS / tr::THREADS; i++) {
+        const int row = threadIdx.x / tr::CHUNKS + i * (tr::THREADS / tr::CHUNKS);
+        const int key = t0 + row;
+        const T *kg = (const T *)p.k_pool, *vg = (const T *)p.v_pool;
+        int bytes = 0;
+        if (key < kv_end) {
+            const int64_t block = pages[key / p.page_size];
+            const int64_t rowoff = (key % p.page_size) * p.kv_stride_slot + kv_head * p.kv_stride_head + chunk * 8;
+            kg += block * p.k_block_stride + rowoff;
+            vg += block * p.v_block_stride + rowoff;
+            bytes = 16;
+        }
+        cp_async_16(ks + swz<D>(row, chunk), kg, bytes);
+        cp_async_16(vs + swz<D>(row, chunk), vg, bytes);
+    }
+}
+
+/* The logit of a key in base 2, soft-capped when asked. */
+__device__ __forceinline__ float to_logit2(const decode_params &p, float dot)
+{
+    if (p.soft_cap > 0.0f) return p.cap_log2 * tanhf(dot * p.cap_scale);
+    return dot * p.scale_log2;
+}
+
+/* Online-softmax step for one row: folds a tile's max in, returns the factor
+ * that rescales the old d and o (ak_rescale_factor, base 2). */
+__device__ __forceinline__ float fold_max(float &m, float tile_max)
+{
+    const float m_new = fmaxf(m, tile_max);
+    const float f = m == -INFINITY ? 0.0f : exp2f(m - m_new);
+    m = m_new;
+    return f;
+}
+
+__device__ __forceinline__ float exp2_masked(float s, float m) { return s == -INFINITY ? 0.0f : exp2f(s - m); }
+
+/* Per-warp state of one row, spilled for the epilogue. */
+struct epi_smem {
+    float *o; /* [WARPS][ROWS][D] */
+    float *m; /* [WARPS][ROWS] */
+    float *d; /* [WARPS][ROWS] */
+};
+
+template <int D> __device__ __forceinline__ epi_smem epilogue_smem(void *base)
+{
+    typedef decode_traits<D> tr;
+    epi_smem e;
+    e.o = (float *)base;
+    e.m = e.o + tr::WARPS * tr::ROWS * D;
+    e.d = e.m + tr::WARPS * tr::ROWS;
+    return e;
+}
+
+/* ---- the tensor-core engine: 16 query heads x 16 keys per warp -------------- */
+
+template <int D, typename T> struct mma_engine {
+    typedef decode_traits<D> tr;
+    float o[D / 8][4]; /* 16 rows x D, C-fragment layout */
+    float m[2], d[2];  /* rows lane/4 and lane/4 + 8 */
+
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        d[0] = d[1] = 0.0f;
+    }
+
+    /* q tile [16][D] of T, swizzled; rows past the group are zero */
+    static __device__ __forceinline__ void load_q(const decode_params &p, int tok, int head0, int rows, void *qs_raw)
+    {
+        T *qs = (T *)qs_raw;
+        for (int i = threadIdx.x; i < tr::ROWS * tr::CHUNKS; i += tr::THREADS) {
+            const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (row < rows)
+                v = *(const uint4 *)((const T *)p.q + tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c * 8);
+            *(uint4 *)(qs + swz<D>(row, c)) = v;
+        }
+    }
+
+    __device__ __forceinline__ void tile(const decode_params &p, const void *qs_raw, const T *ks, const T *vs,
+                                         int t0, int lo, int kv_end)
+    {
+        const T *qs = (const T *)qs_raw;
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int key0 = warp * tr::KEYS_PER_WARP;
+        /* qk: s = q . k for 16 rows x this warp's 16 keys (2 n-tiles) */
+        float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4], b[4];
+            const int mi = lane / 8, r = lane % 8;
+            ldmatrix_x4(a, qs + swz<D>((mi % 2) * 8 + r, 2 * kk + mi / 2));
+            ldmatrix_x4(b, ks + swz<D>(key0 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
+            mma_16816<T>(s[0], a, b);
+            mma_16816<T>(s[1], a, b + 2);
+        }
+        /* logits, masks, online softmax for rows lane/4 (e < 2) and lane/4 + 8 */
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = t0 + key0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                const float x = key < kv_end && key >= lo ? to_logit2(p, s[n][e]) : -INFINITY;
+                s[n][e] = x;
+                tmax[e / 2] = fmaxf(tmax[e / 2], x);
+            }
+        float f[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
+            tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
+            f[h] = fold_max(m[h], tmax[h]);
+            d[h] *= f[h];
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            const float p0 = exp2_masked(s[n][0], m[0]), p1 = exp2_masked(s[n][1], m[0]);
+            const float p2 = exp2_masked(s[n][2], m[1]), p3 = exp2_masked(s[n][3], m[1]);
+            d[0] += p0 + p1;
+            d[1] += p2 + p3;
+            pa[2 * n] = dtype_traits<T>::pack(p0, p1);
+            pa[2 * n + 1] = dtype_traits<T>::pack(p2, p3);
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= f[0];
+            o[n][1] *= f[0];
+            o[n][2] *= f[1];
+            o[n][3] *= f[1];
+        }
+        /* pv: o += p . v over this warp's 16 keys, two n-tiles of dims per ldmatrix */
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            uint32_t b[4];
+            const int mi = lane / 8, r = lane % 8;
+            ldmatrix_x4_trans(b, vs + swz<D>(key0 + (mi % 2) * 8 + r, 2 * np + mi / 2));
+            mma_16816<T>(o[2 * np], pa, b);
+            mma_16816<T>(o[2 * np + 1], pa, b + 2);
+        }
+    }
+
+    /* this warp's state of every row -> shared memory */
+    __device__ __forceinline__ void spill(const epi_smem &e)
+    {
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int r0 = lane / 4;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+        }
+        float *ow = e.o + warp * tr::ROWS * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int col = n * 8 + (lane % 4) * 2;
+            *(float2 *)(ow + r0 * D + col) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(ow + (r0 + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+        }
+        if (lane % 4 == 0) {
+            e.m[warp * tr::ROWS + r0] = m[0];
+            e.m[warp * tr::ROWS + r0 + 8] = m[1];
+            e.d[warp * tr::ROWS + r0] = d[0];
+            e.d[warp * tr::ROWS + r0 + 8] = d[1];
+        }
+    }
+};
+
+/* ---- the CUDA-core engine: G query heads, 16 keys per warp ------------------ */
+
+template <int D, typename T, int G> struct cc_engine {
+    typedef decode_traits<D> tr;
+    static constexpr int DIMS_PER_LANE = D / 32; /* p.v: lane owns these output dims */
+    float o[G][DIMS_PER_LANE];
+    float m[G], d[G];
+
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            m[g] = -INFINITY;
+            d[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DIMS_PER_LANE; i++) o[g][i] = 0.0f;
+        }
+    }
+
+    /* q rows as f32 [G][D] */
+    static __device__ __forceinline__ void load_q(const decode_params &p, int tok, int head0, int rows, void *qs_raw)
+    {
+        float *qs = (float *)qs_raw;
+        for (int i = threadIdx.x; i < G * D; i += tr::THREADS) {
+            const int row = i / D, c = i % D;
+            qs[i] = row < rows ? dtype_traits<T>::to_float(
+                                     ((const T *)p.q)[tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c])
+                               : 0.0f;
+        }
+    }
+
+    __device__ __forceinline__ void tile(const decode_params &p, const void *qs_raw, const T *ks, const T *vs,
+                                         int t0, int lo, int kv_end)
+    {
+        const float *qs = (const float *)qs_raw;
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int key_local = lane % 16, half = lane / 16;
+        const int row = warp * tr::KEYS_PER_WARP + key_local;
+        /* qk: lane (key, half) takes half of the dims of one key, for every head */
+        float acc[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) acc[g] = 0.0f;
+#pragma unroll
+        for (int c = half * tr::CHUNKS / 2; c < (half + 1) * tr::CHUNKS / 2; c++) {
+            const uint4 raw = *(const uint4 *)(ks + swz<D>(row, c));
+            const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 k2 = dtype_traits<T>::unpack(w[j]);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    const float2 q2 = *(const float2 *)(qs + g * D + c * 8 + 2 * j);
+                    acc[g] = fmaf(q2.x, k2.x, fmaf(q2.y, k2.y, acc[g]));
+                }
+            }
+        }
+        const int key = t0 + row;
+        const bool visible = key < kv_end && key >= lo;
+        float pk[G], f[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 16);
+            const float s = visible ? to_logit2(p, acc[g]) : -INFINITY;
+            float tmax = s;
+#pragma unroll
+            for (int x = 1; x < 16; x *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, x));
+            f[g] = fold_max(m[g], tmax);
+            pk[g] = exp2_masked(s, m[g]);
+            float psum = pk[g];
+#pragma unroll
+            for (int x = 1; x < 16; x *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, x);
+            d[g] = d[g] * f[g] + psum;
+#pragma unroll
+            for (int i = 0; i < DIMS_PER_LANE; i++) o[g][i] *= f[g];
+        }
+        /* pv: lane owns DIMS_PER_LANE output dims; p of key j comes from lane j */
+        const int dim0 = lane * DIMS_PER_LANE;
+#pragma unroll
+        for (int j = 0; j < tr::KEYS_PER_WARP; j++) {
+            const T *vrow = vs + swz<D>(warp * tr::KEYS_PER_WARP + j, dim0 / 8) + dim0 % 8;
+            float v[DIMS_PER_LANE];
+#pragma unroll
+            for (int i = 0; i < DIMS_PER_LANE; i += 2) {
+                const float2 v2 = dtype_traits<T>::unpack(*(const uint32_t *)(vrow + i));
+                v[i] = v2.x;
+                v[i + 1] = v2.y;
+            }
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float pj = __shfl_sync(0xffffffffu, pk[g], j);
+#pragma unroll
+                for (int i = 0; i < DIMS_PER_LANE; i++) o[g][i] = fmaf(pj, v[i], o[g][i]);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void spill(const epi_smem &e)
+    {
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float *orow = e.o + (warp * tr::ROWS + g) * D + lane * DIMS_PER_LANE;
+#pragma unroll
+            for (int i = 0; i < DIMS_PER_LANE; i++) orow[i] = o[g][i];
+            if (lane == 0) {
+                e.m[warp * tr::ROWS + g] = m[g];
+                e.d[warp * tr::ROWS + g] = d[g];
+            }
+        }
+    }
+};
+
+/* ---- the kernel --------------------------------------------------------------- */
+
+template <int D, typename T, typename ENGINE>
+__global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const decode_params p)
+{
+    typedef decode_traits<D> tr;
+    extern __shared__ uint4 smem[];
+    const decode_item it = p.items[blockIdx.x];
+    if (it.req < 0) return; /* padding item */
+    const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
+    const int head0 = kv_head * p.group + row_tile * tr::ROWS;
+    const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
+    const int tok = p.qo_indptr[it.req];
+    const int kv_len = p.kv_lens[it.req];
+    const int pos = kv_len - 1; /* the query is the last key */
+    const int lo = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
+    const int32_t *pages = p.kv_indices + p.kv_indptr[it.req];
+
+    T *kv_stages = (T *)smem;
+    void *qs = (char *)smem + tr::KV_BYTES;
+    ENGINE::load_q(p, tok, head0, rows, qs);
+
+    /* pipeline: STAGES - 1 tiles in flight ahead of the one computed */
+    const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
+#pragma unroll
+    for (int s = 0; s < tr::STAGES - 1; s++) {
+        if (s < n_tiles)
+            load_kv_tile<D, T>(p, pages, kv_head, it.kv_begin + s * tr::TILE, it.kv_end,
+                               kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
+        cp_async_commit();
+    }
+    ENGINE eng;
+    eng.init();
+    for (int t = 0; t < n_tiles; t++) {
+        cp_async_wait<tr::STAGES - 2>();
+        __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
+        const int next = t + tr::STAGES - 1;
+        if (next < n_tiles) {
+            const int s = next % tr::STAGES;
+            load_kv_tile<D, T>(p, pages, kv_head, it.kv_begin + next * tr::TILE, it.kv_end,
+                               kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
+        }
+        cp_async_commit();
+        const int s = t % tr::STAGES;
+        eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D,
+                 it.kv_begin + t * tr::TILE, lo, it.kv_end);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages become epilogue scratch */
+
+    /* merge the warps' states row by row; write o and lse (or the partial) */
+    const epi_smem e = epilogue_smem<D>(smem);
+    eng.spill(e);
+    __syncthreads();
+    for (int i = threadIdx.x; i < rows * tr::CHUNKS; i += tr::THREADS) {
+        const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < tr::WARPS; w++) mx = fmaxf(mx, e.m[w * tr::ROWS + row]);
+        float wsum = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int w = 0; w < tr::WARPS; w++) {
+            const float mw = e.m[w * tr::ROWS + row];
+            const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
+            wsum += f * e.d[w * tr::ROWS + row];
+            const float *ow = e.o + (w * tr::ROWS + row) * D + c * 8;
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] += f * ow[j];
+        }
+        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        const float lse = wsum > 0.0f ? (mx + log2f(wsum)) * LN2 : -INFINITY;
+        const int head = head0 + row;
+        if (it.out < 0) {
+            uint32_t packed[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) packed[j] = dtype_traits<T>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+            *(uint4 *)((T *)p.o + tok * p.o_stride_tok + head * p.o_stride_head + c * 8) =
+                make_uint4(packed[0], packed[1], packed[2], packed[3]);
+            if (p.lse && c == 0) p.lse[tok * p.lse_stride_tok + head] = lse;
+        } else {
+            float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * D + c * 8;
+            *(float4 *)dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+            *(float4 *)(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+            if (c == 0) p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head] = lse;
+        }
+    }
+}
+
+/* ---- the launcher ------------------------------------------------------------- */
+
+typedef void (*decode_fn)(const decode_params);
+
+template <int D, typename T> static decode_fn pick_engine(decode_engine engine, int group)
+{
+    if (engine == DECODE_TENSOR_CORES) return decode_kernel<D, T, mma_engine<D, T> >;
+    if (group == 1) return decode_kernel<D, T, cc_engine<D, T, 1> >;
+    if (group == 2) return decode_kernel<D, T, cc_engine<D, T, 2> >;
+    return decode_kernel<D, T, cc_engine<D, T, 3> >;
+}
+
+template <typename T> static decode_fn pick_dim(int head_dim, decode_engine engine, int group, int *smem)
+{
+    switch (head_dim) {
+    case 64: *smem = decode_traits<64>::SMEM_BYTES; return pick_engine<64, T>(engine, group);
+    case 128: *smem = decode_traits<128>::SMEM_BYTES; return pick_engine<128, T>(engine, group);
+    case 256: *smem = decode_traits<256>::SMEM_BYTES; return pick_engine<256, T>(engine, group);
+    }
+    return NULL;
+}
+
+static decode_fn pick(int head_dim, ak_dtype dtype, decode_engine engine, int group, int *smem)
+{
+    if (dtype == AK_F16) return pick_dim<__half>(head_dim, engine, group, smem);
+    if (dtype == AK_BF16) return pick_dim<__nv_bfloat16>(head_dim, engine, group, smem);
+    return NULL;
+}
+
+ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int group, int *ctas_per_sm)
+{
+    int smem = 0;
+    const decode_fn fn = pick(head_dim, dtype, engine, group, &smem);
+    if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
+    /* above 48 KB of dynamic shared memory a kernel must opt in, once */
+    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)fn,
+                                                              decode_traits<64>::THREADS, smem));
+    return AK_OK;
+}
+
+ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype dtype, decode_engine engine,
+                                int num_items, cudaStream_t stream)
+{
+    int smem = 0;
+    const decode_fn fn = pick(head_dim, dtype, engine, p->group, &smem);
+    if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
+    if (num_items == 0) return AK_OK;
+    const dim3 grid(num_items, p->num_kv_heads * p->row_tiles);
+    fn<<<grid, decode_traits<64>::THREADS, smem, stream>>>(*p);
+    AK_CUDA_CHECK_LAUNCH();
+    return AK_OK;
+}
