@@ -24,9 +24,10 @@ fi
 note build ok
 
 if [[ $what == all || $what == test ]]; then
-    ./$BUILD/attnkit-test --device cuda >"$LOG/test-gpu.log" 2>&1
+    ./$BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1
     rc=$?
     grep -E "^FAIL" "$LOG/test-gpu.log" | head -20
+    grep -E "graph replay|merge of|invariance" "$LOG/test-gpu.log" | cut -c1-150
     note "gpu tests" "$(tail -1 "$LOG/test-gpu.log") (rc $rc)"
     ./$BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
     note "cpu tests" "$(tail -1 "$LOG/test-cpu.log")"

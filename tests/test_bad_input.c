@@ -42,7 +42,7 @@ static void block_id_negative(inputs *in) { in->bt[in->batch.block_table_stride]
 static void kv_negative(inputs *in) { in->kvl[2] = -3; }
 static void decode_gets_prefill(inputs *in) { in->cfg.workload = AK_WORKLOAD_DECODE; }
 static void too_many_reqs(inputs *in) { in->lim.max_reqs = 2; }
-static void too_many_tokens(inputs *in) { in->lim.max_tokens = 4; }
+static void too_many_tokens(inputs *in) { in->lim.max_tokens = in->qo[3] - 1; }
 static void too_many_blocks(inputs *in) { in->lim.max_blocks_per_req = 1; }
 static void heads_dont_divide(inputs *in) { in->cfg.num_qo_heads = 6; in->cfg.num_kv_heads = 4; }
 static void head_dim_zero(inputs *in) { in->cfg.head_dim_qk = 0; }
@@ -91,10 +91,32 @@ static const bad_case cases[] = {
     {"slot below -1", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[0]", slot_negative},
 };
 
-/* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2. */
+/* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2;
+ * for a backend that serves decode only, three decodes. */
 static const attn_case baseline = {
     "bad-input baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
     {{1, 40}, {5, 20}, {6, 6}}};
+static const attn_case decode_baseline = {
+    "bad-input decode baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
+    {{1, 40}, {1, 20}, {1, 6}}};
+
+/* The baseline backend `name` serves on the device under test. */
+static attn_case pick_baseline(const test_ctx *t, const char *name)
+{
+    attn_case tc = baseline;
+    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+    const ak_attn_config cfg = case_config(&tc, t->device);
+    ak_limits lim;
+    ak_limits_init(&lim);
+    ak_backend *b = NULL;
+    if (ak_backend_create(&cfg, &lim, name, &b) == AK_ERR_UNSUPPORTED) {
+        const ak_dtype dt = tc.dtype;
+        tc = decode_baseline;
+        tc.dtype = dt;
+    }
+    ak_backend_destroy(b);
+    return tc;
+}
 
 static uint64_t checksum(ak_device dev, const void *p, size_t bytes)
 {
@@ -109,8 +131,11 @@ static uint64_t checksum(ak_device dev, const void *p, size_t bytes)
 static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
 {
     if (!t_selected(t, bc->name)) return;
-    attn_case tc = baseline;
-    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+    const attn_case tc = pick_baseline(t, backend);
+    if (bc->breaks == decode_gets_prefill && tc.reqs[1].q_len == 1) {
+        t_skip(t, backend, bc->name, "the baseline is already a decode batch");
+        return;
+    }
     uint64_t rng = t->seed ^ name_hash(bc->name);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
