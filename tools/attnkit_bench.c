@@ -1,0 +1,912 @@
+/*
+ * attnkit-bench - times attnkit's backends on engine-shaped batches over a
+ * paged KV cache, beside a bandwidth ceiling measured in the same run, and
+ * checks them against cpu_ref on the same data.
+ *
+ * With no arguments (`make run`): a Llama-3-8B mixed step, 62 decodes on 2048
+ * keys + 2 prefill chunks of 256 tokens on a 1792-token prefix, on the best
+ * backend of this machine (the selector on the GPU if a CUDA backend accepts
+ * the batch, else on the CPU), checked against cpu_ref.
+ *
+ * Method (docs in `--help`): random inputs, shuffled block ids; the KV cache
+ * has enough layers that together they exceed 4x the L2 (GPU) / LLC (CPU),
+ * and the timed calls cycle through them as a real step does; warm-up, then
+ * repeated samples, median reported. GPU: CUDA events around a pass over all
+ * layers (eager, or one CUDA-graph replay with --graph), divided by the layer
+ * count. CPU: clock_gettime around each call.
+ */
+#include "attnkit.h"
+#include "bench_device.h"
+#include "bench_scene.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- constants -------------------------------------------------------------- */
+
+/* Timed samples: at most DEFAULT_MAX_ITERS, at least MIN_ITERS, stopping once
+ * SAMPLE_BUDGET_S seconds are spent (unless --iters fixes the count). */
+#define DEFAULT_MAX_ITERS 20
+#define MIN_ITERS 3
+#define SAMPLE_BUDGET_S 2.0
+/* Warm-up samples: the GPU's first passes pay for module loading and clocks
+ * ramping up; on the CPU one call pages in the buffers and starts the threads. */
+#define WARMUP_GPU 3
+#define WARMUP_CPU 1
+/* plan() calls timed for the plan-time median. */
+#define PLAN_REPS 21
+/* Byte written over o before the checked run: all-ones is NaN in f32, f16 and
+ * bf16, so an element the backend does not write fails the check. */
+#define POISON_BYTE 0xFF
+#define DEFAULT_SEED 20240601ull
+#define DEFAULT_PAGE_SIZE 16
+#define DEFAULT_MODEL "llama3-8b"
+#define MAX_BACKENDS 32
+#define REASON_LEN 512
+
+/* The defaults of each workload (--batch / --q-len / --kv-len / --prefills
+ * override): decode B=64 L=4096 is the reference decode figure of DESIGN.md;
+ * prefill 2048 is what bench/cpu_sdpa.py compares; the mixed step is the
+ * default job. */
+static const bench_shape default_shapes[BW_COUNT] = {
+    [BW_DECODE] = {BW_DECODE, 64, 1, 4096, 0},
+    [BW_PREFILL] = {BW_PREFILL, 1, 2048, 2048, 0},
+    [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0},
+    [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2},
+    [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0},
+};
+
+/* --sweep on a GPU: decode across batch and context (B=1 L=4096 is the
+ * latency figure to take with --graph; B=256 the plan-time figure), then the
+ * other workloads. */
+static const bench_shape sweep_gpu[] = {
+    {BW_DECODE, 1, 1, 4096, 0},     {BW_DECODE, 1, 1, 32768, 0},    {BW_DECODE, 16, 1, 4096, 0},
+    {BW_DECODE, 64, 1, 1024, 0},    {BW_DECODE, 64, 1, 4096, 0},    {BW_DECODE, 128, 1, 8192, 0},
+    {BW_DECODE, 256, 1, 1024, 0},   {BW_DECODE, 256, 1, 4096, 0},   {BW_VERIFY, 32, 4, 4096, 0},
+    {BW_VERIFY, 64, 8, 2048, 0},    {BW_EXTEND, 4, 512, 4096, 0},   {BW_EXTEND, 1, 2048, 16384, 0},
+    {BW_PREFILL, 1, 2048, 2048, 0}, {BW_PREFILL, 1, 8192, 8192, 0}, {BW_PREFILL, 1, 16384, 16384, 0},
+    {BW_PREFILL, 8, 1024, 1024, 0}, {BW_MIXED, 64, 256, 2048, 2},   {BW_MIXED, 128, 512, 4096, 2},
+};
+/* --sweep on the CPU: the same kinds, sized for seconds per row. */
+static const bench_shape sweep_cpu[] = {
+    {BW_DECODE, 1, 1, 4096, 0},    {BW_DECODE, 16, 1, 1024, 0},    {BW_DECODE, 64, 1, 1024, 0},
+    {BW_DECODE, 256, 1, 256, 0},   {BW_VERIFY, 16, 4, 1024, 0},    {BW_EXTEND, 2, 128, 1024, 0},
+    {BW_PREFILL, 1, 512, 512, 0},  {BW_PREFILL, 1, 2048, 2048, 0}, {BW_MIXED, 16, 128, 1024, 2},
+};
+#define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* ---- options ------------------------------------------------------------------- */
+
+typedef struct options {
+    bench_workload workload;
+    int workload_set;
+    const bench_model *model;
+    const char *backend; /* NULL: the selector; "all": every backend of the device */
+    ak_device_kind device;
+    int device_set;
+    int batch, q_len, kv_len, num_prefills; /* 0 / -1: the workload's default */
+    int page_size;
+    ak_dtype dtype;
+    int dtype_set;
+    int check, json, graph, sweep, kv_update;
+    int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
+    int layers; /* 0: automatic */
+    uint64_t seed;
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: attnkit-bench [options]\n"
+        "  --workload W     decode | prefill | extend | mixed | verify (default mixed)\n"
+        "                   decode:  B requests, 1 new token on kv_len keys      (64 x 1 on 4096)\n"
+        "                   prefill: B prompts, q_len = kv_len                   (1 x 2048)\n"
+        "                   extend:  B chunks of q_len tokens on a cached prefix (4 x 512 on 4096)\n"
+        "                   verify:  B x q_len speculative tokens on kv_len keys (32 x 4 on 4096)\n"
+        "                   mixed:   --prefills chunks of q_len on a prefix + decodes, kv_len each\n"
+        "                            (64 requests: 62 decodes + 2 chunks of 256, kv_len 2048)\n"
+        "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
+        "                   | phi3-mini\n"
+        "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
+        "                   cannot serve the config are listed as skipped); default: the selector\n"
+        "  --device D       cpu | cuda (default: cuda when a GPU and a CUDA backend for the batch\n"
+        "                   are found, else cpu)\n"
+        "  --batch N --q-len N --kv-len N --prefills N (mixed) --page-size N (16)\n"
+        "  --dtype T        f32 | f16 | bf16 for q, KV and o (default: bf16 on a GPU, f32 on the CPU)\n"
+        "  --check          compare with cpu_ref on the same data (a sample of the batch when the\n"
+        "                   whole would take long; the output says so). Implied with no arguments.\n"
+        "  --json           one JSON object per line on stdout (notes go to stderr)\n"
+        "  --iters N        timed samples (default: up to %d within %.0f s, at least %d)\n"
+        "  --graph          CUDA only: capture run() for every rotated layer into one CUDA graph\n"
+        "                   and time its replays\n"
+        "  --kv-update      time ak_kv_update (with the backend's slot mapping) + run() per layer\n"
+        "  --sweep          a built-in list of shapes (restricted to --workload if given)\n"
+        "  --layers N       layers of the cache to rotate through (default: enough to exceed 4x\n"
+        "                   the L2 / LLC, at most the model's layer count)\n"
+        "  --seed N\n"
+        "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
+        "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
+        "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
+        "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling;\n"
+        "plan_us = median host time of plan().\n"
+        "Exit status: 0, 1 when a check fails or a run errs, 2 on bad usage.\n",
+        DEFAULT_MAX_ITERS, SAMPLE_BUDGET_S, MIN_ITERS);
+}
+
+static int parse_int(const char *opt, const char *s, int lo, int *out)
+{
+    char *end = NULL;
+    const long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || *end || v < lo || v > 1000000000L) {
+        fprintf(stderr, "attnkit-bench: %s needs an integer >= %d, not '%s'\n", opt, lo, s ? s : "");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_dtype(const char *s, ak_dtype *t)
+{
+    if (s && !strcmp(s, "f32")) *t = AK_F32;
+    else if (s && !strcmp(s, "f16")) *t = AK_F16;
+    else if (s && !strcmp(s, "bf16")) *t = AK_BF16;
+    else return -1;
+    return 0;
+}
+
+/* Returns 0, 1 for --help, -1 on a bad option. */
+static int parse_options(int argc, char **argv, options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->workload = BW_MIXED;
+    o->model = bench_model_find(DEFAULT_MODEL);
+    o->page_size = DEFAULT_PAGE_SIZE;
+    o->num_prefills = -1;
+    o->seed = DEFAULT_SEED;
+    /* the default job (no arguments, `make run`) is checked against cpu_ref */
+    o->check = argc == 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int takes_value = 1;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--workload")) {
+            if (!v || bench_workload_parse(v, &o->workload)) {
+                fprintf(stderr, "attnkit-bench: --workload: decode, prefill, extend, mixed or verify\n");
+                return -1;
+            }
+            o->workload_set = 1;
+        } else if (!strcmp(a, "--model")) {
+            o->model = v ? bench_model_find(v) : NULL;
+            if (!o->model) {
+                fprintf(stderr, "attnkit-bench: --model: one of");
+                for (int m = 0; m < bench_num_models; m++) fprintf(stderr, " %s", bench_models[m].name);
+                fprintf(stderr, "\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--backend")) {
+            if (!v) return -1;
+            o->backend = v;
+        } else if (!strcmp(a, "--device")) {
+            if (v && !strcmp(v, "cpu")) o->device = AK_DEVICE_CPU;
+            else if (v && !strcmp(v, "cuda")) o->device = AK_DEVICE_CUDA;
+            else {
+                fprintf(stderr, "attnkit-bench: --device: cpu or cuda\n");
+                return -1;
+            }
+            o->device_set = 1;
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_int(a, v, 1, &o->batch)) return -1;
+        } else if (!strcmp(a, "--q-len")) {
+            if (parse_int(a, v, 1, &o->q_len)) return -1;
+        } else if (!strcmp(a, "--kv-len")) {
+            if (parse_int(a, v, 1, &o->kv_len)) return -1;
+        } else if (!strcmp(a, "--prefills")) {
+            if (parse_int(a, v, 0, &o->num_prefills)) return -1;
+        } else if (!strcmp(a, "--page-size")) {
+            if (parse_int(a, v, 1, &o->page_size)) return -1;
+        } else if (!strcmp(a, "--dtype")) {
+            if (parse_dtype(v, &o->dtype)) {
+                fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16\n");
+                return -1;
+            }
+            o->dtype_set = 1;
+        } else if (!strcmp(a, "--iters")) {
+            if (parse_int(a, v, 1, &o->iters)) return -1;
+        } else if (!strcmp(a, "--layers")) {
+            if (parse_int(a, v, 1, &o->layers)) return -1;
+        } else if (!strcmp(a, "--seed")) {
+            if (!v) return -1;
+            o->seed = strtoull(v, NULL, 10);
+        } else {
+            takes_value = 0;
+            if (!strcmp(a, "--check")) o->check = 1;
+            else if (!strcmp(a, "--json")) o->json = 1;
+            else if (!strcmp(a, "--graph")) o->graph = 1;
+            else if (!strcmp(a, "--sweep")) o->sweep = 1;
+            else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
+            else {
+                fprintf(stderr, "attnkit-bench: unknown option '%s' (--help lists them)\n", a);
+                return -1;
+            }
+        }
+        i += takes_value;
+    }
+    return 0;
+}
+
+/* The shape of a single (non-sweep) run: the workload's defaults with the
+ * options' overrides. Returns 0 or -1. */
+static int single_shape(const options *o, bench_shape *s)
+{
+    *s = default_shapes[o->workload];
+    if (o->batch) s->batch = o->batch;
+    if (o->kv_len) s->kv_len = o->kv_len;
+    switch (o->workload) {
+    case BW_DECODE:
+        if (o->q_len > 1) {
+            fprintf(stderr, "attnkit-bench: decode has q_len 1 (--workload verify or extend for more)\n");
+            return -1;
+        }
+        break;
+    case BW_PREFILL:
+        /* a prefill sees its whole prompt: one length sets both */
+        if (o->q_len && o->kv_len && o->q_len != o->kv_len) {
+            fprintf(stderr, "attnkit-bench: prefill has q_len = kv_len (--workload extend for a chunk on a "
+                            "prefix)\n");
+            return -1;
+        }
+        if (o->q_len) s->q_len = s->kv_len = o->q_len;
+        if (o->kv_len) s->q_len = s->kv_len = o->kv_len;
+        break;
+    default:
+        if (o->q_len) s->q_len = o->q_len;
+        if (s->q_len > s->kv_len) {
+            if (o->kv_len) {
+                fprintf(stderr, "attnkit-bench: q_len %d > kv_len %d\n", s->q_len, s->kv_len);
+                return -1;
+            }
+            s->kv_len = s->q_len; /* only --q-len was given: a chunk with no prefix */
+        }
+        break;
+    }
+    if (o->workload == BW_MIXED) {
+        if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
+        if (s->num_prefills > s->batch) {
+            if (o->num_prefills >= 0) {
+                fprintf(stderr, "attnkit-bench: --prefills %d > --batch %d\n", s->num_prefills, s->batch);
+                return -1;
+            }
+            s->num_prefills = s->batch;
+        }
+    }
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+typedef struct row {
+    const char *backend;
+    const char *status; /* "ok", "fail" (check), "skipped", "error" */
+    char reason[REASON_LEN];
+    int graph;
+    int samples;
+    double median_ms, min_ms, plan_us, gbps, gflops, frac;
+    int checked, check_ok;
+    double max_rel_err;
+} row;
+
+/* Notes: stdout for the table, stderr when stdout carries JSON. */
+static FILE *note_stream(const options *o) { return o->json ? stderr : stdout; }
+
+static void note(const options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(const options *o, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(note_stream(o), fmt, ap);
+    va_end(ap);
+    fflush(note_stream(o));
+}
+
+static void json_string(const char *s)
+{
+    putchar('"');
+    for (; s && *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') printf("\\%c", ch);
+        else if (ch == '\n') printf("\\n");
+        else if (ch < 0x20) printf("\\u%04x", ch);
+        else putchar(ch);
+    }
+    putchar('"');
+}
+
+/* A number, or null when it is not finite (JSON has no inf / NaN). */
+static void json_number(const char *key, double v, const char *fmt)
+{
+    printf(",\"%s\":", key);
+    if (isfinite(v)) printf(fmt, v);
+    else printf("null");
+}
+
+static void print_json(const options *o, const bench_scene *sc, const bd_ceiling *ceil_, const row *r)
+{
+    const ak_attn_config *c = &sc->cfg;
+    printf("{\"backend\":");
+    json_string(r->backend);
+    printf(",\"status\":\"%s\"", r->status);
+    if (r->reason[0]) {
+        printf(",\"reason\":");
+        json_string(r->reason);
+    }
+    printf(",\"device\":\"%s\",\"workload\":\"%s\",\"model\":\"%s\",\"dtype\":\"%s\"",
+           c->device.kind == AK_DEVICE_CUDA ? "cuda" : "cpu", bench_workload_name(sc->shape.workload),
+           sc->model->name, ak_dtype_name(c->kv_dtype));
+    printf(",\"batch\":%d,\"q_len\":%d,\"kv_len\":%d,\"num_prefills\":%d,\"page_size\":%d", sc->shape.batch,
+           sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
+           sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);
+    printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d", c->num_qo_heads, c->num_kv_heads,
+           c->head_dim_qk);
+    printf(",\"num_tokens\":%d,\"num_kv_tokens\":%lld,\"layers\":%d,\"graph\":%s,\"kv_update\":%s",
+           sc->num_tokens, (long long)sc->num_kv_tokens, sc->num_layers, r->graph ? "true" : "false",
+           o->kv_update ? "true" : "false");
+    printf(",\"flop_per_call\":%.6g,\"bytes_per_call\":%.6g", sc->flops, sc->bytes);
+    const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
+    if (ran) {
+        printf(",\"samples\":%d", r->samples);
+        json_number("median_ms", r->median_ms, "%.6g");
+        json_number("min_ms", r->min_ms, "%.6g");
+        json_number("plan_us", r->plan_us, "%.4g");
+        json_number("gbps", r->gbps, "%.6g");
+        json_number("gflops", r->gflops, "%.6g");
+        json_number("tflops", r->gflops / 1e3, "%.6g");
+        printf(",\"ceiling_name\":\"%s\"", ceil_->name);
+        json_number("ceiling_gbps", ceil_->gbps, "%.6g");
+        json_number("ceiling_fraction", r->frac, "%.4g");
+    }
+    if (r->checked) json_number("max_rel_err", r->max_rel_err, "%.3g");
+    else printf(",\"max_rel_err\":null");
+    printf(",\"check\":\"%s\"}\n", !r->checked ? "off" : r->check_ok ? "pass" : "fail");
+    fflush(stdout);
+}
+
+static void print_table_header(void)
+{
+    printf("%-20s %-8s %-15s %5s %6s %6s %5s %6s %8s %10s %9s %9s %12s %5s  %s\n", "backend", "workload",
+           "model", "batch", "q_len", "kv_len", "dtype", "layers", "plan_us", "median_ms", "GB/s", "GFLOP/s",
+           "ceiling_GB/s", "frac", "check (max rel err)");
+}
+
+static void print_row(const bench_scene *sc, const bd_ceiling *ceil_, const row *r)
+{
+    char name[64];
+    snprintf(name, sizeof name, "%s%s", r->backend, r->graph ? "+graph" : "");
+    printf("%-20s %-8s %-15s %5d %6d %6d %5s %6d", name, bench_workload_name(sc->shape.workload),
+           sc->model->name, sc->shape.batch, sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len,
+           sc->shape.kv_len, ak_dtype_name(sc->cfg.kv_dtype), sc->num_layers);
+    if (!strcmp(r->status, "skipped") || !strcmp(r->status, "error")) {
+        printf("  %s: %s\n", r->status, r->reason);
+        fflush(stdout);
+        return;
+    }
+    printf(" %8.1f %10.4f %9.1f %9.1f %12.1f %5.2f  ", r->plan_us, r->median_ms, r->gbps, r->gflops, ceil_->gbps,
+           r->frac);
+    if (!r->checked) printf("-");
+    else printf("%s %.2e", r->check_ok ? "ok" : "FAIL", r->max_rel_err);
+    if (r->reason[0]) printf("  (%s)", r->reason);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* ---- timing one backend --------------------------------------------------------------- */
+
+/* The work of one sample: per_sample layer calls, cycling through the layers. */
+typedef struct layer_runner {
+    const bench_scene *sc;
+    ak_backend *b;
+    ak_stream stream;
+    int kv_update;        /* call ak_kv_update before each run() */
+    const int64_t *slots; /* the backend's slot mapping, on its device */
+    int next_layer;
+    int per_sample;
+    char err[REASON_LEN];
+} layer_runner;
+
+static int run_layers(void *arg)
+{
+    layer_runner *lr = arg;
+    const bench_scene *sc = lr->sc;
+    for (int i = 0; i < lr->per_sample; i++) {
+        const int l = lr->next_layer;
+        lr->next_layer = (lr->next_layer + 1) % sc->num_layers;
+        if (lr->kv_update) {
+            const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
+            const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, lr->slots, sc->num_tokens, lr->stream);
+            if (st != AK_OK) {
+                snprintf(lr->err, sizeof lr->err, "ak_kv_update(layer %d): %s: %s", l, ak_status_str(st),
+                         ak_last_error());
+                return -1;
+            }
+        }
+        ak_tensor q = scene_q(sc, l), o = scene_o(sc, l);
+        ak_run_args args;
+        ak_run_args_init(&args);
+        args.q = &q;
+        args.kv = &sc->kv[l];
+        args.o = &o;
+        const ak_status st = ak_backend_run(lr->b, &args, lr->stream);
+        if (st != AK_OK) {
+            snprintf(lr->err, sizeof lr->err, "run(layer %d): %s: %s", l, ak_status_str(st), ak_last_error());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Whether every request of the batch has the same q_len (what a graph of
+ * "uniform batch" support replays). */
+static int batch_is_uniform(const bench_scene *sc)
+{
+    for (int r = 1; r < sc->num_reqs; r++)
+        if (sc->qo_indptr[r + 1] - sc->qo_indptr[r] != sc->qo_indptr[1] - sc->qo_indptr[0]) return 0;
+    return 1;
+}
+
+/* Why a CUDA graph of this backend cannot replay this batch (NULL if it can). */
+static const char *graph_obstacle(const bench_scene *sc, ak_backend *b)
+{
+    if (sc->cfg.device.kind != AK_DEVICE_CUDA) return "CUDA graphs need --device cuda";
+    switch (ak_backend_graph_support(b)) {
+    case AK_GRAPH_NEVER: return "the backend's run() is not capturable (graph support: never)";
+    case AK_GRAPH_DECODE_ONLY:
+        return sc->num_tokens == sc->num_reqs && batch_is_uniform(sc)
+                   ? NULL
+                   : "the backend's graphs replay decode batches only (graph support: decode_only)";
+    case AK_GRAPH_UNIFORM_BATCH:
+        return batch_is_uniform(sc) ? NULL
+                                    : "the backend's graphs need one q_len for all requests (graph support: "
+                                      "uniform_batch)";
+    case AK_GRAPH_ALWAYS: return NULL;
+    }
+    return "unknown graph support";
+}
+
+/* Plans, times, checks one backend on the scene; fills r. Returns 0, or -1
+ * when the row is an error (r says why). */
+static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
+                         const bd_ceiling *ceil_, ak_backend *b, row *r)
+{
+    memset(r, 0, sizeof *r);
+    r->backend = ak_backend_name(b);
+    r->status = "error";
+    r->graph = o->graph;
+    const int on_gpu = ctx->dev.kind == AK_DEVICE_CUDA;
+
+    /* plan: host time of each call; the sync after it keeps a plan's
+     * asynchronous copies from overlapping the next one's staging */
+    double plan_us[PLAN_REPS];
+    for (int i = 0; i < PLAN_REPS; i++) {
+        const double t0 = bd_now();
+        const ak_status st = ak_backend_plan(b, &sc->batch, ctx->stream);
+        plan_us[i] = 1e6 * (bd_now() - t0);
+        if (st != AK_OK) {
+            snprintf(r->reason, sizeof r->reason, "plan: %s: %s", ak_status_str(st), ak_last_error());
+            return -1;
+        }
+        if (bd_sync(ctx)) {
+            snprintf(r->reason, sizeof r->reason, "device error after plan (see stderr)");
+            return -1;
+        }
+    }
+    r->plan_us = median_of(plan_us, PLAN_REPS);
+
+    layer_runner lr;
+    memset(&lr, 0, sizeof lr);
+    lr.sc = sc;
+    lr.b = b;
+    lr.stream = ctx->stream;
+    /* GPU: a sample is a pass over every layer, so short calls are timed back
+     * to back as in a step; CPU: one call per sample, the next layer each time */
+    lr.per_sample = on_gpu ? sc->num_layers : 1;
+    if (o->kv_update) {
+        if (ak_backend_forward_includes_kv_update(b)) {
+            snprintf(r->reason, sizeof r->reason, "run() writes the KV itself: ak_kv_update not called");
+        } else {
+            lr.kv_update = 1;
+            lr.slots = ak_backend_slot_mapping(b);
+            if (!lr.slots) {
+                snprintf(r->reason, sizeof r->reason, "--kv-update: the backend gives no slot mapping");
+                return -1;
+            }
+        }
+    }
+
+    bd_graph graph;
+    memset(&graph, 0, sizeof graph);
+    bd_graph_launch_arg launch = {ctx, &graph};
+    bd_work_fn work = run_layers;
+    void *work_arg = &lr;
+    if (o->graph) {
+        const char *why = graph_obstacle(sc, b);
+        if (why) {
+            r->status = "skipped";
+            snprintf(r->reason, sizeof r->reason, "%s", why);
+            return 0;
+        }
+        lr.next_layer = 0;
+        if (bd_graph_capture(ctx, run_layers, &lr, &graph)) {
+            snprintf(r->reason, sizeof r->reason, "graph capture failed%s%.400s", lr.err[0] ? ": " : " (see stderr)",
+                     lr.err);
+            return -1;
+        }
+        work = bd_graph_launch_fn;
+        work_arg = &launch;
+    }
+
+    const int max_samples = o->iters ? o->iters : DEFAULT_MAX_ITERS;
+    double *samples = malloc(sizeof(double) * (size_t)max_samples);
+    int rc = -1;
+    if (!samples) {
+        snprintf(r->reason, sizeof r->reason, "out of host memory");
+        goto done;
+    }
+    const int warmup = on_gpu ? WARMUP_GPU : WARMUP_CPU;
+    const double calls = (double)lr.per_sample;
+    double ms = 0;
+    for (int i = 0; i < warmup; i++)
+        if (bd_time(ctx, work, work_arg, &ms)) goto run_failed;
+    const double t_start = bd_now();
+    int n = 0;
+    while (n < max_samples) {
+        if (bd_time(ctx, work, work_arg, &ms)) goto run_failed;
+        samples[n++] = ms / calls;
+        if (!o->iters && n >= MIN_ITERS && bd_now() - t_start > SAMPLE_BUDGET_S) break;
+    }
+    r->samples = n;
+    r->min_ms = samples[0];
+    for (int i = 1; i < n; i++)
+        if (samples[i] < r->min_ms) r->min_ms = samples[i];
+    r->median_ms = median_of(samples, n);
+    r->gbps = sc->bytes / (r->median_ms * 1e-3) / 1e9;
+    r->gflops = sc->flops / (r->median_ms * 1e-3) / 1e9;
+    r->frac = ceil_->gbps > 0 ? r->gbps / ceil_->gbps : NAN;
+    r->status = "ok";
+
+    if (ref) {
+        /* the checked run: o poisoned, then layer 0 computed once more (by a
+         * graph replay in graph mode, which writes every layer's o) */
+        const size_t ob = sc->o_layer_bytes;
+        void *o_host = malloc(ob + 1);
+        if (!o_host) {
+            snprintf(r->reason, sizeof r->reason, "check: out of host memory");
+            r->status = "error";
+            goto done;
+        }
+        lr.next_layer = 0;
+        lr.per_sample = 1;
+        int fail = bd_memset(ctx, sc->o, POISON_BYTE, ob);
+        if (!fail) fail = o->graph ? bd_graph_launch(ctx, &graph) : run_layers(&lr);
+        if (!fail) fail = bd_sync(ctx);
+        if (!fail) fail = bd_download(ctx, o_host, sc->o, ob);
+        if (fail) {
+            free(o_host);
+            goto run_failed;
+        }
+        char bad[256];
+        r->checked = 1;
+        r->max_rel_err = ref_compare(ref, sc, o_host, bad, sizeof bad);
+        r->check_ok = !bad[0] && r->max_rel_err <= ref_tolerance(sc->cfg.o_dtype);
+        if (bad[0]) snprintf(r->reason, sizeof r->reason, "%s", bad);
+        else if (!r->check_ok)
+            snprintf(r->reason, sizeof r->reason, "error above the %s tolerance %.0e",
+                     ak_dtype_name(sc->cfg.o_dtype), ref_tolerance(sc->cfg.o_dtype));
+        if (!r->check_ok) r->status = "fail";
+        free(o_host);
+    }
+    rc = 0;
+    goto done;
+run_failed:
+    r->status = "error";
+    snprintf(r->reason, sizeof r->reason, "%s", lr.err[0] ? lr.err : "device error (see stderr)");
+done:
+    free(samples);
+    bd_graph_destroy(&graph);
+    return rc;
+}
+
+/* ---- devices, ceilings ------------------------------------------------------------------- */
+
+typedef struct bench_state {
+    options opt;
+    bd_ctx ctx[2];      /* [ak_device_kind] */
+    int opened[2];      /* 1 open, -1 failed */
+    bd_ceiling ceil_[2];
+    int have_ceiling[2];
+    int failures;       /* rows that failed a check or erred */
+    int ran;            /* rows that ran */
+    int header_printed;
+} bench_state;
+
+static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
+{
+    if (st->opened[kind] == 0) {
+        const ak_device dev = {kind, 0};
+        st->opened[kind] = bd_open(&st->ctx[kind], dev) == 0 ? 1 : -1;
+        if (st->opened[kind] == 1) {
+            const bd_ctx *c = &st->ctx[kind];
+            if (kind == AK_DEVICE_CPU)
+                note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, AVX2+FMA+F16C %s\n", c->info.name,
+                     bd_cpu_threads(), (double)c->cache_bytes / (1 << 20),
+                     c->info.cpu_has_avx2_fma_f16c ? "yes" : "no");
+            else
+                note(&st->opt, "# device cuda:0 %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", c->info.name,
+                     c->info.cc_major, c->info.cc_minor, c->info.num_sms, (double)c->info.memory_bytes / (1 << 30),
+                     (double)c->cache_bytes / (1 << 20));
+        }
+    }
+    return st->opened[kind] == 1 ? &st->ctx[kind] : NULL;
+}
+
+static const bd_ceiling *get_ceiling(bench_state *st, const bd_ctx *ctx)
+{
+    const ak_device_kind k = ctx->dev.kind;
+    if (!st->have_ceiling[k]) {
+        if (bd_measure_ceiling(ctx, &st->ceil_[k]) != 0) {
+            st->ceil_[k].name = k == AK_DEVICE_CUDA ? "d2d_copy" : "stream_read";
+            st->ceil_[k].gbps = NAN;
+        } else if (k == AK_DEVICE_CPU) {
+            note(&st->opt, "# ceiling stream_read: %.1f GB/s (%d OpenMP threads summing %.2f GiB, median of reps)\n",
+                 st->ceil_[k].gbps, st->ceil_[k].threads, (double)st->ceil_[k].bytes / (1 << 30));
+        } else {
+            note(&st->opt, "# ceiling d2d_copy: %.1f GB/s (cudaMemcpyAsync of %.2f GiB, read + write, CUDA events, "
+                           "median of reps)\n",
+                 st->ceil_[k].gbps, (double)st->ceil_[k].bytes / (1 << 30));
+        }
+        st->have_ceiling[k] = 1;
+    }
+    return &st->ceil_[k];
+}
+
+/* The reason a backend gives in the selector's listing ("  name  - why; why"),
+ * or the whole message when the listing does not name it. */
+static void backend_reason(const char *msg, const char *name, char *out, size_t cap)
+{
+    const size_t nl = strlen(name);
+    for (const char *line = msg; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        const char *p = line;
+        while (*p == ' ') p++;
+        if (!strncmp(p, name, nl) && p[nl] == ' ') {
+            p += nl;
+            while (*p == ' ') p++;
+            if (!strncmp(p, "- ", 2)) p += 2;
+            const char *end = strchr(p, '\n');
+            const int len = end ? (int)(end - p) : (int)strlen(p);
+            snprintf(out, cap, "%.*s", len, p);
+            return;
+        }
+    }
+    snprintf(out, cap, "%s", msg);
+    for (char *q = out; *q; q++)
+        if (*q == '\n') *q = ' ';
+}
+
+/* ---- one shape ------------------------------------------------------------------------------- */
+
+static ak_dtype dtype_for(const options *o, ak_device_kind kind)
+{
+    if (o->dtype_set) return o->dtype;
+    return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+}
+
+/* Result of trying a shape on a device. */
+enum { SHAPE_DONE = 0, SHAPE_NO_BACKEND = 1 };
+
+static void emit(bench_state *st, const bench_scene *sc, const bd_ceiling *ceil_, const row *r)
+{
+    if (st->opt.json) {
+        print_json(&st->opt, sc, ceil_, r);
+        return;
+    }
+    if (!st->header_printed) {
+        print_table_header();
+        st->header_printed = 1;
+    }
+    print_row(sc, ceil_, r);
+}
+
+/* Runs one shape on one device. With allow_fallback (the default run on a
+ * GPU) a selector that finds no CUDA backend returns SHAPE_NO_BACKEND
+ * without printing a row, so the caller can go to the CPU. */
+static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind kind, int allow_fallback)
+{
+    const options *o = &st->opt;
+    const bd_ctx *ctx = get_ctx(st, kind);
+    if (!ctx) {
+        if (allow_fallback) return SHAPE_NO_BACKEND;
+        st->failures++;
+        return SHAPE_DONE;
+    }
+    bench_scene sc;
+    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->seed)) {
+        scene_free(&sc);
+        st->failures++;
+        return SHAPE_DONE;
+    }
+
+    /* the backends to time */
+    const char *names[MAX_BACKENDS];
+    int nnames = 0;
+    if (!o->backend) {
+        names[nnames++] = NULL;
+    } else if (!strcmp(o->backend, "all")) {
+        for (int i = 0; i < ak_backend_count() && nnames < MAX_BACKENDS; i++) {
+            const char *nm = ak_backend_name_at(i);
+            /* CUDA backends are named cuda_*, as the test harness assumes */
+            if ((strncmp(nm, "cuda", 4) == 0) == (kind == AK_DEVICE_CUDA)) names[nnames++] = nm;
+        }
+    } else {
+        names[nnames++] = o->backend;
+    }
+
+    ak_backend *backends[MAX_BACKENDS];
+    int nb = 0;
+    bd_ceiling no_ceiling = {kind == AK_DEVICE_CUDA ? "d2d_copy" : "stream_read", NAN, 0, 0};
+    for (int i = 0; i < nnames; i++) {
+        ak_backend *b = NULL;
+        const ak_status s = ak_backend_create(&sc.cfg, &sc.lim, names[i], &b);
+        if (s == AK_OK) {
+            backends[nb++] = b;
+            continue;
+        }
+        if (!names[i] && allow_fallback) {
+            char why[REASON_LEN];
+            snprintf(why, sizeof why, "%s", ak_last_error());
+            note(o, "# no CUDA backend accepts this batch; running it on the CPU. The selector said:\n");
+            for (char *line = strtok(why, "\n"); line; line = strtok(NULL, "\n")) note(o, "#   %s\n", line);
+            scene_free(&sc);
+            return SHAPE_NO_BACKEND;
+        }
+        row r;
+        memset(&r, 0, sizeof r);
+        r.backend = names[i] ? names[i] : "(selector)";
+        r.status = "skipped";
+        if (s == AK_ERR_BACKEND_NOT_FOUND) {
+            int len = snprintf(r.reason, sizeof r.reason, "no such backend; the backends are");
+            for (int k = 0; k < ak_backend_count() && len > 0 && (size_t)len < sizeof r.reason; k++)
+                len += snprintf(r.reason + len, sizeof r.reason - (size_t)len, "%s %s", k ? "," : "",
+                                ak_backend_name_at(k));
+        } else if (names[i])
+            backend_reason(ak_last_error(), names[i], r.reason, sizeof r.reason);
+        else snprintf(r.reason, sizeof r.reason, "%s: %s", ak_status_str(s), ak_last_error());
+        /* a single named (or selected) backend that cannot run is a failure of
+         * the run; in `all` and in sweeps, unsupported is a skip */
+        if (!o->sweep && !(o->backend && !strcmp(o->backend, "all"))) st->failures++;
+        emit(st, &sc, &no_ceiling, &r);
+    }
+    if (nb == 0) {
+        scene_free(&sc);
+        return SHAPE_DONE;
+    }
+
+    const bd_ceiling *ceil_ = get_ceiling(st, ctx);
+    char desc[512];
+    scene_describe(&sc, desc, sizeof desc);
+    note(o, "# %s\n", desc);
+    bench_ref ref;
+    memset(&ref, 0, sizeof ref);
+    int have_ref = 0;
+    if (scene_alloc(&sc, o->layers, o->seed) == 0) {
+        note(o, "# %d layers rotated (%s); per call %.3g GFLOP, %.3g MB\n", sc.num_layers, sc.layers_why,
+             sc.flops / 1e9, sc.bytes / 1e6);
+        if (o->check) {
+            have_ref = ref_build(&ref, &sc) == 0;
+            if (have_ref) {
+                ref_describe(&ref, &sc, desc, sizeof desc);
+                note(o, "# %s\n", desc);
+            }
+        }
+        for (int i = 0; i < nb; i++) {
+            row r;
+            if (o->check && !have_ref) {
+                memset(&r, 0, sizeof r);
+                r.backend = ak_backend_name(backends[i]);
+                r.status = "error";
+                snprintf(r.reason, sizeof r.reason, "the cpu_ref check could not be built (see stderr)");
+            } else {
+                bench_backend(o, ctx, &sc, have_ref ? &ref : NULL, ceil_, backends[i], &r);
+            }
+            if (!strcmp(r.status, "ok") || !strcmp(r.status, "fail")) st->ran++;
+            if (!strcmp(r.status, "fail") || !strcmp(r.status, "error")) st->failures++;
+            emit(st, &sc, ceil_, &r);
+        }
+    } else {
+        for (int i = 0; i < nb; i++) {
+            row r;
+            memset(&r, 0, sizeof r);
+            r.backend = ak_backend_name(backends[i]);
+            r.status = "error";
+            snprintf(r.reason, sizeof r.reason, "could not allocate or fill the scene (see stderr)");
+            st->failures++;
+            emit(st, &sc, ceil_, &r);
+        }
+    }
+    ref_free(&ref);
+    for (int i = 0; i < nb; i++) ak_backend_destroy(backends[i]);
+    scene_free(&sc);
+    return SHAPE_DONE;
+}
+
+/* ---- main ---------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    bench_state st;
+    memset(&st, 0, sizeof st);
+    const int p = parse_options(argc, argv, &st.opt);
+    if (p != 0) {
+        usage(p > 0 ? stdout : stderr);
+        return p > 0 ? 0 : 2;
+    }
+    const options *o = &st.opt;
+
+    /* the device: as asked; else the one a named backend runs on; else the GPU if present */
+    ak_device_kind kind = AK_DEVICE_CPU;
+    int allow_fallback = 0;
+    if (o->device_set) kind = o->device;
+    else if (o->backend && strcmp(o->backend, "all") != 0) kind = strncmp(o->backend, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
+    else if (ak_device_count(AK_DEVICE_CUDA) > 0) {
+        kind = AK_DEVICE_CUDA;
+        allow_fallback = !o->backend; /* the selector's run may move to the CPU */
+    }
+    if (kind == AK_DEVICE_CUDA && ak_device_count(AK_DEVICE_CUDA) == 0) {
+        fprintf(stderr, "attnkit-bench: no CUDA device found (or this build has no CUDA)\n");
+        return 1;
+    }
+    if (o->graph && kind != AK_DEVICE_CUDA) {
+        fprintf(stderr, "attnkit-bench: --graph needs a CUDA device\n");
+        return 2;
+    }
+
+    bench_shape shapes[64];
+    int nshapes = 0;
+    if (o->sweep) {
+        const bench_shape *list = kind == AK_DEVICE_CUDA ? sweep_gpu : sweep_cpu;
+        const int n = kind == AK_DEVICE_CUDA ? COUNT_OF(sweep_gpu) : COUNT_OF(sweep_cpu);
+        for (int i = 0; i < n && nshapes < COUNT_OF(shapes); i++)
+            if (!o->workload_set || list[i].workload == o->workload) shapes[nshapes++] = list[i];
+    } else {
+        if (single_shape(o, &shapes[0])) return 2;
+        nshapes = 1;
+    }
+
+    for (int i = 0; i < nshapes; i++) {
+        const bench_shape *s = &shapes[i];
+        if (o->sweep)
+            fprintf(stderr, "[%d/%d] %s batch %d q_len %d kv_len %d\n", i + 1, nshapes,
+                    bench_workload_name(s->workload), s->batch, s->q_len, s->kv_len);
+        if (run_shape(&st, s, kind, allow_fallback) == SHAPE_NO_BACKEND) run_shape(&st, s, AK_DEVICE_CPU, 0);
+    }
+
+    if (!o->json && st.ran > 0)
+        printf("# median of per-call times (%s); GB/s counts each KV row once + q + o; frac = GB/s / ceiling\n",
+               kind == AK_DEVICE_CUDA ? "GPU: CUDA events around a pass over the rotated layers / layer count"
+                                      : "CPU: clock_gettime around each call, layers in turn");
+    for (int k = 0; k < 2; k++)
+        if (st.opened[k] == 1) bd_close(&st.ctx[k]);
+    return st.failures ? 1 : 0;
+}

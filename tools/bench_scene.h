@@ -1,0 +1,140 @@
+/*
+ * bench_scene.h - one benchmark shape made real: the batch (host arrays), the
+ * paged KV cache with several layers to rotate through, q and o per layer on
+ * the device, the work and bytes of one layer call, and the reference check
+ * (cpu_ref on the same data, on a sample of the batch when it is large).
+ */
+#ifndef AK_BENCH_SCENE_H
+#define AK_BENCH_SCENE_H
+
+#include "attnkit.h"
+#include "bench_device.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- models and workloads -------------------------------------------------- */
+
+typedef struct bench_model {
+    const char *name;
+    int num_qo_heads;  /* per GPU for tensor-parallel presets */
+    int num_kv_heads;
+    int head_dim;      /* qk and vo */
+    int window_left;   /* -1: full context */
+    float soft_cap;    /* 0: off */
+    int num_layers;    /* the most layers a step can rotate through */
+} bench_model;
+
+extern const bench_model bench_models[];
+extern const int bench_num_models;
+const bench_model *bench_model_find(const char *name); /* NULL if unknown */
+
+typedef enum bench_workload {
+    BW_DECODE = 0,  /* every request: one new token on kv_len keys */
+    BW_PREFILL = 1, /* every request: a whole prompt, q_len = kv_len */
+    BW_EXTEND = 2,  /* every request: a chunk of q_len tokens on a cached prefix */
+    BW_MIXED = 3,   /* num_prefills chunks (q_len on a prefix) + decodes, one batch */
+    BW_VERIFY = 4,  /* every request: q_len speculative tokens to verify */
+    BW_COUNT = 5,
+} bench_workload;
+
+const char *bench_workload_name(bench_workload w);
+int bench_workload_parse(const char *s, bench_workload *w /* OUT */); /* 0 or -1 */
+
+typedef struct bench_shape {
+    bench_workload workload;
+    int batch;        /* requests */
+    int q_len;        /* new tokens per request (mixed: per prefill chunk) */
+    int kv_len;       /* keys per request, new tokens included */
+    int num_prefills; /* mixed only: requests that are prefill chunks; the rest decode */
+} bench_shape;
+
+/* ---- the scene ---------------------------------------------------------------- */
+
+typedef struct bench_scene {
+    const bd_ctx *ctx;
+    const bench_model *model;
+    bench_shape shape;
+    ak_attn_config cfg;
+    ak_limits lim;
+
+    /* the batch, host arrays */
+    int num_reqs, num_tokens;
+    int64_t num_kv_tokens;
+    int32_t *qo_indptr;   /* [num_reqs + 1] */
+    int32_t *kv_lens;     /* [num_reqs] */
+    int32_t *block_table; /* [num_reqs, bt_stride], shuffled block ids */
+    int bt_stride;
+    int num_blocks;       /* blocks of each layer's pool */
+    ak_batch batch;
+
+    /* the work of one layer call */
+    int64_t visible_keys; /* sum over query tokens of the keys each sees after masking */
+    double flops;         /* 2 * (dqk + dvo) * num_qo_heads * visible_keys */
+    double bytes;         /* KV rows read (each once) + q + o */
+
+    /* storage, allocated by scene_alloc */
+    int num_layers;
+    char layers_why[160];
+    ak_kv_cache *cache;
+    ak_paged_kv *kv;      /* [num_layers] views */
+    void *q;              /* device: [num_layers][num_tokens, Hq, Dqk], q_dtype */
+    void *o;              /* device: [num_layers][num_tokens, Hq, Dvo], o_dtype */
+    size_t q_layer_bytes, o_layer_bytes;
+    void *k_new, *v_new;  /* device: [num_tokens, Hk, D] new K/V rows, kv dtype */
+    int64_t *slots;       /* device: [num_tokens] slot mapping of the batch */
+    void *q0_host;        /* host copy of layer 0's q */
+} bench_scene;
+
+/* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap).
+ * Returns 0, or -1 after printing why the shape is invalid. */
+int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
+               ak_dtype dtype, int page_size, uint64_t seed);
+
+/* Allocates and fills the storage: layers (layers_override > 0, else enough
+ * that together they exceed 4x the cache, at most the model's layer count and
+ * what memory allows), random K/V everywhere, the new tokens' rows written
+ * with ak_kv_update, random q per layer. Returns 0 or -1. */
+int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed);
+void scene_free(bench_scene *sc);
+
+/* q, o of layer l as tensors for ak_run_args. */
+ak_tensor scene_q(const bench_scene *sc, int layer);
+ak_tensor scene_o(const bench_scene *sc, int layer);
+/* The new K/V rows as tensors for ak_kv_update. */
+ak_tensor scene_k_new(const bench_scene *sc);
+ak_tensor scene_v_new(const bench_scene *sc);
+
+/* One-line description of the batch ("64 requests: 62 decodes + 2 chunks of ...").  */
+void scene_describe(const bench_scene *sc, char *buf, size_t cap);
+
+/* ---- the reference ---------------------------------------------------------------- */
+
+typedef struct bench_ref {
+    int num_subs;          /* sub-requests checked */
+    int num_sub_tokens;
+    int num_src_reqs;      /* distinct requests of the batch they come from */
+    int sampled;           /* 1: a sample, not every token of the batch */
+    int32_t *sub_indptr;   /* [num_subs + 1] into src_token */
+    int32_t *src_token;    /* [num_sub_tokens] token index in the batch */
+    float *o;              /* [num_sub_tokens, Hq, Dvo] cpu_ref output, f32 */
+    double seconds;        /* cpu_ref time */
+} bench_ref;
+
+/* Runs cpu_ref on layer 0 of the scene: every token when that is cheap,
+ * else tails (and, causal, a head and a middle token) of a spread of
+ * requests, prefill chunks first. Returns 0 or -1. */
+int ref_build(bench_ref *ref, const bench_scene *sc);
+void ref_free(bench_ref *ref);
+void ref_describe(const bench_ref *ref, const bench_scene *sc, char *buf, size_t cap);
+
+/* Compares layer 0's o (host copy, o_dtype, [num_tokens, Hq, Dvo]) with the
+ * reference: the largest relative (Frobenius) error over the sub-requests;
+ * +inf and a message in bad when a value is NaN (anywhere in o: the output
+ * was poisoned before the run, so NaN also means "not written"). */
+double ref_compare(const bench_ref *ref, const bench_scene *sc, const void *o_host, char *bad, size_t cap);
+
+/* Relative error a backend may have in this dtype (as the test harness). */
+double ref_tolerance(ak_dtype o_dtype);
+
+#endif
