@@ -15,6 +15,7 @@
 
 /* Every backend compiled in, in the order attnkit-info lists them. */
 static const ak_backend_vtbl *const registry[] = {
+    &ak_backend_cpu,
     &ak_backend_cpu_ref,
 #ifdef AK_HAVE_CUDA
     &ak_backend_cuda_paged,
@@ -24,7 +25,7 @@ static const ak_backend_vtbl *const registry[] = {
 
 /* Priority per device class: the selector takes the first one that accepts
  * the config. cpu_ref is last on the CPU: always correct, never fast. */
-static const char *const cpu_priority[] = {"cpu_ref"};
+static const char *const cpu_priority[] = {"cpu", "cpu_ref"};
 static const char *const cuda_priority[] = {"cuda_paged"};
 
 int ak_backend_count(void) { return REGISTRY_SIZE; }

@@ -1,0 +1,533 @@
+/*
+ * attn_cpu.c - `cpu`, the fast CPU backend and the embedded default: paged
+ * flash attention with online softmax over tiles of keys, GQA groups that read
+ * each K/V row once, split-KV when a batch has too few items for the threads,
+ * and kernels for AVX-512, AVX2 + FMA + F16C, or portable C chosen at create.
+ * It computes exactly what cpu_ref computes (see ref.c for the semantics).
+ *
+ * plan()  validates through ak_batch_build_meta, then cuts the batch into work
+ *         items (attn_cpu.h): tiles of query tokens x KV heads, each against a
+ *         chunk of its keys; splits the largest items' keys into chunks when
+ *         the threads would otherwise idle; orders the list largest first.
+ * run()   one OpenMP parallel region: the work list with dynamic scheduling,
+ *         then the merge of split items through the shared softmax state.
+ * Every buffer is allocated at create() from ak_limits; run() allocates nothing.
+ */
+#include "attn_cpu.h"
+
+#include "dtype.h"
+#include "softmax_state.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- tuning ------------------------------------------------------------------ */
+
+/* Query rows (tokens x GQA group) per prefill work item: enough rows that each
+ * converted K/V tile feeds a GEMM-like block, few enough that Q, O and the
+ * scores of a tile stay in L2. */
+#define AK_CPU_TILE_ROWS 64
+/* When splitting, aim at this many chunks per thread, so that dynamic
+ * scheduling can even out items of unequal cost. */
+#define AK_CPU_OVERSUB 4
+/* No chunk gets fewer keys than this: below it the per-chunk setup and the
+ * merge start to cost more than the parallelism gains. */
+#define AK_CPU_MIN_SPLIT_KEYS 256
+/* limits.max_splits = 0 means this many chunks per item at most. */
+#define AK_CPU_DEFAULT_MAX_SPLITS 64
+/* Fixed cost of a work item, in row x key units (setup, Q load, store). */
+#define AK_CPU_ITEM_OVERHEAD 256
+
+/* ---- state --------------------------------------------------------------------- */
+
+/* A split item: its chunks' partial states in slots [first_part,
+ * first_part + num_parts) merge into o and lse. */
+typedef struct cpu_merge {
+    int32_t req, kv_head, q_begin, q_count;
+    int32_t first_part, num_parts;
+} cpu_merge;
+
+typedef struct cpu_state {
+    ak_attn_config cfg;
+    ak_limits lim;
+    const ak_cpu_kernels *kern;
+    int threads;       /* fixed at create: plan's split rule and run() agree */
+    int group;
+    int tile_tokens;   /* query tokens per work item at most */
+    int max_rows;      /* tile_tokens * group */
+    int max_splits;
+    int dqk_pad, dvo_pad;
+
+    /* the plan, host memory sized at create */
+    ak_batch_meta meta;
+    int32_t *kv_lens;      /* [max_reqs] */
+    int num_reqs, num_tokens;
+    ak_cpu_work *natural;  /* [natural_cap] tiles x KV heads before splitting */
+    int natural_cap;
+    ak_cpu_work *work;     /* [work_cap] the list run() executes, largest first */
+    int work_cap, num_work;
+    cpu_merge *merges;     /* [part_cap] */
+    int num_merges;
+    int part_cap;          /* partial-state slots */
+    float *part_o;         /* [part_cap, max_rows, dvo_pad] */
+    float *part_lse;       /* [part_cap, max_rows] */
+
+    ak_cpu_scratch *scratch;    /* [threads] */
+    float *scratch_mem;         /* the floats of every thread's scratch */
+    const float **scratch_ptrs; /* [threads, 2, TILE_KEYS + TILE_PAD] row pointers */
+} cpu_state;
+
+/* ---- kernels ----------------------------------------------------------------------- */
+
+#if defined(__x86_64__) || defined(__i386__)
+static int cpu_has_avx512f(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+#endif
+
+/* The best kernel this CPU runs; AK_CPU_ISA=scalar|avx2|avx512 asks for one
+ * (for tests and comparisons) and is honoured only where the CPU has it. */
+static const ak_cpu_kernels *pick_kernels(void)
+{
+    const char *want = getenv("AK_CPU_ISA");
+    if (want && strcmp(want, "scalar") == 0) return &ak_cpu_kernels_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+    const int avx2 = ak_cpu_has_avx2_fma_f16c();
+    const int avx512 = avx2 && cpu_has_avx512f();
+    if (want && strcmp(want, "avx2") == 0 && avx2) return &ak_cpu_kernels_avx2;
+    if (avx512) return &ak_cpu_kernels_avx512;
+    if (avx2) return &ak_cpu_kernels_avx2;
+#endif
+    return &ak_cpu_kernels_scalar;
+}
+
+/* ---- check / explain / create / destroy ---------------------------------------------- */
+
+static int cpu_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+{
+    (void)dev;
+    if (cfg->q_dtype == AK_FP8_E4M3 || cfg->kv_dtype == AK_FP8_E4M3 || cfg->o_dtype == AK_FP8_E4M3)
+        ak_reason_add(why, "fp8 dtypes are not supported yet");
+    return why->count;
+}
+
+/* Query tokens per work item: one for a decode instance, else enough for
+ * AK_CPU_TILE_ROWS rows with the GQA group. */
+static int tile_tokens_for(const ak_attn_config *cfg)
+{
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    const int tt = cfg->workload == AK_WORKLOAD_DECODE ? 1 : AK_CPU_TILE_ROWS / group;
+    return tt > 1 ? tt : 1;
+}
+
+static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
+{
+    (void)dev;
+    const ak_cpu_kernels *k = pick_kernels();
+    snprintf(buf, cap, "%s kernels, %d threads, tiles of %d query tokens x %d heads x %d keys, split-KV",
+             k->isa, ak_num_threads(), tile_tokens_for(cfg), cfg->num_qo_heads / cfg->num_kv_heads,
+             AK_CPU_TILE_KEYS);
+}
+
+static void cpu_destroy(void *state)
+{
+    cpu_state *s = state;
+    if (!s) return;
+    ak_meta_free_host(&s->meta);
+    free(s->kv_lens);
+    free(s->natural);
+    free(s->work);
+    free(s->merges);
+    free(s->part_o);
+    free(s->part_lse);
+    free(s->scratch);
+    free(s->scratch_mem);
+    free(s->scratch_ptrs);
+    free(s);
+}
+
+static int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+/* 64-byte aligned floats: whole cache lines, aligned vector rows. */
+static float *alloc_floats(int64_t n)
+{
+    const size_t bytes = ((size_t)(n > 0 ? n : 1) * sizeof(float) + 63) / 64 * 64;
+    float *p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+/* Carves each thread's scratch (attn_cpu.h) out of one float block and one
+ * pointer block; every float piece starts on a cache line. */
+static ak_status alloc_scratch(cpu_state *s)
+{
+    const int rows = s->max_rows, keys = AK_CPU_TILE_KEYS + AK_CPU_TILE_PAD;
+    const int dmax = s->dqk_pad > s->dvo_pad ? s->dqk_pad : s->dvo_pad;
+#define AK_LINE(n) (((int64_t)(n) + 15) / 16 * 16)
+    const int64_t per_thread = AK_LINE((int64_t)rows * s->dqk_pad) + AK_LINE((int64_t)rows * keys) +
+                               AK_LINE((int64_t)rows * s->dvo_pad) + 2 * AK_LINE(rows) +
+                               AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
+                               AK_LINE(dmax) + 2 * AK_LINE(s->tile_tokens);
+    s->scratch_mem = alloc_floats(per_thread * s->threads);
+    s->scratch_ptrs = calloc((size_t)s->threads * 2 * (size_t)keys, sizeof(const float *));
+    s->scratch = calloc((size_t)s->threads, sizeof *s->scratch);
+    if (!s->scratch_mem || !s->scratch_ptrs || !s->scratch)
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu scratch of %d threads", s->threads);
+    for (int t = 0; t < s->threads; t++) {
+        ak_cpu_scratch *sc = &s->scratch[t];
+        float *p = s->scratch_mem + per_thread * t;
+        sc->q = p, p += AK_LINE((int64_t)rows * s->dqk_pad);
+        sc->s = p, p += AK_LINE((int64_t)rows * keys);
+        sc->s_stride = keys;
+        sc->o = p, p += AK_LINE((int64_t)rows * s->dvo_pad);
+        sc->row_max = p, p += AK_LINE(rows);
+        sc->row_sum = p, p += AK_LINE(rows);
+        sc->k = p, p += AK_LINE((int64_t)keys * s->dqk_pad);
+        sc->v = p, p += AK_LINE((int64_t)keys * s->dvo_pad);
+        sc->zero_row = p, p += AK_LINE(dmax);
+        sc->lo = (int32_t *)p, p += AK_LINE(s->tile_tokens);
+        sc->hi = (int32_t *)p;
+        sc->kp = s->scratch_ptrs + (size_t)t * 2 * keys;
+        sc->vp = sc->kp + keys;
+    }
+#undef AK_LINE
+    return AK_OK;
+}
+
+static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
+{
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cpu state");
+    s->cfg = *cfg;
+    s->lim = *lim;
+    s->kern = pick_kernels();
+    s->threads = ak_num_threads();
+    if (s->threads < 1) s->threads = 1;
+    s->group = cfg->num_qo_heads / cfg->num_kv_heads;
+    s->tile_tokens = tile_tokens_for(cfg);
+    if (s->tile_tokens > lim->max_tokens) s->tile_tokens = lim->max_tokens;
+    s->max_rows = s->tile_tokens * s->group;
+    s->max_splits = lim->max_splits > 0 ? lim->max_splits : AK_CPU_DEFAULT_MAX_SPLITS;
+    s->dqk_pad = round_up(cfg->head_dim_qk, s->kern->vec_width);
+    s->dvo_pad = round_up(cfg->head_dim_vo, s->kern->vec_width);
+
+    /* tiles of a batch: each request's q_len rounded up to whole tiles */
+    const int64_t tiles = (int64_t)lim->max_reqs + lim->max_tokens / s->tile_tokens;
+    const int64_t natural = tiles * cfg->num_kv_heads;
+    /* splitting stops at 2 * OVERSUB chunks per thread (the split rule never
+     * wants more: see plan_split), and never happens on one thread */
+    int64_t parts = s->threads > 1 && s->max_splits > 1 ? 2 * AK_CPU_OVERSUB * (int64_t)s->threads : 0;
+    if (parts > natural * s->max_splits) parts = natural * s->max_splits;
+    if (natural + parts > INT32_MAX / 2) {
+        cpu_destroy(s);
+        return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                            "limits.max_reqs = %d and limits.max_tokens = %d make %lld work items, too many",
+                            lim->max_reqs, lim->max_tokens, (long long)natural);
+    }
+    s->natural_cap = (int)natural;
+    s->part_cap = (int)parts;
+    s->work_cap = (int)(natural + parts);
+
+    const ak_meta_capacity cap = ak_meta_capacity_of(lim);
+    ak_status st = ak_meta_alloc_host(&cap, &s->meta);
+    if (st == AK_OK) {
+        s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
+        s->natural = malloc(sizeof(ak_cpu_work) * (size_t)s->natural_cap);
+        s->work = malloc(sizeof(ak_cpu_work) * (size_t)s->work_cap);
+        s->merges = malloc(sizeof(cpu_merge) * (size_t)(s->part_cap + 1));
+        s->part_o = alloc_floats((int64_t)s->part_cap * s->max_rows * s->dvo_pad);
+        s->part_lse = alloc_floats((int64_t)s->part_cap * s->max_rows);
+        if (!s->kv_lens || !s->natural || !s->work || !s->merges || !s->part_o || !s->part_lse)
+            st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu plan buffers (%d work items)",
+                              s->work_cap);
+    }
+    if (st == AK_OK) st = alloc_scratch(s);
+    if (st != AK_OK) {
+        cpu_destroy(s);
+        return st;
+    }
+    *out = s;
+    return AK_OK;
+}
+
+/* ---- plan ------------------------------------------------------------------------ */
+
+/* The batch as tiles of query tokens x KV heads, each against all the keys its
+ * tokens see; returns how many, and the sum of their costs in *total. */
+static int plan_natural(cpu_state *s, int64_t *total)
+{
+    const ak_attn_config *c = &s->cfg;
+    const int tt = s->tile_tokens;
+    int n = 0;
+    *total = 0;
+    for (int r = 0; r < s->num_reqs; r++) {
+        const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r];
+        const int kv_len = s->kv_lens[r];
+        for (int qb = 0; qb < q_len; qb += tt) {
+            const int cnt = q_len - qb < tt ? q_len - qb : tt;
+            const int p0 = kv_len - q_len + qb;
+            int64_t seen = 0;
+            for (int t = 0; t < cnt; t++) {
+                const int lo = ak_cpu_visible_lo(p0 + t, c->window_left);
+                const int hi = ak_cpu_visible_hi(p0 + t, kv_len, c->causal);
+                if (hi >= lo) seen += hi - lo + 1;
+            }
+            const int k_lo = ak_cpu_visible_lo(p0, c->window_left);
+            const int k_hi = ak_cpu_visible_hi(p0 + cnt - 1, kv_len, c->causal);
+            ak_cpu_work w;
+            w.req = r;
+            w.q_begin = qb;
+            w.q_count = cnt;
+            w.kv_begin = k_hi >= k_lo ? k_lo : 0; /* an empty range still writes o = 0 */
+            w.kv_end = k_hi >= k_lo ? k_hi + 1 : 0;
+            w.part = -1;
+            w.cost = seen * s->group + AK_CPU_ITEM_OVERHEAD;
+            for (int g = 0; g < c->num_kv_heads; g++) {
+                w.kv_head = g;
+                s->natural[n++] = w;
+            }
+            *total += w.cost * c->num_kv_heads;
+        }
+    }
+    return n;
+}
+
+/* Split-KV: an item costing more than total / (threads x OVERSUB) is cut into
+ * that many chunks of whole key tiles (at most max_splits, at least
+ * AK_CPU_MIN_SPLIT_KEYS keys each), each with a partial-state slot. Only
+ * items above the average chunk cost split, so there are fewer than
+ * threads x OVERSUB of them and their chunks number under twice that: the
+ * slots allocated at create always suffice (the check below only guards). */
+static void plan_split(cpu_state *s, int num_natural, int64_t total)
+{
+    const int64_t chunk_cost = total / ((int64_t)s->threads * AK_CPU_OVERSUB) + 1;
+    int nw = 0, slots = 0;
+    s->num_merges = 0;
+    for (int i = 0; i < num_natural; i++) {
+        const ak_cpu_work *it = &s->natural[i];
+        const int keys = it->kv_end - it->kv_begin;
+        int64_t want = (it->cost + chunk_cost - 1) / chunk_cost;
+        if (want > s->max_splits) want = s->max_splits;
+        if (want > keys / AK_CPU_MIN_SPLIT_KEYS) want = keys / AK_CPU_MIN_SPLIT_KEYS;
+        if (want >= 2 && slots + want <= s->part_cap) {
+            const int span = round_up(ak_ceil_div(keys, (int)want), AK_CPU_TILE_KEYS);
+            const int parts = ak_ceil_div(keys, span);
+            if (parts >= 2) {
+                cpu_merge *mg = &s->merges[s->num_merges++];
+                mg->req = it->req;
+                mg->kv_head = it->kv_head;
+                mg->q_begin = it->q_begin;
+                mg->q_count = it->q_count;
+                mg->first_part = slots;
+                mg->num_parts = parts;
+                for (int p = 0; p < parts; p++) {
+                    ak_cpu_work w = *it;
+                    w.kv_begin = it->kv_begin + p * span;
+                    w.kv_end = w.kv_begin + span < it->kv_end ? w.kv_begin + span : it->kv_end;
+                    w.part = slots + p;
+                    w.cost = it->cost / parts;
+                    s->work[nw++] = w;
+                }
+                slots += parts;
+                continue;
+            }
+        }
+        s->work[nw++] = *it;
+    }
+    s->num_work = nw;
+}
+
+/* Largest cost first (heap sort: in place, no allocation), so that dynamic
+ * scheduling ends with the small items and the threads finish together. */
+static void sift_down(ak_cpu_work *a, int i, int n)
+{
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) return;
+        if (c + 1 < n && a[c + 1].cost < a[c].cost) c++;
+        if (a[i].cost <= a[c].cost) return;
+        const ak_cpu_work tmp = a[i];
+        a[i] = a[c];
+        a[c] = tmp;
+        i = c;
+    }
+}
+
+static void sort_largest_first(ak_cpu_work *a, int n)
+{
+    /* a min-heap whose root is swapped to the end leaves the array descending */
+    for (int i = n / 2 - 1; i >= 0; i--) sift_down(a, i, n);
+    for (int end = n - 1; end > 0; end--) {
+        const ak_cpu_work tmp = a[0];
+        a[0] = a[end];
+        a[end] = tmp;
+        sift_down(a, 0, end);
+    }
+}
+
+static ak_status cpu_plan(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info)
+{
+    (void)stream;
+    cpu_state *s = state;
+    AK_TRY(ak_batch_build_meta(batch, &s->cfg, &s->lim, &s->meta));
+    int64_t kv_total = 0;
+    for (int r = 0; r < batch->num_reqs; r++) {
+        s->kv_lens[r] = batch->kv_lens[r];
+        kv_total += batch->kv_lens[r];
+    }
+    s->num_reqs = batch->num_reqs;
+    s->num_tokens = s->meta.qo_indptr[batch->num_reqs];
+
+    int64_t total = 0;
+    const int num_natural = plan_natural(s, &total);
+    plan_split(s, num_natural, total);
+    sort_largest_first(s->work, s->num_work);
+
+    info->num_reqs = batch->num_reqs;
+    info->num_tokens = s->num_tokens;
+    info->num_kv_tokens = kv_total;
+    return AK_OK;
+}
+
+/* ---- run --------------------------------------------------------------------------- */
+
+/* Merges the partial states of one split item into o and lse (shared softmax
+ * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). acc: a
+ * [head_dim_vo] buffer of the calling thread. */
+static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
+{
+    const int group = c->group, dvo = c->head_dim_vo;
+    const size_t oesz = ak_dtype_size(c->o_dtype);
+    const int64_t tok0 = (int64_t)c->qo_indptr[mg->req] + mg->q_begin;
+    for (int t = 0; t < mg->q_count; t++)
+        for (int h = 0; h < group; h++) {
+            const int m = t * group + h;
+            float lse = -INFINITY;
+            for (int i = 0; i < mg->num_parts; i++)
+                lse = ak_lse_add(lse, c->part_lse[(int64_t)(mg->first_part + i) * c->max_rows + m]);
+            memset(acc, 0, sizeof(float) * (size_t)dvo);
+            for (int i = 0; i < mg->num_parts; i++) {
+                const int64_t slot_row = (int64_t)(mg->first_part + i) * c->max_rows + m;
+                const float w = ak_lse_weight(c->part_lse[slot_row], lse);
+                if (w == 0.0f) continue;
+                const float *po = c->part_o + slot_row * c->dvo_pad;
+                for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
+            }
+            const int64_t head = (int64_t)mg->kv_head * group + h;
+            char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
+            for (int d = 0; d < dvo; d++) ak_store_from_f32(dst, c->o_dtype, d, acc[d]);
+            if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
+        }
+}
+
+static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
+{
+    const ak_attn_config *cfg = &s->cfg;
+    memset(c, 0, sizeof *c);
+    c->group = s->group;
+    c->head_dim_qk = cfg->head_dim_qk;
+    c->head_dim_vo = cfg->head_dim_vo;
+    c->dqk_pad = s->dqk_pad;
+    c->dvo_pad = s->dvo_pad;
+    c->sm_scale = cfg->sm_scale;
+    c->soft_cap = cfg->logits_soft_cap;
+    c->causal = cfg->causal;
+    c->window_left = cfg->window_left;
+    c->q_dtype = cfg->q_dtype;
+    c->kv_dtype = cfg->kv_dtype;
+    c->o_dtype = cfg->o_dtype;
+    /* f32 rows whose length is whole vectors are read in place; anything else
+     * is converted (and zero-padded) once per tile */
+    c->direct_k = cfg->kv_dtype == AK_F32 && cfg->head_dim_qk == s->dqk_pad;
+    c->direct_v = cfg->kv_dtype == AK_F32 && cfg->head_dim_vo == s->dvo_pad;
+
+    c->qo_indptr = s->meta.qo_indptr;
+    c->kv_lens = s->kv_lens;
+    c->kv_indptr = s->meta.kv_indptr;
+    c->kv_indices = s->meta.kv_indices;
+
+    if (cfg->kv_storage == AK_KV_PAGED) {
+        const ak_paged_kv *kv = a->kv;
+        const int nhd = kv->layout == AK_LAYOUT_NHD;
+        c->page_size = kv->page_size;
+        c->k_base = kv->k_data;
+        c->v_base = kv->v_data;
+        c->k_block_stride = ak_kv_k_block_stride(kv);
+        c->v_block_stride = ak_kv_v_block_stride(kv);
+        c->k_slot_stride = nhd ? (int64_t)kv->num_kv_heads * kv->head_dim_qk : kv->head_dim_qk;
+        c->v_slot_stride = nhd ? (int64_t)kv->num_kv_heads * kv->head_dim_vo : kv->head_dim_vo;
+        c->k_head_stride = nhd ? kv->head_dim_qk : (int64_t)kv->page_size * kv->head_dim_qk;
+        c->v_head_stride = nhd ? kv->head_dim_vo : (int64_t)kv->page_size * kv->head_dim_vo;
+    } else {
+        c->page_size = 0;
+        c->k_base = a->k->data;
+        c->v_base = a->v->data;
+        c->k_slot_stride = a->k->stride[0];
+        c->k_head_stride = a->k->stride[1];
+        c->v_slot_stride = a->v->stride[0];
+        c->v_head_stride = a->v->stride[1];
+    }
+
+    c->q = a->q->data;
+    c->q_stride0 = a->q->stride[0];
+    c->q_stride1 = a->q->stride[1];
+    c->o = a->o->data;
+    c->o_stride0 = a->o->stride[0];
+    c->o_stride1 = a->o->stride[1];
+    if (a->lse) {
+        c->lse = a->lse->data;
+        c->lse_stride0 = a->lse->stride[0];
+        c->lse_stride1 = a->lse->stride[1];
+    }
+    c->part_o = s->part_o;
+    c->part_lse = s->part_lse;
+    c->max_rows = s->max_rows;
+}
+
+static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
+{
+    (void)stream;
+    cpu_state *s = state;
+    ak_cpu_ctx c;
+    fill_ctx(s, a, &c);
+    const ak_cpu_kernels *kern = s->kern;
+#pragma omp parallel num_threads(s->threads) if (s->num_work > 1)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        const ak_cpu_scratch *sc = &s->scratch[tid];
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < s->num_work; i++) kern->run_item(&c, &s->work[i], sc);
+        /* the implied barrier: every partial state is written before a merge */
+#pragma omp for schedule(dynamic, 1)
+        for (int i = 0; i < s->num_merges; i++) merge_item(&c, &s->merges[i], sc->o);
+    }
+    return AK_OK;
+}
+
+static const int64_t *cpu_slot_mapping(void *state) { return ((cpu_state *)state)->meta.slot_mapping; }
+
+const ak_backend_vtbl ak_backend_cpu = {
+    /* .api_version = */ AK_API_VERSION,
+    /* .name = */ "cpu",
+    /* .device = */ AK_DEVICE_CPU,
+    /* .forward_includes_kv_update = */ 0,
+    /* .graph_support = */ AK_GRAPH_NEVER,
+    /* .check = */ cpu_check,
+    /* .create = */ cpu_create,
+    /* .plan = */ cpu_plan,
+    /* .run = */ cpu_run,
+    /* .destroy = */ cpu_destroy,
+    /* .slot_mapping = */ cpu_slot_mapping,
+    /* .explain = */ cpu_explain,
+};

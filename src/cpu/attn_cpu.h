@@ -1,0 +1,116 @@
+/*
+ * attn_cpu.h - what the cpu backend's driver (attn_cpu.c: plan, threads,
+ * merge) and its per-ISA kernels (kernels_*.c, one body in
+ * attn_cpu_kernel.h) share: one work item, the run context, the per-thread
+ * scratch, and the kernel table.
+ *
+ * A work item is one tile of query tokens of one request, with all the query
+ * heads of one KV head (a GQA group), against one chunk of that request's
+ * keys. Every K/V row of the chunk is read once for the whole group.
+ */
+#ifndef AK_ATTN_CPU_H
+#define AK_ATTN_CPU_H
+
+#include "internal.h"
+
+#include <stdint.h>
+
+/* Keys per KV tile: the scores of a tile are a [rows, AK_CPU_TILE_KEYS] block.
+ * Tuning (2-core Xeon, llama3-8b shapes, f32 and f16 KV): see attn_cpu.c. */
+#define AK_CPU_TILE_KEYS 64
+/* Room after a tile's keys: QK blocks are AK_QK_NR (4) keys wide and vector
+ * loops round up to 16 floats, so S rows and row-pointer lists get 16 more. */
+#define AK_CPU_TILE_PAD 16
+
+typedef struct ak_cpu_work {
+    int32_t req;      /* request */
+    int32_t kv_head;  /* KV head g; its query heads are g * group .. g * group + group - 1 */
+    int32_t q_begin;  /* first query token of the tile, counted within the request */
+    int32_t q_count;  /* query tokens in the tile (rows = q_count * group) */
+    int32_t kv_begin; /* keys [kv_begin, kv_end) of this chunk (each row sees its visible part) */
+    int32_t kv_end;
+    int32_t part;     /* -1: writes o and lse; >= 0: writes partial slot `part` */
+    int64_t cost;     /* plan's estimate in row x key units, orders the list */
+} ak_cpu_work;
+
+/* Everything one run() reads, flattened: config, plan, tensors, storage. */
+typedef struct ak_cpu_ctx {
+    int group;                    /* num_qo_heads / num_kv_heads */
+    int head_dim_qk, head_dim_vo;
+    int dqk_pad, dvo_pad;         /* head dims rounded up to the vector width */
+    float sm_scale;
+    float soft_cap;               /* 0: off */
+    int causal, window_left;
+    ak_dtype q_dtype, kv_dtype, o_dtype;
+    int direct_k, direct_v;       /* f32 K/V rows used in place (no copy) */
+
+    const int32_t *qo_indptr;     /* [num_reqs + 1] */
+    const int32_t *kv_lens;       /* [num_reqs] */
+    const int32_t *kv_indptr;     /* [num_reqs + 1]: paged in blocks, ragged in rows */
+    const int32_t *kv_indices;    /* paged: block ids */
+
+    /* K/V row (request r, key j, KV head g): paged, block b = kv_indices[
+     * kv_indptr[r] + j / page_size], slot s = j % page_size:
+     *   base + b * block_stride + s * slot_stride + g * head_stride
+     * ragged: base + (kv_indptr[r] + j) * slot_stride + g * head_stride
+     * (elements; page_size = 0 marks ragged). */
+    int page_size;
+    const char *k_base, *v_base;
+    int64_t k_block_stride, k_slot_stride, k_head_stride;
+    int64_t v_block_stride, v_slot_stride, v_head_stride;
+
+    const char *q;                /* [num_tokens, num_qo_heads, head_dim_qk] */
+    int64_t q_stride0, q_stride1;
+    char *o;                      /* [num_tokens, num_qo_heads, head_dim_vo] */
+    int64_t o_stride0, o_stride1;
+    float *lse;                   /* [num_tokens, num_qo_heads] or NULL */
+    int64_t lse_stride0, lse_stride1;
+
+    float *part_o;                /* [slots, max_rows, dvo_pad] normalised partial outputs */
+    float *part_lse;              /* [slots, max_rows] */
+    int max_rows;
+} ak_cpu_ctx;
+
+/* One thread's working memory, carved at create() from one allocation. */
+typedef struct ak_cpu_scratch {
+    float *q;          /* [max_rows, dqk_pad] query rows, f32, pre-scaled by sm_scale */
+    float *s;          /* [max_rows, s_stride] scores of a tile, then probabilities */
+    int s_stride;      /* AK_CPU_TILE_KEYS + AK_CPU_TILE_PAD */
+    float *o;          /* [max_rows, dvo_pad] unnormalised output accumulators */
+    float *row_max;    /* [max_rows] running max m */
+    float *row_sum;    /* [max_rows] running denominator d */
+    float *k;          /* [TILE_KEYS, dqk_pad] keys of a tile as f32 (when not direct) */
+    float *v;          /* [TILE_KEYS, dvo_pad] values of a tile as f32 (when not direct) */
+    const float **kp;  /* [TILE_KEYS + TILE_PAD] row pointers into k or the cache */
+    const float **vp;  /* [TILE_KEYS + TILE_PAD] */
+    float *zero_row;   /* [max(dqk_pad, dvo_pad)] zeros: the padding key */
+    int32_t *lo, *hi;  /* [max tile tokens] visible keys [lo, hi] of each token */
+} ak_cpu_scratch;
+
+typedef struct ak_cpu_kernels {
+    const char *isa;   /* "avx512", "avx2", "scalar" */
+    int vec_width;     /* floats per vector: head dims are padded to a multiple */
+    /* Computes one work item; writes o/lse or its partial slot. */
+    void (*run_item)(const ak_cpu_ctx *ctx, const ak_cpu_work *w, const ak_cpu_scratch *scr);
+} ak_cpu_kernels;
+
+/* The keys [lo, hi] a query at position p sees among kv_len (as cpu_ref):
+ * j <= p when causal, j >= p - window_left when windowed. Empty when lo > hi.
+ * Both bounds grow with p, so a tile of consecutive queries sees
+ * [lo(first), hi(last)]. */
+static inline int ak_cpu_visible_lo(int p, int window_left)
+{
+    return window_left >= 0 && p - window_left > 0 ? p - window_left : 0;
+}
+static inline int ak_cpu_visible_hi(int p, int kv_len, int causal)
+{
+    return causal && p < kv_len - 1 ? p : kv_len - 1;
+}
+
+extern const ak_cpu_kernels ak_cpu_kernels_scalar;
+#if defined(__x86_64__) || defined(__i386__)
+extern const ak_cpu_kernels ak_cpu_kernels_avx2;
+extern const ak_cpu_kernels ak_cpu_kernels_avx512;
+#endif
+
+#endif /* AK_ATTN_CPU_H */

@@ -1,0 +1,415 @@
+/*
+ * attn_cpu_kernel.h - the body of the cpu backend's kernel, compiled once per
+ * instruction set. kernels_scalar.c, kernels_avx2.c and kernels_avx512.c each
+ * define the ISA macro (simd.h), AK_CPU_KERNELS_NAME and AK_CPU_ISA_NAME, then
+ * include this file, which defines that kernel table.
+ *
+ * One work item (attn_cpu.h) is flash attention over tiles of keys:
+ *
+ *   load_q            the tile's query rows as f32, pre-scaled by sm_scale
+ *   for each tile of AK_CPU_TILE_KEYS keys:
+ *     load_kv_tile    K rows: f32 rows in place, else converted once to f32
+ *     qk              S = Q K^T, register-blocked AK_QK_MR rows x 4 keys
+ *     online_softmax  soft-cap, mask, running max m, P = exp(S - m), d,
+ *                     rescale O when m grows
+ *     load_kv_tile    V rows
+ *     pv              O += P V, register-blocked AK_PV_MR rows x AK_PV_NV vectors
+ *   store             o = O / d and lse = m + log d (or the partial slot)
+ *
+ * Rows are token-major: row m = t * group + h is query token t of the tile
+ * with query head h of the GQA group, so one K/V row serves the whole group.
+ * Only one tile of scores exists at a time, whatever the context length.
+ */
+#include "attn_cpu.h"
+#include "softmax_state.h"
+
+#include <math.h>
+#include <string.h>
+
+#if !defined(AK_CPU_KERNELS_NAME) || !defined(AK_CPU_ISA_NAME)
+#error "define AK_CPU_KERNELS_NAME and AK_CPU_ISA_NAME before including attn_cpu_kernel.h"
+#endif
+
+/* ---- rows: convert in, convert out ---------------------------------------- */
+
+/* dst[0, npad) = scale * src[0, n) as f32, then zeros: padded dims add 0 to
+ * every dot product. */
+static void load_row(float *dst, const void *src, ak_dtype t, float scale, int n, int npad)
+{
+    const vf sc = vf_set1(scale);
+    int i = 0;
+    switch (t) {
+    case AK_F16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_mul(sc, vf_load_f16((const uint16_t *)src + i)));
+        break;
+    case AK_BF16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_mul(sc, vf_load_bf16((const uint16_t *)src + i)));
+        break;
+    default:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_mul(sc, vf_load((const float *)src + i)));
+        break;
+    }
+    for (; i < n; i++) dst[i] = scale * ak_load_as_f32(src, t, i);
+    for (; i < npad; i++) dst[i] = 0.0f;
+}
+
+/* K/V rows need no scaling: the same conversion without the multiply. */
+static void convert_row(float *dst, const void *src, ak_dtype t, int n, int npad)
+{
+    int i = 0;
+    switch (t) {
+    case AK_F16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load_f16((const uint16_t *)src + i));
+        break;
+    case AK_BF16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load_bf16((const uint16_t *)src + i));
+        break;
+    default:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load((const float *)src + i));
+        break;
+    }
+    for (; i < n; i++) dst[i] = ak_load_as_f32(src, t, i);
+    for (; i < npad; i++) dst[i] = 0.0f;
+}
+
+/* dst[0, n) = scale * src[0, n) in dtype t. */
+static void store_row(void *dst, ak_dtype t, const float *src, float scale, int n)
+{
+    const vf sc = vf_set1(scale);
+    int i = 0;
+    switch (t) {
+    case AK_F16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store_f16((uint16_t *)dst + i, vf_mul(sc, vf_load(src + i)));
+        break;
+    case AK_BF16:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store_bf16((uint16_t *)dst + i, vf_mul(sc, vf_load(src + i)));
+        break;
+    default:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store((float *)dst + i, vf_mul(sc, vf_load(src + i)));
+        break;
+    }
+    for (; i < n; i++) ak_store_from_f32(dst, t, i, scale * src[i]);
+}
+
+/* ---- load_kv_tile ------------------------------------------------------------ */
+
+/* rows[0, n) = the f32 rows of keys [j0, j0 + n) of (request r, KV head g),
+ * K (is_v = 0) or V: pointers into the cache when the rows are usable in
+ * place, else into buf after conversion. Walks the block table page by page,
+ * so no division per key. */
+static void load_kv_tile(const ak_cpu_ctx *c, int r, int g, int j0, int n, int is_v, float *buf,
+                         const float **rows)
+{
+    const char *base = is_v ? c->v_base : c->k_base;
+    const int64_t block_stride = is_v ? c->v_block_stride : c->k_block_stride;
+    const int64_t slot_stride = is_v ? c->v_slot_stride : c->k_slot_stride;
+    const int64_t head_off = (int64_t)g * (is_v ? c->v_head_stride : c->k_head_stride);
+    const int dim = is_v ? c->head_dim_vo : c->head_dim_qk;
+    const int dpad = is_v ? c->dvo_pad : c->dqk_pad;
+    const int direct = is_v ? c->direct_v : c->direct_k;
+    const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
+
+    int done = 0;
+    while (done < n) {
+        int64_t first; /* element offset of key j0 + done */
+        int run;       /* keys contiguous in slot order from there */
+        if (c->page_size > 0) {
+            const int j = j0 + done;
+            const int32_t block = c->kv_indices[c->kv_indptr[r] + j / c->page_size];
+            const int slot = j % c->page_size;
+            first = (int64_t)block * block_stride + (int64_t)slot * slot_stride + head_off;
+            run = c->page_size - slot;
+        } else {
+            first = ((int64_t)c->kv_indptr[r] + j0 + done) * slot_stride + head_off;
+            run = n - done;
+        }
+        if (run > n - done) run = n - done;
+        for (int i = 0; i < run; i++) {
+            const char *src = base + (first + (int64_t)i * slot_stride) * esz;
+            float *dst = buf + (int64_t)(done + i) * dpad;
+            if (direct) {
+                rows[done + i] = (const float *)src;
+            } else {
+                convert_row(dst, src, c->kv_dtype, dim, dpad);
+                rows[done + i] = dst;
+            }
+        }
+        done += run;
+    }
+}
+
+/* ---- qk: S = Q K^T --------------------------------------------------------- */
+
+/* mr query rows x 4 keys, over the whole (padded) head dim: 4 * mr
+ * accumulators stay in registers, each key vector is loaded once for mr rows
+ * and each query vector once for 4 keys; the 4 dot products of a row are
+ * reduced together at the end. */
+AK_INLINE void qk_block(const float *q, int ldq, const float *const *kp, int dpad, float *s, int lds,
+                        const int mr)
+{
+    vf acc[AK_QK_MR][AK_QK_NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+        acc[i][0] = vf_zero();
+        acc[i][1] = vf_zero();
+        acc[i][2] = vf_zero();
+        acc[i][3] = vf_zero();
+    }
+    const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
+    for (int d = 0; d < dpad; d += AK_VW) {
+        const vf b0 = vf_load(k0 + d), b1 = vf_load(k1 + d), b2 = vf_load(k2 + d), b3 = vf_load(k3 + d);
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            const vf a = vf_load(q + (int64_t)i * ldq + d);
+            acc[i][0] = vf_fma(a, b0, acc[i][0]);
+            acc[i][1] = vf_fma(a, b1, acc[i][1]);
+            acc[i][2] = vf_fma(a, b2, acc[i][2]);
+            acc[i][3] = vf_fma(a, b3, acc[i][3]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) vf_hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], s + (int64_t)i * lds);
+}
+
+/* S[rows, nkeys4] for nkeys4 a multiple of 4 (padding keys point at zeros). */
+static void qk(const float *q, int ldq, int rows, const float *const *kp, int nkeys4, int dpad, float *s,
+               int lds)
+{
+    for (int j = 0; j < nkeys4; j += AK_QK_NR) {
+        int i = 0;
+        for (; i + AK_QK_MR <= rows; i += AK_QK_MR)
+            qk_block(q + (int64_t)i * ldq, ldq, kp + j, dpad, s + (int64_t)i * lds + j, lds, AK_QK_MR);
+        const float *qi = q + (int64_t)i * ldq;
+        float *si = s + (int64_t)i * lds + j;
+        switch (rows - i) {
+        case 1: qk_block(qi, ldq, kp + j, dpad, si, lds, 1); break;
+#if AK_QK_MR > 2
+        case 2: qk_block(qi, ldq, kp + j, dpad, si, lds, 2); break;
+#endif
+#if AK_QK_MR > 3
+        case 3: qk_block(qi, ldq, kp + j, dpad, si, lds, 3); break;
+#endif
+#if AK_QK_MR > 4
+        case 4: qk_block(qi, ldq, kp + j, dpad, si, lds, 4); break;
+#endif
+#if AK_QK_MR > 5
+        case 5: qk_block(qi, ldq, kp + j, dpad, si, lds, 5); break;
+#endif
+        default: break;
+        }
+    }
+}
+
+/* ---- pv: O += P V ------------------------------------------------------------ */
+
+/* mr rows x nv vectors of O at column d0, over the tile's keys: the
+ * accumulators stay in registers for the whole tile; each V vector is loaded
+ * once for mr rows, each probability broadcast once for nv vectors. */
+AK_INLINE void pv_block(const float *p, int ldp, const float *const *vp, int nkeys, float *o, int ldo, int d0,
+                        const int mr, const int nv)
+{
+    vf acc[AK_PV_MR][AK_PV_NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) acc[i][c] = vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW);
+    for (int j = 0; j < nkeys; j++) {
+        const float *vr = vp[j] + d0;
+        vf b[AK_PV_NV];
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) b[c] = vf_load(vr + c * AK_VW);
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            const vf a = vf_set1(p[(int64_t)i * ldp + j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < nv; c++) acc[i][c] = vf_fma(a, b[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) vf_store(o + (int64_t)i * ldo + d0 + c * AK_VW, acc[i][c]);
+}
+
+/* mr rows across the whole (padded) head dim: full AK_PV_NV-vector blocks,
+ * then one narrower block for the rest. */
+AK_INLINE void pv_rows(const float *p, int ldp, const float *const *vp, int nkeys, float *o, int ldo, int dpad,
+                       const int mr)
+{
+    int d0 = 0;
+    for (; d0 + AK_PV_NV * AK_VW <= dpad; d0 += AK_PV_NV * AK_VW)
+        pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, AK_PV_NV);
+    switch ((dpad - d0) / AK_VW) {
+    case 1: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 1); break;
+#if AK_PV_NV > 2
+    case 2: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 2); break;
+#endif
+#if AK_PV_NV > 3
+    case 3: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 3); break;
+#endif
+    default: break;
+    }
+}
+
+static void pv(const float *p, int ldp, int rows, const float *const *vp, int nkeys, float *o, int ldo, int dpad)
+{
+    int i = 0;
+    for (; i + AK_PV_MR <= rows; i += AK_PV_MR)
+        pv_rows(p + (int64_t)i * ldp, ldp, vp, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR);
+    const float *pi = p + (int64_t)i * ldp;
+    float *oi = o + (int64_t)i * ldo;
+    switch (rows - i) {
+    case 1: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 1); break;
+#if AK_PV_MR > 2
+    case 2: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 2); break;
+#endif
+#if AK_PV_MR > 3
+    case 3: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 3); break;
+#endif
+#if AK_PV_MR > 4
+    case 4: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 4); break;
+#endif
+#if AK_PV_MR > 5
+    case 5: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 5); break;
+#endif
+    default: break;
+    }
+}
+
+/* ---- online_softmax ------------------------------------------------------------ */
+
+/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: soft-cap,
+ * mask the keys a row does not see (masked = 0: every row sees every key),
+ * raise m to the tile's max, P = exp(S - m) in place, d = d * f + sum P and
+ * O *= f with f = exp(m_old - m_new). A row that sees none of these keys
+ * keeps its state and gets P = 0. */
+static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int masked)
+{
+    const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad;
+    const int nvec = (n + AK_VW - 1) / AK_VW * AK_VW;
+    const float cap = c->soft_cap;
+    for (int t = 0; t < ntok; t++) {
+        int vlo = 0, vhi = n; /* visible columns [vlo, vhi) */
+        if (masked) {
+            vlo = sc->lo[t] - j0;
+            vhi = sc->hi[t] - j0 + 1;
+            if (vlo < 0) vlo = 0;
+            if (vhi > n) vhi = n;
+        }
+        for (int h = 0; h < group; h++) {
+            const int m = t * group + h;
+            float *row = sc->s + (int64_t)m * lds;
+            if (vlo >= vhi) {
+                memset(row, 0, sizeof(float) * (size_t)n);
+                continue;
+            }
+            if (cap > 0.0f) {
+                const vf vcap = vf_set1(cap), inv = vf_set1(1.0f / cap);
+                for (int j = 0; j < nvec; j += AK_VW)
+                    vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(inv, vf_load(row + j)))));
+            }
+            for (int j = 0; j < vlo; j++) row[j] = -INFINITY;
+            for (int j = vhi; j < nvec; j++) row[j] = -INFINITY;
+            vf mx = vf_set1(-INFINITY);
+            for (int j = 0; j < nvec; j += AK_VW) mx = vf_max(mx, vf_load(row + j));
+            const float m_old = sc->row_max[m];
+            const float m_new = fmaxf(m_old, vf_hmax(mx));
+            const vf mv = vf_set1(m_new);
+            vf sum = vf_zero();
+            for (int j = 0; j < nvec; j += AK_VW) {
+                const vf pj = vf_exp(vf_sub(vf_load(row + j), mv));
+                vf_store(row + j, pj);
+                sum = vf_add(sum, pj);
+            }
+            const float f = ak_rescale_factor(m_old, m_new);
+            sc->row_sum[m] = sc->row_sum[m] * f + vf_hsum(sum);
+            sc->row_max[m] = m_new;
+            if (f != 1.0f) {
+                float *orow = sc->o + (int64_t)m * dvo;
+                const vf fv = vf_set1(f);
+                for (int d = 0; d < dvo; d += AK_VW) vf_store(orow + d, vf_mul(fv, vf_load(orow + d)));
+            }
+        }
+    }
+}
+
+/* ---- the work item ------------------------------------------------------------ */
+
+static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc)
+{
+    const int group = c->group, r = w->req, g = w->kv_head;
+    const int kv_len = c->kv_lens[r];
+    const int q_len = c->qo_indptr[r + 1] - c->qo_indptr[r];
+    const int ntok = w->q_count, rows = ntok * group;
+    const int64_t tok0 = (int64_t)c->qo_indptr[r] + w->q_begin;
+    const int dqk = c->dqk_pad, dvo = c->dvo_pad;
+
+    /* visible keys of each token, cut to this chunk; lo and hi both grow
+     * with t, so the tile's keys are [lo[0], hi[ntok - 1]] */
+    for (int t = 0; t < ntok; t++) {
+        const int p = kv_len - q_len + w->q_begin + t;
+        int lo = ak_cpu_visible_lo(p, c->window_left);
+        int hi = ak_cpu_visible_hi(p, kv_len, c->causal);
+        if (lo < w->kv_begin) lo = w->kv_begin;
+        if (hi > w->kv_end - 1) hi = w->kv_end - 1;
+        sc->lo[t] = lo;
+        sc->hi[t] = hi;
+    }
+
+    /* load_q */
+    const size_t qesz = ak_dtype_size(c->q_dtype);
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < group; h++) {
+            const int64_t head = (int64_t)g * group + h;
+            const char *src = c->q + ((tok0 + t) * c->q_stride0 + head * c->q_stride1) * (int64_t)qesz;
+            load_row(sc->q + (int64_t)(t * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
+        }
+    for (int m = 0; m < rows; m++) {
+        sc->row_max[m] = -INFINITY;
+        sc->row_sum[m] = 0.0f;
+    }
+    memset(sc->o, 0, sizeof(float) * (size_t)rows * (size_t)dvo);
+
+    const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
+    for (int j0 = k_lo; j0 <= k_hi; j0 += AK_CPU_TILE_KEYS) {
+        const int n = k_hi - j0 + 1 < AK_CPU_TILE_KEYS ? k_hi - j0 + 1 : AK_CPU_TILE_KEYS;
+        const int n4 = (n + AK_QK_NR - 1) / AK_QK_NR * AK_QK_NR;
+        /* every row sees the whole tile unless it starts before the last row's
+         * first key or ends after the first row's last key */
+        const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+
+        load_kv_tile(c, r, g, j0, n, 0, sc->k, sc->kp);
+        for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
+        qk(sc->q, dqk, rows, sc->kp, n4, dqk, sc->s, sc->s_stride);
+        online_softmax(c, sc, ntok, j0, n, masked);
+        load_kv_tile(c, r, g, j0, n, 1, sc->v, sc->vp);
+        pv(sc->s, sc->s_stride, rows, sc->vp, n, sc->o, dvo, dvo);
+    }
+
+    /* store: o = O / d; a row that saw no key has d = 0, O = 0 -> o = 0 */
+    const size_t oesz = ak_dtype_size(c->o_dtype);
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < group; h++) {
+            const int m = t * group + h;
+            const float d = sc->row_sum[m];
+            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+            const float lse = ak_state_lse(sc->row_max[m], d);
+            const float *orow = sc->o + (int64_t)m * dvo;
+            if (w->part < 0) {
+                const int64_t head = (int64_t)g * group + h;
+                char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
+                store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);
+                if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
+            } else {
+                const int64_t slot_row = (int64_t)w->part * c->max_rows + m;
+                store_row(c->part_o + slot_row * dvo, AK_F32, orow, inv, c->head_dim_vo);
+                c->part_lse[slot_row] = lse;
+            }
+        }
+}
+
+const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
+    /* .isa = */ AK_CPU_ISA_NAME,
+    /* .vec_width = */ AK_VW,
+    /* .run_item = */ run_item,
+};

@@ -1,0 +1,292 @@
+/*
+ * simd.h - the vector vocabulary of the cpu backend's kernels: one set of
+ * names (vf_load, vf_fma, vf_exp, ...) over three instruction sets, chosen by
+ * the file that includes it (each kernels_*.c includes it exactly once):
+ *
+ *   AK_CPU_ISA_AVX512   16 floats per vector (AVX-512F)
+ *   AK_CPU_ISA_AVX2      8 floats per vector (AVX2 + FMA + F16C)
+ *   neither              1 float per "vector": portable C, the fallback
+ *
+ * Besides the vector type it fixes each ISA's register blocking of the two
+ * micro-kernels (AK_QK_MR, AK_PV_MR, AK_PV_NV): how many accumulators fit in
+ * the register file is a property of the ISA, not of the algorithm.
+ *
+ * vf_exp and vf_tanh are polynomial approximations good to a few ulp over the
+ * range the kernels use; they are not general-purpose libm replacements.
+ */
+#ifndef AK_CPU_SIMD_H
+#define AK_CPU_SIMD_H
+
+#include "dtype.h"
+
+#include <math.h>
+#include <stdint.h>
+
+#define AK_INLINE static inline __attribute__((always_inline))
+
+/* exp(x) below this is 0 in the kernels: exp(-87) = 1.6e-38 is still a normal
+ * float, so 2^n scaling never has to build a subnormal. */
+#define AK_EXP_MIN (-87.0f)
+#define AK_LOG2E 1.44269504088896341f
+/* ln 2 split in two so that n * ln2_hi is exact for |n| < 2^11 */
+#define AK_LN2_HI 0.693145751953125f
+#define AK_LN2_LO 1.42860682030941723212e-6f
+/* Taylor coefficients 1/k! of exp(r) for |r| <= ln2 / 2: degree 7 leaves a
+ * truncation error of r^8 / 8! < 5e-9, below f32 rounding. */
+#define AK_EXP_C2 (1.0f / 2.0f)
+#define AK_EXP_C3 (1.0f / 6.0f)
+#define AK_EXP_C4 (1.0f / 24.0f)
+#define AK_EXP_C5 (1.0f / 120.0f)
+#define AK_EXP_C6 (1.0f / 720.0f)
+#define AK_EXP_C7 (1.0f / 5040.0f)
+
+/* The keys per QK block is 4 on every ISA: vf_hsum4 reduces four dot products
+ * at once. */
+#define AK_QK_NR 4
+
+/* ======================================================================== */
+#if defined(AK_CPU_ISA_AVX512)
+/* ======================================================================== */
+#include <immintrin.h>
+
+typedef __m512 vf;
+typedef __m512i vi;
+#define AK_VW 16
+/* 32 zmm registers: QK keeps 6 x 4 accumulators + 4 key vectors + 1 query;
+ * PV keeps 6 x 4 accumulators + 4 value vectors + 1 broadcast. */
+#define AK_QK_MR 6
+#define AK_PV_MR 6
+#define AK_PV_NV 4
+
+AK_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
+AK_INLINE vf vf_set1(float x) { return _mm512_set1_ps(x); }
+AK_INLINE vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+AK_INLINE void vf_store(float *p, vf x) { _mm512_storeu_ps(p, x); }
+AK_INLINE vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+AK_INLINE vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+AK_INLINE vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+AK_INLINE vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+AK_INLINE vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
+AK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+AK_INLINE vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+AK_INLINE vf vf_abs(vf a) { return _mm512_abs_ps(a); }
+AK_INLINE vf vf_copysign(vf mag, vf sign)
+{
+    const vi m = _mm512_set1_epi32((int)0x80000000u);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(m, _mm512_castps_si512(mag)),
+                                               _mm512_and_si512(m, _mm512_castps_si512(sign))));
+}
+AK_INLINE float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+AK_INLINE float vf_hmax(vf a) { return _mm512_reduce_max_ps(a); }
+
+/* 2^n * p for integral-valued n (as floats) in [-126, 127]. */
+AK_INLINE vf vf_ldexp(vf p, vf n)
+{
+    const vi e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+AK_INLINE vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* x where keep(x), else 0: keep = x >= lo */
+AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
+{
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), r);
+}
+
+AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+AK_INLINE vf vf_load_bf16(const uint16_t *p)
+{
+    const vi w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+AK_INLINE void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+AK_INLINE void vf_store_bf16(uint16_t *p, vf x)
+{
+    /* round to nearest even on the bits, as ak_f32_to_bf16; NaN stays quiet */
+    const vi u = _mm512_castps_si512(x);
+    const vi lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    vi r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+
+/* out[i] = sum of the lanes of the i-th argument */
+AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    /* fold 512 -> 256 bits, then the AVX2 pairwise tree */
+#define AK_FOLD256(x)                                                                              \
+    _mm256_add_ps(_mm512_castps512_ps256(x),                                                       \
+                  _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))
+    const __m256 a8 = AK_FOLD256(a), b8 = AK_FOLD256(b), c8 = AK_FOLD256(c), d8 = AK_FOLD256(d);
+#undef AK_FOLD256
+    const __m256 ab = _mm256_hadd_ps(a8, b8), cd = _mm256_hadd_ps(c8, d8);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+/* ======================================================================== */
+#elif defined(AK_CPU_ISA_AVX2)
+/* ======================================================================== */
+#include <immintrin.h>
+
+typedef __m256 vf;
+typedef __m256i vi;
+#define AK_VW 8
+/* 16 ymm registers: QK keeps 3 x 4 accumulators + 4 key vectors (the query
+ * comes in as the FMA's memory operand); PV keeps 4 x 3 accumulators + 3
+ * value vectors + 1 broadcast. Both: 12 FMAs per 7 loads. */
+#define AK_QK_MR 3
+#define AK_PV_MR 4
+#define AK_PV_NV 3
+
+AK_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+AK_INLINE vf vf_set1(float x) { return _mm256_set1_ps(x); }
+AK_INLINE vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+AK_INLINE void vf_store(float *p, vf x) { _mm256_storeu_ps(p, x); }
+AK_INLINE vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+AK_INLINE vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+AK_INLINE vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+AK_INLINE vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
+AK_INLINE vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
+AK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+AK_INLINE vf vf_fnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+AK_INLINE vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
+AK_INLINE vf vf_copysign(vf mag, vf sign)
+{
+    const vf m = _mm256_set1_ps(-0.0f);
+    return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sign));
+}
+AK_INLINE float vf_hsum(vf a)
+{
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+AK_INLINE float vf_hmax(vf a)
+{
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+AK_INLINE vf vf_ldexp(vf p, vf n)
+{
+    const vi e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+AK_INLINE vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
+{
+    return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ));
+}
+
+AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+AK_INLINE vf vf_load_bf16(const uint16_t *p)
+{
+    const vi w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+AK_INLINE void vf_store_f16(uint16_t *p, vf x)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+AK_INLINE void vf_store_bf16(uint16_t *p, vf x)
+{
+    /* round to nearest even on the bits, as ak_f32_to_bf16; NaN stays quiet */
+    const vi u = _mm256_castps_si256(x);
+    const vi lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    vi r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const vi nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+    /* packus works per 128-bit lane: gather the two low quadwords afterwards */
+    const vi packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+
+AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    const __m256 abcd = _mm256_hadd_ps(ab, cd);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
+}
+
+/* ======================================================================== */
+#else /* portable C: a "vector" is one float */
+/* ======================================================================== */
+
+typedef float vf;
+#define AK_VW 1
+/* Blocking still lets the compiler keep a few accumulators in registers. */
+#define AK_QK_MR 2
+#define AK_PV_MR 2
+#define AK_PV_NV 4
+
+AK_INLINE vf vf_zero(void) { return 0.0f; }
+AK_INLINE vf vf_set1(float x) { return x; }
+AK_INLINE vf vf_load(const float *p) { return *p; }
+AK_INLINE void vf_store(float *p, vf x) { *p = x; }
+AK_INLINE vf vf_add(vf a, vf b) { return a + b; }
+AK_INLINE vf vf_sub(vf a, vf b) { return a - b; }
+AK_INLINE vf vf_mul(vf a, vf b) { return a * b; }
+AK_INLINE vf vf_div(vf a, vf b) { return a / b; }
+AK_INLINE vf vf_max(vf a, vf b) { return a > b ? a : b; }
+/* a * b + c, not fmaf: without hardware FMA fmaf is a slow library call */
+AK_INLINE vf vf_fma(vf a, vf b, vf c) { return a * b + c; }
+AK_INLINE vf vf_fnma(vf a, vf b, vf c) { return c - a * b; }
+AK_INLINE vf vf_abs(vf a) { return fabsf(a); }
+AK_INLINE vf vf_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
+AK_INLINE float vf_hsum(vf a) { return a; }
+AK_INLINE float vf_hmax(vf a) { return a; }
+AK_INLINE vf vf_ldexp(vf p, vf n) { return ldexpf(p, (int)n); }
+AK_INLINE vf vf_round(vf x) { return nearbyintf(x); }
+AK_INLINE vf vf_zero_below(vf r, vf x, float lo) { return x >= lo ? r : 0.0f; }
+AK_INLINE vf vf_load_f16(const uint16_t *p) { return ak_f16_to_f32(*p); }
+AK_INLINE vf vf_load_bf16(const uint16_t *p) { return ak_bf16_to_f32(*p); }
+AK_INLINE void vf_store_f16(uint16_t *p, vf x) { *p = ak_f32_to_f16(x); }
+AK_INLINE void vf_store_bf16(uint16_t *p, vf x) { *p = ak_f32_to_bf16(x); }
+AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
+{
+    out[0] = a;
+    out[1] = b;
+    out[2] = c;
+    out[3] = d;
+}
+
+#endif
+
+/* ---- shared by every ISA ------------------------------------------------- */
+
+/* exp(x) for x <= 88; exactly 0 for x < AK_EXP_MIN (and for -inf).
+ * x = n ln2 + r with |r| <= ln2 / 2, exp(x) = 2^n * poly(r). */
+AK_INLINE vf vf_exp(vf x)
+{
+    const vf xc = vf_max(x, vf_set1(AK_EXP_MIN));
+    const vf n = vf_round(vf_mul(xc, vf_set1(AK_LOG2E)));
+    vf r = vf_fnma(n, vf_set1(AK_LN2_HI), xc);
+    r = vf_fnma(n, vf_set1(AK_LN2_LO), r);
+    vf p = vf_fma(vf_set1(AK_EXP_C7), r, vf_set1(AK_EXP_C6));
+    p = vf_fma(p, r, vf_set1(AK_EXP_C5));
+    p = vf_fma(p, r, vf_set1(AK_EXP_C4));
+    p = vf_fma(p, r, vf_set1(AK_EXP_C3));
+    p = vf_fma(p, r, vf_set1(AK_EXP_C2));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    p = vf_fma(p, r, vf_set1(1.0f));
+    return vf_zero_below(vf_ldexp(p, n), x, AK_EXP_MIN);
+}
+
+/* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large
+ * |x|; near 0 the absolute error stays ~1e-7, which is what a soft-capped
+ * logit (cap * tanh(s / cap)) needs. */
+AK_INLINE vf vf_tanh(vf x)
+{
+    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), vf_abs(x)));
+    const vf one = vf_set1(1.0f);
+    return vf_copysign(vf_div(vf_sub(one, e), vf_add(one, e)), x);
+}
+
+#endif /* AK_CPU_SIMD_H */
