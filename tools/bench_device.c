@@ -150,6 +150,24 @@ size_t bd_mem_budget(const bd_ctx *ctx)
 
 /* ---- open / close ---------------------------------------------------------- */
 
+#ifdef AK_HAVE_CUDA
+static int open_gpu(bd_ctx *ctx)
+{
+    BD_CUDA(cudaSetDevice(ctx->dev.index));
+    cudaStream_t s = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    /* non-blocking: no implicit sync with the legacy stream, and capturable */
+    BD_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    ctx->stream = s;
+    BD_CUDA(cudaEventCreate(&a));
+    ctx->ev_start = a;
+    BD_CUDA(cudaEventCreate(&b));
+    ctx->ev_stop = b;
+    ctx->cache_bytes = ctx->info.l2_bytes;
+    return 0;
+}
+#endif
+
 int bd_open(bd_ctx *ctx, ak_device dev)
 {
     memset(ctx, 0, sizeof *ctx);
@@ -163,17 +181,10 @@ int bd_open(bd_ctx *ctx, ak_device dev)
         return 0;
     }
 #ifdef AK_HAVE_CUDA
-    BD_CUDA(cudaSetDevice(dev.index));
-    cudaStream_t s = NULL;
-    cudaEvent_t a = NULL, b = NULL;
-    /* non-blocking: no implicit sync with the legacy stream, and capturable */
-    BD_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    ctx->stream = s;
-    BD_CUDA(cudaEventCreate(&a));
-    ctx->ev_start = a;
-    BD_CUDA(cudaEventCreate(&b));
-    ctx->ev_stop = b;
-    ctx->cache_bytes = ctx->info.l2_bytes;
+    if (open_gpu(ctx) != 0) {
+        bd_close(ctx); /* what was created before the failure */
+        return -1;
+    }
     return 0;
 #else
     fprintf(stderr, "attnkit-bench: this build has no CUDA\n");
@@ -234,11 +245,16 @@ void bd_free(const bd_ctx *ctx, void *p)
     free(p);
 }
 
+/* On the GPU every copy and memset goes on the bench's stream and is waited
+ * for: the stream is non-blocking, so a legacy-stream cudaMemcpy would not be
+ * ordered with the kernels on it (and a pageable H2D cudaMemcpy may return
+ * before its DMA is done). */
 int bd_upload(const bd_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
-        BD_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        BD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
+        BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
         return 0;
     }
 #endif
@@ -251,9 +267,8 @@ int bd_download(const bd_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
-        /* the work on the bench's stream must be done before a legacy-stream copy */
+        BD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)ctx->stream));
         BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-        BD_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
         return 0;
     }
 #endif
@@ -280,9 +295,9 @@ int bd_sync(const bd_ctx *ctx)
 {
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
-        BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-        /* an asynchronous fault of an earlier kernel surfaces here */
-        BD_CUDA(cudaGetLastError());
+        /* the whole device: the library may also have used the legacy stream
+         * (at create, for instance); an earlier kernel's fault surfaces here */
+        BD_CUDA(cudaDeviceSynchronize());
         return 0;
     }
 #endif

@@ -33,12 +33,15 @@ int bd_open(bd_ctx *ctx, ak_device dev);
 void bd_close(bd_ctx *ctx);
 
 /* ---- memory ------------------------------------------------------------- */
+/* Copies and memsets are ordered on ctx->stream and complete on return. */
 
 void *bd_malloc(const bd_ctx *ctx, size_t bytes);
 void bd_free(const bd_ctx *ctx, void *p); /* accepts NULL */
 int bd_upload(const bd_ctx *ctx, void *dst, const void *src, size_t bytes);   /* host -> dev */
 int bd_download(const bd_ctx *ctx, void *dst, const void *src, size_t bytes); /* dev -> host */
 int bd_memset(const bd_ctx *ctx, void *dst, int byte, size_t bytes);
+/* Waits for everything on the device (GPU: cudaDeviceSynchronize, so work the
+ * library put on other streams is done too); reports a fault. */
 int bd_sync(const bd_ctx *ctx);
 
 /* Bytes the bench may allocate on the device now: a share of the CPU's

@@ -174,7 +174,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->q_dtype = c->kv_dtype = c->o_dtype = dtype;
     c->device = ctx->dev;
     c->kv_storage = AK_KV_PAGED;
-    c->kv_layout = AK_LAYOUT_NHD;
+    c->kv_layout = getenv("AK_X_LAYOUT") ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
     c->page_size = page_size;
     /* an all-decode batch goes to a decode instance, as an engine plans it */
     c->workload = s->workload == BW_DECODE ? AK_WORKLOAD_DECODE : AK_WORKLOAD_ANY;
@@ -512,6 +512,8 @@ void scene_free(bench_scene *sc)
 #define CHECK_BUDGET_MACS 2e8
 /* A request with more query tokens than this is checked on its last ones. */
 #define CHECK_TAIL_TOKENS 4
+/* Single earlier tokens checked per long request (beside its tail), at most. */
+#define CHECK_SINGLES 8
 /* Even over budget, at least this many sub-requests are checked. */
 #define CHECK_MIN_SUBS 2
 
@@ -533,9 +535,19 @@ static double sub_cost(const bench_scene *sc, const sub_req *s)
     return (double)keys * c->num_qo_heads * (c->head_dim_qk + c->head_dim_vo);
 }
 
-/* Requests lo .. lo + cnt - 1 in a spread order: first, last, then a van der
- * Corput sequence (middle, quarters, eighths, ...), so any prefix of the order
- * covers the range evenly. Returns how many were written to order. */
+/* The base-2 van der Corput sequence: i's bits mirrored behind the binary
+ * point (0, 1/2, 1/4, 3/4, 1/8, ...); any prefix covers [0, 1) evenly. */
+static double van_der_corput(unsigned i)
+{
+    double frac = 0, bit = 0.5;
+    for (; i; i >>= 1, bit *= 0.5)
+        if (i & 1) frac += bit;
+    return frac;
+}
+
+/* Requests lo .. lo + cnt - 1 in a spread order: first, last, then by the van
+ * der Corput sequence, so any prefix of the order covers the range evenly.
+ * Returns how many were written to order (cnt), or -1. */
 static int spread_order(int lo, int cnt, int *order)
 {
     if (cnt <= 0) return 0;
@@ -549,10 +561,7 @@ static int spread_order(int lo, int cnt, int *order)
             order[n++] = lo + ends[e];
         }
     for (unsigned i = 1; i < 2u * (unsigned)cnt && n < cnt; i++) {
-        double frac = 0, bit = 0.5; /* i bit-reversed, as a fraction of [0, 1) */
-        for (unsigned v = i; v; v >>= 1, bit *= 0.5)
-            if (v & 1) frac += bit;
-        const int k = (int)(frac * cnt);
+        const int k = (int)(van_der_corput(i) * cnt);
         if (!seen[k]) {
             seen[k] = 1;
             order[n++] = lo + k;
@@ -565,8 +574,10 @@ static int spread_order(int lo, int cnt, int *order)
 }
 
 /* Candidate sub-requests of a group of requests (in spread order): first each
- * request's tail (or the whole request when short), then, for causal configs,
- * the first and the middle token of each long one. */
+ * request's tail (or the whole request when short); then, for causal
+ * configs, single earlier tokens of the long ones at van der Corput positions
+ * (first, middle, quarters, ...), one round over the requests per position.
+ * Writes at most n * (1 + CHECK_SINGLES); returns how many. */
 static int group_candidates(const bench_scene *sc, const int *reqs, int n, sub_req *out)
 {
     int k = 0;
@@ -575,18 +586,23 @@ static int group_candidates(const bench_scene *sc, const int *reqs, int n, sub_r
         if (Q <= CHECK_TAIL_TOKENS) out[k++] = (sub_req){r, 0, Q, L};
         else out[k++] = (sub_req){r, Q - CHECK_TAIL_TOKENS, CHECK_TAIL_TOKENS, L};
     }
+    if (!sc->cfg.causal) return k;
     /* causal: a token's keys end at its position, so cutting the KV after it
      * leaves what it sees unchanged */
-    for (int i = 0; i < n && sc->cfg.causal; i++) {
-        const int r = reqs[i], Q = sc->qo_indptr[r + 1] - sc->qo_indptr[r], L = sc->kv_lens[r];
-        if (Q <= CHECK_TAIL_TOKENS) continue;
-        out[k++] = (sub_req){r, 0, 1, L - Q + 1};
-        out[k++] = (sub_req){r, Q / 2, 1, L - Q + Q / 2 + 1};
-    }
+    for (unsigned round = 0; round < CHECK_SINGLES; round++)
+        for (int i = 0; i < n; i++) {
+            const int r = reqs[i], Q = sc->qo_indptr[r + 1] - sc->qo_indptr[r], L = sc->kv_lens[r];
+            const int before_tail = Q - CHECK_TAIL_TOKENS;
+            if (before_tail <= 0) continue;
+            const int t = (int)(van_der_corput(round) * before_tail);
+            int repeat = 0; /* a short head maps several positions to one token */
+            for (unsigned j = 0; j < round && !repeat; j++) repeat = (int)(van_der_corput(j) * before_tail) == t;
+            if (!repeat) out[k++] = (sub_req){r, t, 1, L - Q + t + 1};
+        }
     return k;
 }
 
-/* Picks the sub-requests to check (cap >= 3 * num_reqs). Every token when the
+/* Picks the sub-requests to check (cap >= num_reqs * (1 + CHECK_SINGLES)). Every token when the
  * whole batch fits the budget; else candidates taken alternately from the
  * prefill chunks of a mixed batch and from the other requests, each kept if it
  * still fits the budget. Returns how many, or -1. */
@@ -603,7 +619,8 @@ static int choose_subs(const bench_scene *sc, sub_req *subs, int cap, int *sampl
 
     const int first_chunk = sc->shape.workload == BW_MIXED ? R - sc->shape.num_prefills : R;
     int *order = malloc(sizeof(int) * (size_t)R);
-    sub_req *cand[2] = {malloc(sizeof(sub_req) * 3 * (size_t)R), malloc(sizeof(sub_req) * 3 * (size_t)R)};
+    const size_t per_group = (size_t)R * (1 + CHECK_SINGLES);
+    sub_req *cand[2] = {malloc(sizeof(sub_req) * per_group), malloc(sizeof(sub_req) * per_group)};
     int ncand[2] = {0, 0};
     int rc = -1;
     if (!order || !cand[0] || !cand[1]) goto done;
@@ -640,7 +657,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     const bd_ctx *ctx = sc->ctx;
     const ak_attn_config *c = &sc->cfg;
     const int Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
-    const int cap = 3 * sc->num_reqs;
+    const int cap = sc->num_reqs * (1 + CHECK_SINGLES);
     sub_req *subs = malloc(sizeof *subs * (size_t)cap);
     if (!subs) return -1;
     const int ns = choose_subs(sc, subs, cap, &ref->sampled);
@@ -762,7 +779,7 @@ void ref_describe(const bench_ref *ref, const bench_scene *sc, char *buf, size_t
                  "check: cpu_ref on a SAMPLE, %d of %d query tokens from %d of %d requests (the last <= %d tokens "
                  "of each%s, within a work budget), layer 0, %.1f s",
                  ref->num_sub_tokens, sc->num_tokens, ref->num_src_reqs, sc->num_reqs, CHECK_TAIL_TOKENS,
-                 sc->cfg.causal ? "; the first and middle token of longer ones" : "", ref->seconds);
+                 sc->cfg.causal ? "; single earlier tokens of longer ones" : "", ref->seconds);
 }
 
 double ref_tolerance(ak_dtype t)
