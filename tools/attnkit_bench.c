@@ -384,9 +384,11 @@ static void print_row(const bench_scene *sc, const bd_ceiling *ceil_, const row 
 {
     char name[64];
     snprintf(name, sizeof name, "%s%s", r->backend, r->graph ? "+graph" : "");
-    printf("%-20s %-8s %-15s %5d %6d %6d %5s %6d", name, bench_workload_name(sc->shape.workload),
+    char layers[16] = "-"; /* none allocated when the row never ran */
+    if (sc->num_layers > 0) snprintf(layers, sizeof layers, "%d", sc->num_layers);
+    printf("%-20s %-8s %-15s %5d %6d %6d %5s %6s", name, bench_workload_name(sc->shape.workload),
            sc->model->name, sc->shape.batch, sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len,
-           sc->shape.kv_len, ak_dtype_name(sc->cfg.kv_dtype), sc->num_layers);
+           sc->shape.kv_len, ak_dtype_name(sc->cfg.kv_dtype), layers);
     if (!strcmp(r->status, "skipped") || !strcmp(r->status, "error")) {
         printf("  %s: %s\n", r->status, r->reason);
         fflush(stdout);
@@ -882,7 +884,8 @@ int main(int argc, char **argv)
     else if (o->backend && strcmp(o->backend, "all") != 0) kind = strncmp(o->backend, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
     else if (ak_device_count(AK_DEVICE_CUDA) > 0) {
         kind = AK_DEVICE_CUDA;
-        allow_fallback = !o->backend; /* the selector's run may move to the CPU */
+        /* the selector's single run may move to the CPU; a sweep skips instead */
+        allow_fallback = !o->backend && !o->sweep;
     }
     if (kind == AK_DEVICE_CUDA && ak_device_count(AK_DEVICE_CUDA) == 0) {
         fprintf(stderr, "attnkit-bench: no CUDA device found (or this build has no CUDA)\n");

@@ -273,15 +273,17 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
     const bench_model *m = sc->model;
     const ak_attn_config *c = &sc->cfg;
     char what[192];
+    const char *es = s->batch == 1 ? "" : "s"; /* plural of a request kind */
     switch (s->workload) {
-    case BW_DECODE: snprintf(what, sizeof what, "%d decodes on %d keys", s->batch, s->kv_len); break;
-    case BW_PREFILL: snprintf(what, sizeof what, "%d prefills of %d tokens", s->batch, s->q_len); break;
+    case BW_DECODE: snprintf(what, sizeof what, "%d decode%s on %d keys", s->batch, es, s->kv_len); break;
+    case BW_PREFILL: snprintf(what, sizeof what, "%d prefill%s of %d tokens", s->batch, es, s->q_len); break;
     case BW_EXTEND:
-        snprintf(what, sizeof what, "%d chunks of %d tokens on a %d-token prefix", s->batch, s->q_len,
+        snprintf(what, sizeof what, "%d chunk%s of %d tokens on a %d-token prefix", s->batch, es, s->q_len,
                  s->kv_len - s->q_len);
         break;
     case BW_VERIFY:
-        snprintf(what, sizeof what, "%d verifications of %d tokens on %d keys", s->batch, s->q_len, s->kv_len);
+        snprintf(what, sizeof what, "%d verification%s of %d tokens on %d keys", s->batch, es, s->q_len,
+                 s->kv_len);
         break;
     case BW_MIXED:
         snprintf(what, sizeof what, "%d decodes on %d keys + %d prefill chunks of %d tokens on a %d-token prefix",
