@@ -50,10 +50,28 @@ if [[ $what == all || $what == sanitize ]]; then
 fi
 
 if [[ $what == all || $what == bench ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
-    ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode --sweep --json "$@" \
-        >"$LOG/bench-decode.jsonl" 2>"$LOG/bench-decode.err"
-    ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode --sweep "$@" 2>&1 | tee "$LOG/bench-decode.txt" | tail -40
-    note bench "see $LOG/bench-decode.txt"
+    # issue 4's decode shapes: llama3-8b bf16, page 16, then page 1 and 64
+    bench() { ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode "$@"; }
+    : >"$LOG/bench-decode.jsonl"
+    for page in 16 1 64; do
+        for shape in "64 4096" "1 32768" "1 4096" "256 1024" "16 16384"; do
+            set -- $shape
+            bench --batch "$1" --kv-len "$2" --page-size "$page" --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+        done
+    done
+    bench --batch 1 --kv-len 4096 --graph --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --graph --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --check 2>&1 | tail -3
+    python3 - "$LOG/bench-decode.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'batch':>5} {'kv_len':>6} {'page':>4} {'graph':>5} {'ms':>9} {'GB/s':>7} {'ceil':>6} {'frac':>5} {'plan_us':>7}")
+for r in rows:
+    print(f"{r['batch']:>5} {r['kv_len']:>6} {r.get('page_size','?'):>4} {str(r.get('graph', False)):>5} "
+          f"{r['median_ms']:>9.4f} {r['gbps']:>7.0f} {r.get('ceiling_gbps', 0):>6.0f} {r['ceiling_fraction']:>5.2f} "
+          f"{r.get('plan_us', 0):>7.1f}")
+PY
+    note bench "$(grep -c . "$LOG/bench-decode.jsonl") rows in bench-decode.jsonl"
 fi
 
 echo

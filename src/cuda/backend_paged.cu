@@ -371,6 +371,7 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.soft_cap = c->logits_soft_cap;
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * log2e;
+    p.page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
 
     cudaStream_t cs = ak_cuda_stream(stream);
     AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->num_items, cs));
