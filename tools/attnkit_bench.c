@@ -125,7 +125,7 @@ static void usage(FILE *f)
         "  --kv-update      time ak_kv_update (with the backend's slot mapping) + run() per layer\n"
         "  --sweep          a built-in list of shapes (restricted to --workload if given)\n"
         "  --layers N       layers of the cache to rotate through (default: enough to exceed 4x\n"
-        "                   the L2 / LLC, at most the model's layer count)\n"
+        "                   the L2 / LLC, as far as memory allows; up to 4096)\n"
         "  --seed N\n"
         "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
         "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
@@ -549,6 +549,14 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
             r->status = "skipped";
             snprintf(r->reason, sizeof r->reason, "%s", why);
             return 0;
+        }
+        /* one eager pass first, as engines warm up before capturing: a
+         * backend's first run may set itself up in ways a capture forbids */
+        lr.next_layer = 0;
+        if (run_layers(&lr) || bd_sync(ctx)) {
+            snprintf(r->reason, sizeof r->reason, "eager run before capture: %.400s",
+                     lr.err[0] ? lr.err : "device error (see stderr)");
+            return -1;
         }
         lr.next_layer = 0;
         if (bd_graph_capture(ctx, run_layers, &lr, &graph)) {

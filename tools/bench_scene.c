@@ -305,6 +305,8 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
 /* Layers whose KV together exceed this many times the cache (L2 / LLC), so a
  * timed call finds its layer's data in memory, not in cache, as in a real step. */
 #define ROTATE_CACHE_FACTOR 4.0
+/* An upper bound on the rotation, for batches of a few keys. */
+#define MAX_ROTATE_LAYERS 4096
 
 ak_tensor scene_q(const bench_scene *sc, int layer)
 {
@@ -409,18 +411,21 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     /* how many layers to rotate through */
     const double cache = (double)ctx->cache_bytes;
     const char *cache_name = ctx->dev.kind == AK_DEVICE_CUDA ? "L2" : "LLC";
-    int layers = (int)ceil(ROTATE_CACHE_FACTOR * cache / sc->bytes);
-    if (layers < 1) layers = 1;
+    const double want = ceil(ROTATE_CACHE_FACTOR * cache / sc->bytes);
+    int layers = want < 1 ? 1 : want > MAX_ROTATE_LAYERS ? MAX_ROTATE_LAYERS : (int)want;
     if (layers_override > 0) {
         layers = layers_override;
-        snprintf(sc->layers_why, sizeof sc->layers_why, "--layers");
-    } else if (layers > sc->model->num_layers) {
-        layers = sc->model->num_layers;
-        snprintf(sc->layers_why, sizeof sc->layers_why, "all %d of the model's layers; together %.0f MB, "
-                 "%.1fx the %s", layers, layers * sc->bytes / 1e6, layers * sc->bytes / cache, cache_name);
+        snprintf(sc->layers_why, sizeof sc->layers_why, "--layers; together %.0f MB, %.1fx the %s",
+                 layers * sc->bytes / 1e6, layers * sc->bytes / cache, cache_name);
+    } else if (want > MAX_ROTATE_LAYERS) {
+        snprintf(sc->layers_why, sizeof sc->layers_why, "the cap; together %.0f MB, %.1fx the %s",
+                 layers * sc->bytes / 1e6, layers * sc->bytes / cache, cache_name);
     } else {
-        snprintf(sc->layers_why, sizeof sc->layers_why, "%d x %.1f MB read > %.0fx the %s (%.0f MB)", layers,
-                 sc->bytes / 1e6, ROTATE_CACHE_FACTOR, cache_name, cache / 1e6);
+        /* more layers than the model has: a real step of so small a batch
+         * would find part of its KV in the cache; the figure is the cold one */
+        snprintf(sc->layers_why, sizeof sc->layers_why, "%d x %.3g MB read > %.0fx the %s (%.0f MB)%s", layers,
+                 sc->bytes / 1e6, ROTATE_CACHE_FACTOR, cache_name, cache / 1e6,
+                 layers > sc->model->num_layers ? "; more than the model's layers" : "");
     }
     const size_t budget = bd_mem_budget(ctx);
     if (fixed + per_layer > budget) {

@@ -22,7 +22,7 @@ typedef struct bench_model {
     int head_dim;      /* qk and vo */
     int window_left;   /* -1: full context */
     float soft_cap;    /* 0: off */
-    int num_layers;    /* the most layers a step can rotate through */
+    int num_layers;    /* the model's layers (said when the rotation needs more) */
 } bench_model;
 
 extern const bench_model bench_models[];
@@ -92,8 +92,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
                ak_dtype dtype, int page_size, uint64_t seed);
 
 /* Allocates and fills the storage: layers (layers_override > 0, else enough
- * that together they exceed 4x the cache, at most the model's layer count and
- * what memory allows), random K/V everywhere, the new tokens' rows written
+ * that together they exceed 4x the cache, as far as memory allows), random K/V everywhere, the new tokens' rows written
  * with ak_kv_update, random q per layer. Returns 0 or -1. */
 int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed);
 void scene_free(bench_scene *sc);
