@@ -53,6 +53,15 @@ static inline int on_gpu(const bd_ctx *ctx) { return ctx->dev.kind == AK_DEVICE_
             return -1;                                                                  \
         }                                                                               \
     } while (0)
+
+/* For calls on a path that is already failing or tearing down: a failure is
+ * reported and cleared, and the caller carries on releasing what it holds. */
+static void bd_cuda_warn(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "attnkit-bench: %s: %s\n", what, cudaGetErrorString(e));
+    cudaGetLastError();
+}
 #endif
 
 double bd_now(void)
@@ -135,8 +144,9 @@ size_t bd_mem_budget(const bd_ctx *ctx)
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
         size_t free_b = 0, total_b = 0;
-        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-            cudaGetLastError();
+        const cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+        if (e != cudaSuccess) {
+            bd_cuda_warn(e, "cudaMemGetInfo");
             return 0;
         }
         return (size_t)((double)free_b * GPU_MEM_SHARE);
@@ -197,12 +207,9 @@ void bd_close(bd_ctx *ctx)
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
         /* teardown: report failures, but release everything regardless */
-        if (ctx->ev_start && cudaEventDestroy((cudaEvent_t)ctx->ev_start) != cudaSuccess)
-            fprintf(stderr, "attnkit-bench: cudaEventDestroy: %s\n", cudaGetErrorString(cudaGetLastError()));
-        if (ctx->ev_stop && cudaEventDestroy((cudaEvent_t)ctx->ev_stop) != cudaSuccess)
-            fprintf(stderr, "attnkit-bench: cudaEventDestroy: %s\n", cudaGetErrorString(cudaGetLastError()));
-        if (ctx->stream && cudaStreamDestroy((cudaStream_t)ctx->stream) != cudaSuccess)
-            fprintf(stderr, "attnkit-bench: cudaStreamDestroy: %s\n", cudaGetErrorString(cudaGetLastError()));
+        if (ctx->ev_start) bd_cuda_warn(cudaEventDestroy((cudaEvent_t)ctx->ev_start), "cudaEventDestroy");
+        if (ctx->ev_stop) bd_cuda_warn(cudaEventDestroy((cudaEvent_t)ctx->ev_stop), "cudaEventDestroy");
+        if (ctx->stream) bd_cuda_warn(cudaStreamDestroy((cudaStream_t)ctx->stream), "cudaStreamDestroy");
     }
 #endif
     memset(ctx, 0, sizeof *ctx);
@@ -236,8 +243,7 @@ void bd_free(const bd_ctx *ctx, void *p)
     if (!p) return;
 #ifdef AK_HAVE_CUDA
     if (on_gpu(ctx)) {
-        if (cudaFree(p) != cudaSuccess)
-            fprintf(stderr, "attnkit-bench: cudaFree: %s\n", cudaGetErrorString(cudaGetLastError()));
+        bd_cuda_warn(cudaFree(p), "cudaFree");
         return;
     }
 #endif
@@ -315,8 +321,8 @@ int bd_time(const bd_ctx *ctx, bd_work_fn fn, void *arg, double *ms)
         cudaStream_t s = (cudaStream_t)ctx->stream;
         BD_CUDA(cudaEventRecord((cudaEvent_t)ctx->ev_start, s));
         if (fn(arg) != 0) {
-            cudaStreamSynchronize(s); /* drain what was enqueued; the failure is already reported */
-            cudaGetLastError();
+            /* drain what was enqueued; the failure itself is already reported */
+            bd_cuda_warn(cudaStreamSynchronize(s), "cudaStreamSynchronize after a failed sample");
             return -1;
         }
         BD_CUDA(cudaEventRecord((cudaEvent_t)ctx->ev_stop, s));
@@ -352,8 +358,8 @@ int bd_graph_capture(const bd_ctx *ctx, bd_work_fn fn, void *arg, bd_graph *g)
             if (end != cudaSuccess)
                 fprintf(stderr, "attnkit-bench: cudaStreamEndCapture: %s (a call during capture was "
                                 "not capturable)\n", cudaGetErrorString(end));
-            if (graph) cudaGraphDestroy(graph);
-            cudaGetLastError();
+            if (graph) bd_cuda_warn(cudaGraphDestroy(graph), "cudaGraphDestroy");
+            cudaGetLastError(); /* the failed capture's error is reported; clear it */
             return -1;
         }
         g->graph = graph;
@@ -399,10 +405,8 @@ int bd_graph_launch_fn(void *arg)
 void bd_graph_destroy(bd_graph *g)
 {
 #ifdef AK_HAVE_CUDA
-    if (g->exec && cudaGraphExecDestroy((cudaGraphExec_t)g->exec) != cudaSuccess)
-        fprintf(stderr, "attnkit-bench: cudaGraphExecDestroy: %s\n", cudaGetErrorString(cudaGetLastError()));
-    if (g->graph && cudaGraphDestroy((cudaGraph_t)g->graph) != cudaSuccess)
-        fprintf(stderr, "attnkit-bench: cudaGraphDestroy: %s\n", cudaGetErrorString(cudaGetLastError()));
+    if (g->exec) bd_cuda_warn(cudaGraphExecDestroy((cudaGraphExec_t)g->exec), "cudaGraphExecDestroy");
+    if (g->graph) bd_cuda_warn(cudaGraphDestroy((cudaGraph_t)g->graph), "cudaGraphDestroy");
 #endif
     memset(g, 0, sizeof *g);
 }
@@ -499,7 +503,8 @@ static int gpu_ceiling(const bd_ctx *ctx, bd_ceiling *out)
     void *src = bd_malloc(ctx, bytes), *dst = src ? bd_malloc(ctx, bytes) : NULL;
     double gbps[CEILING_REPS];
     const int rc = src && dst ? gpu_copy_reps(ctx, dst, src, bytes, gbps) : -1;
-    if (rc != 0) cudaStreamSynchronize((cudaStream_t)ctx->stream); /* nothing in flight before the frees */
+    if (rc != 0) /* nothing in flight before the frees */
+        bd_cuda_warn(cudaStreamSynchronize((cudaStream_t)ctx->stream), "cudaStreamSynchronize (copy ceiling)");
     bd_free(ctx, src);
     bd_free(ctx, dst);
     if (rc != 0) return -1;
