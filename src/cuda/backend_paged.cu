@@ -20,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Default cap on chunks per request when limits.max_splits is 0. */
+/* Default cap on chunks per request when limits.max_splits is 0, and the
+ * hard cap (the merge keeps one weight per chunk in shared memory). */
 #define DEFAULT_MAX_SPLITS 64
+#define MAX_SPLITS_CAP 4096
 /* Keys per chunk are a multiple of the kernel's tile (64 keys). */
 #define CHUNK_QUANTUM 64
 #define NUM_STAGING 2
@@ -158,6 +160,7 @@ static ak_status paged_create_inner(paged_state *s)
     const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
     s->target_items = (info.num_sms * ctas_per_sm + ctas_per_item - 1) / ctas_per_item;
     s->max_splits = s->lim.max_splits > 0 ? s->lim.max_splits : DEFAULT_MAX_SPLITS;
+    if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
     s->max_items = s->lim.max_reqs > s->target_items ? s->lim.max_reqs : s->target_items;
 
     size_t fixed = 0;
@@ -371,6 +374,7 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.soft_cap = c->logits_soft_cap;
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * log2e;
+    p.max_splits = s->max_splits;
     p.page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
 
     cudaStream_t cs = ak_cuda_stream(stream);

@@ -369,9 +369,9 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
     const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
     T *kv_stages = (T *)smem;
     void *qs = (char *)smem + tr::KV_BYTES;
-    ENGINE::load_q(p, tok, head0, rows, qs);
 
-    /* pipeline: STAGES - 1 tiles in flight ahead of the one computed */
+    /* pipeline: STAGES - 1 tiles in flight ahead of the one computed; the
+     * first tiles are issued before q is read, so the two latencies overlap */
     const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
 #pragma unroll
     for (int s = 0; s < tr::STAGES - 1; s++) {
@@ -380,6 +380,7 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
                                kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
         cp_async_commit();
     }
+    ENGINE::load_q(p, tok, head0, rows, qs);
     ENGINE eng;
     eng.init();
     for (int t = 0; t < n_tiles; t++) {

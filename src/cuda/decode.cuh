@@ -44,6 +44,7 @@ struct decode_params {
     float cap_scale;        /* sm_scale / soft_cap */
     float cap_log2;         /* soft_cap * log2(e) */
     int page_shift;         /* log2(page_size) when a power of two, else -1 */
+    int max_splits;         /* most partial rows of one request (merge scratch) */
 };
 
 /* Which kernel serves a config: tensor cores (mma) or CUDA cores. */
