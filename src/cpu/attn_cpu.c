@@ -49,7 +49,7 @@
 /* A split item: its chunks' partial states in slots [first_part,
  * first_part + num_parts) merge into o and lse. */
 typedef struct cpu_merge {
-    int32_t req, kv_head, q_begin, q_count;
+    int32_t req, kv_head, kv_heads, q_begin, q_count;
     int32_t first_part, num_parts;
 } cpu_merge;
 
@@ -59,8 +59,10 @@ typedef struct cpu_state {
     const ak_cpu_kernels *kern;
     int threads;       /* fixed at create: plan's split rule and run() agree */
     int group;
-    int tile_tokens;   /* query tokens per work item at most */
-    int max_rows;      /* tile_tokens * group */
+    int tile_tokens;   /* query tokens per single-head work item at most */
+    int max_tokens_all_heads; /* a request with at most this many query tokens is one
+                                 item over all KV heads (the kernel's in-place rows) */
+    int max_rows;      /* rows of the largest item */
     int max_splits;
     int dqk_pad, dvo_pad;
 
@@ -80,7 +82,7 @@ typedef struct cpu_state {
 
     ak_cpu_scratch *scratch;    /* [threads] */
     float *scratch_mem;         /* the floats of every thread's scratch */
-    const float **scratch_ptrs; /* [threads, 2, TILE_KEYS + TILE_PAD] row pointers */
+    const void **scratch_ptrs;  /* [threads, 2, TILE_KEYS + TILE_PAD] row pointers */
 } cpu_state;
 
 /* ---- kernels ----------------------------------------------------------------------- */
@@ -132,9 +134,13 @@ static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, ch
 {
     (void)dev;
     const ak_cpu_kernels *k = pick_kernels();
-    snprintf(buf, cap, "%s kernels, %d threads, tiles of %d query tokens x %d heads x %d keys, split-KV",
-             k->isa, ak_num_threads(), tile_tokens_for(cfg), cfg->num_qo_heads / cfg->num_kv_heads,
-             AK_CPU_TILE_KEYS);
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    const int all_heads_tokens = k->in_place_rows / group;
+    snprintf(buf, cap,
+             "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile; requests of <= %d "
+             "tokens: all %d KV heads x %d keys; split-KV",
+             k->isa, ak_num_threads(), tile_tokens_for(cfg), group, AK_CPU_TILE_KEYS, all_heads_tokens,
+             cfg->num_kv_heads, AK_CPU_TILE_KEYS_ALL_HEADS);
 }
 
 static void cpu_destroy(void *state)
@@ -171,13 +177,14 @@ static ak_status alloc_scratch(cpu_state *s)
 {
     const int rows = s->max_rows, keys = AK_CPU_TILE_KEYS + AK_CPU_TILE_PAD;
     const int dmax = s->dqk_pad > s->dvo_pad ? s->dqk_pad : s->dvo_pad;
+    const int max_tok = s->tile_tokens > s->max_tokens_all_heads ? s->tile_tokens : s->max_tokens_all_heads;
 #define AK_LINE(n) (((int64_t)(n) + 15) / 16 * 16)
     const int64_t per_thread = AK_LINE((int64_t)rows * s->dqk_pad) + AK_LINE((int64_t)rows * keys) +
                                AK_LINE((int64_t)rows * s->dvo_pad) + 2 * AK_LINE(rows) +
                                AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
-                               AK_LINE(dmax) + 2 * AK_LINE(s->tile_tokens);
+                               AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys);
     s->scratch_mem = alloc_floats(per_thread * s->threads);
-    s->scratch_ptrs = calloc((size_t)s->threads * 2 * (size_t)keys, sizeof(const float *));
+    s->scratch_ptrs = calloc((size_t)s->threads * 2 * (size_t)keys, sizeof(const void *));
     s->scratch = calloc((size_t)s->threads, sizeof *s->scratch);
     if (!s->scratch_mem || !s->scratch_ptrs || !s->scratch)
         return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu scratch of %d threads", s->threads);
@@ -193,8 +200,13 @@ static ak_status alloc_scratch(cpu_state *s)
         sc->k = p, p += AK_LINE((int64_t)keys * s->dqk_pad);
         sc->v = p, p += AK_LINE((int64_t)keys * s->dvo_pad);
         sc->zero_row = p, p += AK_LINE(dmax);
-        sc->lo = (int32_t *)p, p += AK_LINE(s->tile_tokens);
-        sc->hi = (int32_t *)p;
+        sc->lo = (int32_t *)p, p += AK_LINE(max_tok);
+        sc->hi = (int32_t *)p, p += AK_LINE(max_tok);
+        /* int64 offsets: two floats each */
+        for (int b = 0; b < 2; b++) {
+            sc->koff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
+            sc->voff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
+        }
         sc->kp = s->scratch_ptrs + (size_t)t * 2 * keys;
         sc->vp = sc->kp + keys;
     }
@@ -214,7 +226,11 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     s->group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->tile_tokens = tile_tokens_for(cfg);
     if (s->tile_tokens > lim->max_tokens) s->tile_tokens = lim->max_tokens;
+    s->max_tokens_all_heads = s->kern->in_place_rows / s->group;
+    if (s->max_tokens_all_heads > lim->max_tokens) s->max_tokens_all_heads = lim->max_tokens;
     s->max_rows = s->tile_tokens * s->group;
+    if (s->max_tokens_all_heads * cfg->num_qo_heads > s->max_rows)
+        s->max_rows = s->max_tokens_all_heads * cfg->num_qo_heads;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : AK_CPU_DEFAULT_MAX_SPLITS;
     s->dqk_pad = round_up(cfg->head_dim_qk, s->kern->vec_width);
     s->dvo_pad = round_up(cfg->head_dim_vo, s->kern->vec_width);
@@ -260,41 +276,52 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
 
 /* ---- plan ------------------------------------------------------------------------ */
 
-/* The batch as tiles of query tokens x KV heads, each against all the keys its
- * tokens see; returns how many, and the sum of their costs in *total. */
+/* Cost of query tokens [qb, qb + cnt) of a request, per query head: the keys
+ * they see. */
+static int64_t keys_seen(const ak_attn_config *c, int p0, int cnt, int kv_len)
+{
+    int64_t seen = 0;
+    for (int t = 0; t < cnt; t++) {
+        const int lo = ak_cpu_visible_lo(p0 + t, c->window_left);
+        const int hi = ak_cpu_visible_hi(p0 + t, kv_len, c->causal);
+        if (hi >= lo) seen += hi - lo + 1;
+    }
+    return seen;
+}
+
+/* The batch as work items before splitting; returns how many, and the sum of
+ * their costs in *total. A request of few query tokens (decode, short
+ * verify) is one item over all KV heads, whose tiles read whole pages in
+ * address order; longer ones are tiles of query tokens x one KV head. */
 static int plan_natural(cpu_state *s, int64_t *total)
 {
     const ak_attn_config *c = &s->cfg;
-    const int tt = s->tile_tokens;
     int n = 0;
     *total = 0;
     for (int r = 0; r < s->num_reqs; r++) {
         const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r];
         const int kv_len = s->kv_lens[r];
+        const int all_heads = q_len <= s->max_tokens_all_heads;
+        const int tt = all_heads ? q_len : s->tile_tokens;
         for (int qb = 0; qb < q_len; qb += tt) {
             const int cnt = q_len - qb < tt ? q_len - qb : tt;
             const int p0 = kv_len - q_len + qb;
-            int64_t seen = 0;
-            for (int t = 0; t < cnt; t++) {
-                const int lo = ak_cpu_visible_lo(p0 + t, c->window_left);
-                const int hi = ak_cpu_visible_hi(p0 + t, kv_len, c->causal);
-                if (hi >= lo) seen += hi - lo + 1;
-            }
             const int k_lo = ak_cpu_visible_lo(p0, c->window_left);
             const int k_hi = ak_cpu_visible_hi(p0 + cnt - 1, kv_len, c->causal);
             ak_cpu_work w;
             w.req = r;
+            w.kv_heads = all_heads ? c->num_kv_heads : 1;
             w.q_begin = qb;
             w.q_count = cnt;
             w.kv_begin = k_hi >= k_lo ? k_lo : 0; /* an empty range still writes o = 0 */
             w.kv_end = k_hi >= k_lo ? k_hi + 1 : 0;
             w.part = -1;
-            w.cost = seen * s->group + AK_CPU_ITEM_OVERHEAD;
-            for (int g = 0; g < c->num_kv_heads; g++) {
+            w.cost = keys_seen(c, p0, cnt, kv_len) * s->group * w.kv_heads + AK_CPU_ITEM_OVERHEAD;
+            for (int g = 0; g < c->num_kv_heads; g += w.kv_heads) {
                 w.kv_head = g;
                 s->natural[n++] = w;
+                *total += w.cost;
             }
-            *total += w.cost * c->num_kv_heads;
         }
     }
     return n;
@@ -324,6 +351,7 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
                 cpu_merge *mg = &s->merges[s->num_merges++];
                 mg->req = it->req;
                 mg->kv_head = it->kv_head;
+                mg->kv_heads = it->kv_heads;
                 mg->q_begin = it->q_begin;
                 mg->q_count = it->q_count;
                 mg->first_part = slots;
@@ -407,9 +435,9 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
     const int group = c->group, dvo = c->head_dim_vo;
     const size_t oesz = ak_dtype_size(c->o_dtype);
     const int64_t tok0 = (int64_t)c->qo_indptr[mg->req] + mg->q_begin;
-    for (int t = 0; t < mg->q_count; t++)
+    for (int gt = 0; gt < mg->kv_heads * mg->q_count; gt++)
         for (int h = 0; h < group; h++) {
-            const int m = t * group + h;
+            const int t = gt % mg->q_count, m = gt * group + h; /* rows as in the kernel */
             float lse = -INFINITY;
             for (int i = 0; i < mg->num_parts; i++)
                 lse = ak_lse_add(lse, c->part_lse[(int64_t)(mg->first_part + i) * c->max_rows + m]);
@@ -421,7 +449,7 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
                 const float *po = c->part_o + slot_row * c->dvo_pad;
                 for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
             }
-            const int64_t head = (int64_t)mg->kv_head * group + h;
+            const int64_t head = (int64_t)(mg->kv_head + gt / mg->q_count) * group + h;
             char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
             for (int d = 0; d < dvo; d++) ak_store_from_f32(dst, c->o_dtype, d, acc[d]);
             if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
@@ -444,10 +472,10 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     c->q_dtype = cfg->q_dtype;
     c->kv_dtype = cfg->kv_dtype;
     c->o_dtype = cfg->o_dtype;
-    /* f32 rows whose length is whole vectors are read in place; anything else
-     * is converted (and zero-padded) once per tile */
-    c->direct_k = cfg->kv_dtype == AK_F32 && cfg->head_dim_qk == s->dqk_pad;
-    c->direct_v = cfg->kv_dtype == AK_F32 && cfg->head_dim_vo == s->dvo_pad;
+    /* a row of whole vectors can be read in place; any other is converted
+     * (and zero-padded) into scratch, since a vector load would run past it */
+    c->whole_k = cfg->head_dim_qk == s->dqk_pad;
+    c->whole_v = cfg->head_dim_vo == s->dvo_pad;
 
     c->qo_indptr = s->meta.qo_indptr;
     c->kv_lens = s->kv_lens;

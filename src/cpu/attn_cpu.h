@@ -15,16 +15,23 @@
 
 #include <stdint.h>
 
-/* Keys per KV tile: the scores of a tile are a [rows, AK_CPU_TILE_KEYS] block.
- * Tuning (2-core Xeon, llama3-8b shapes, f32 and f16 KV): see attn_cpu.c. */
+/* Keys per KV tile of a single-head item: the scores of a tile are a
+ * [rows, AK_CPU_TILE_KEYS] block, and one converted K/V tile serves all the
+ * item's rows. */
 #define AK_CPU_TILE_KEYS 64
+/* Keys per KV tile of an all-heads (decode) item: one page of 16 is 32 KB of
+ * K and 32 KB of V for llama3-8b f16. Measured on the decode case (llama3-8b,
+ * batch 8, 4096 keys, f16, 2 threads, fraction of a streaming read): tiles of
+ * 8 keys 0.49, 16 keys 0.72-0.76, 24 keys 0.63, 32 keys 0.68, 64 keys 0.61. */
+#define AK_CPU_TILE_KEYS_ALL_HEADS 16
 /* Room after a tile's keys: QK blocks are AK_QK_NR (4) keys wide and vector
  * loops round up to 16 floats, so S rows and row-pointer lists get 16 more. */
 #define AK_CPU_TILE_PAD 16
 
 typedef struct ak_cpu_work {
     int32_t req;      /* request */
-    int32_t kv_head;  /* KV head g; its query heads are g * group .. g * group + group - 1 */
+    int32_t kv_head;  /* first KV head g; query heads g * group .. (g + kv_heads) * group - 1 */
+    int32_t kv_heads; /* KV heads of the item: 1, or all of them for decode-like tiles */
     int32_t q_begin;  /* first query token of the tile, counted within the request */
     int32_t q_count;  /* query tokens in the tile (rows = q_count * group) */
     int32_t kv_begin; /* keys [kv_begin, kv_end) of this chunk (each row sees its visible part) */
@@ -42,7 +49,7 @@ typedef struct ak_cpu_ctx {
     float soft_cap;               /* 0: off */
     int causal, window_left;
     ak_dtype q_dtype, kv_dtype, o_dtype;
-    int direct_k, direct_v;       /* f32 K/V rows used in place (no copy) */
+    int whole_k, whole_v;         /* head dim is whole vectors: rows readable in place */
 
     const int32_t *qo_indptr;     /* [num_reqs + 1] */
     const int32_t *kv_lens;       /* [num_reqs] */
@@ -79,17 +86,20 @@ typedef struct ak_cpu_scratch {
     float *o;          /* [max_rows, dvo_pad] unnormalised output accumulators */
     float *row_max;    /* [max_rows] running max m */
     float *row_sum;    /* [max_rows] running denominator d */
-    float *k;          /* [TILE_KEYS, dqk_pad] keys of a tile as f32 (when not direct) */
-    float *v;          /* [TILE_KEYS, dvo_pad] values of a tile as f32 (when not direct) */
-    const float **kp;  /* [TILE_KEYS + TILE_PAD] row pointers into k or the cache */
-    const float **vp;  /* [TILE_KEYS + TILE_PAD] */
-    float *zero_row;   /* [max(dqk_pad, dvo_pad)] zeros: the padding key */
+    float *k;          /* [TILE_KEYS, dqk_pad] keys of a tile as f32 (when converted) */
+    float *v;          /* [TILE_KEYS, dvo_pad] values of a tile as f32 (when converted) */
+    const void **kp;   /* [TILE_KEYS + TILE_PAD] row pointers into k or the cache */
+    const void **vp;   /* [TILE_KEYS + TILE_PAD] */
+    float *zero_row;   /* [max(dqk_pad, dvo_pad)] zero bytes: the padding key in any dtype */
     int32_t *lo, *hi;  /* [max tile tokens] visible keys [lo, hi] of each token */
+    int64_t *koff[2];  /* [TILE_KEYS + TILE_PAD] pool offsets of this tile's and the next */
+    int64_t *voff[2];  /*   tile's keys (K, V), head 0 */
 } ak_cpu_scratch;
 
 typedef struct ak_cpu_kernels {
     const char *isa;   /* "avx512", "avx2", "scalar" */
     int vec_width;     /* floats per vector: head dims are padded to a multiple */
+    int in_place_rows; /* rows per KV head up to which K/V are read from the cache as is */
     /* Computes one work item; writes o/lse or its partial slot. */
     void (*run_item)(const ak_cpu_ctx *ctx, const ak_cpu_work *w, const ak_cpu_scratch *scr);
 } ak_cpu_kernels;

@@ -26,6 +26,12 @@
 #include <math.h>
 #include <string.h>
 
+#define AK_CACHE_LINE 64
+/* __builtin_prefetch locality of the K/V prefetches: 2 (prefetcht1, towards
+ * L2) beat 3 (into L1) by 2-5% on the decode case, the L1 being needed for
+ * the rows being computed. */
+#define AK_PREFETCH_LOCALITY 2
+
 #if !defined(AK_CPU_KERNELS_NAME) || !defined(AK_CPU_ISA_NAME)
 #error "define AK_CPU_KERNELS_NAME and AK_CPU_ISA_NAME before including attn_cpu_kernel.h"
 #endif
@@ -91,61 +97,103 @@ static void store_row(void *dst, ak_dtype t, const float *src, float scale, int 
     for (; i < n; i++) ak_store_from_f32(dst, t, i, scale * src[i]);
 }
 
+/* Element i of a row of dtype t as a vector; t is a constant wherever this is
+ * inlined, so the switch disappears. */
+AK_INLINE vf vf_load_as(const void *row, int64_t i, const ak_dtype t)
+{
+    switch (t) {
+    case AK_F16: return vf_load_f16((const uint16_t *)row + i);
+    case AK_BF16: return vf_load_bf16((const uint16_t *)row + i);
+    default: return vf_load((const float *)row + i);
+    }
+}
+
 /* ---- load_kv_tile ------------------------------------------------------------ */
 
-/* rows[0, n) = the f32 rows of keys [j0, j0 + n) of (request r, KV head g),
- * K (is_v = 0) or V: pointers into the cache when the rows are usable in
- * place, else into buf after conversion. Walks the block table page by page,
- * so no division per key. */
-static void load_kv_tile(const ak_cpu_ctx *c, int r, int g, int j0, int n, int is_v, float *buf,
-                         const float **rows)
+/* Element offsets, in the K and V pools, of keys [j0, j0 + n) of request r at
+ * KV head 0 (add g * head_stride for head g): one block-table lookup per
+ * page and no division per key. */
+static void key_offsets(const ak_cpu_ctx *c, int r, int j0, int n, int64_t *koff, int64_t *voff)
+{
+    if (n <= 0) return;
+    if (c->page_size == 0) {
+        for (int j = 0; j < n; j++) {
+            const int64_t row = (int64_t)c->kv_indptr[r] + j0 + j;
+            koff[j] = row * c->k_slot_stride;
+            voff[j] = row * c->v_slot_stride;
+        }
+        return;
+    }
+    const int32_t *blocks = c->kv_indices + c->kv_indptr[r];
+    int b = j0 / c->page_size, slot = j0 % c->page_size;
+    int64_t kb = blocks[b] * c->k_block_stride, vb = blocks[b] * c->v_block_stride;
+    for (int j = 0; j < n; j++) {
+        koff[j] = kb + slot * c->k_slot_stride;
+        voff[j] = vb + slot * c->v_slot_stride;
+        if (++slot == c->page_size && j + 1 < n) {
+            slot = 0;
+            b++;
+            kb = blocks[b] * c->k_block_stride;
+            vb = blocks[b] * c->v_block_stride;
+        }
+    }
+}
+
+/* rows[0, n) = the K (is_v = 0) or V rows of KV head g at offsets off[0, n):
+ * pointers into the cache when in_place (the kernels then convert as they
+ * load), else into buf after conversion to zero-padded f32. */
+static void load_kv_tile(const ak_cpu_ctx *c, int g, int n, int is_v, int in_place, const int64_t *off, float *buf,
+                         const void **rows)
 {
     const char *base = is_v ? c->v_base : c->k_base;
-    const int64_t block_stride = is_v ? c->v_block_stride : c->k_block_stride;
-    const int64_t slot_stride = is_v ? c->v_slot_stride : c->k_slot_stride;
     const int64_t head_off = (int64_t)g * (is_v ? c->v_head_stride : c->k_head_stride);
     const int dim = is_v ? c->head_dim_vo : c->head_dim_qk;
     const int dpad = is_v ? c->dvo_pad : c->dqk_pad;
-    const int direct = is_v ? c->direct_v : c->direct_k;
     const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
-
-    int done = 0;
-    while (done < n) {
-        int64_t first; /* element offset of key j0 + done */
-        int run;       /* keys contiguous in slot order from there */
-        if (c->page_size > 0) {
-            const int j = j0 + done;
-            const int32_t block = c->kv_indices[c->kv_indptr[r] + j / c->page_size];
-            const int slot = j % c->page_size;
-            first = (int64_t)block * block_stride + (int64_t)slot * slot_stride + head_off;
-            run = c->page_size - slot;
+    for (int j = 0; j < n; j++) {
+        const char *src = base + (off[j] + head_off) * esz;
+        if (in_place) {
+            rows[j] = src;
         } else {
-            first = ((int64_t)c->kv_indptr[r] + j0 + done) * slot_stride + head_off;
-            run = n - done;
+            float *dst = buf + (int64_t)j * dpad;
+            convert_row(dst, src, c->kv_dtype, dim, dpad);
+            rows[j] = dst;
         }
-        if (run > n - done) run = n - done;
-        for (int i = 0; i < run; i++) {
-            const char *src = base + (first + (int64_t)i * slot_stride) * esz;
-            float *dst = buf + (int64_t)(done + i) * dpad;
-            if (direct) {
-                rows[done + i] = (const float *)src;
-            } else {
-                convert_row(dst, src, c->kv_dtype, dim, dpad);
-                rows[done + i] = dst;
-            }
+    }
+}
+
+/* Asks for rows [e0, e1) of the K (is_v = 0) or V rows at offsets off[] x KV
+ * heads [g0, g0 + nh), counted key-major (the address order of NHD), to be
+ * brought in while the current tile computes. The rows of one head sit
+ * num_kv_heads rows apart in NHD (256 bytes every 2 KB for llama3-8b f16):
+ * too sparse for the hardware prefetchers, and without this a decode waited
+ * on memory latency. */
+static void prefetch_rows(const ak_cpu_ctx *c, int g0, int nh, const int64_t *off, int e0, int e1, int is_v)
+{
+    if (e0 >= e1) return;
+    const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
+    const int64_t bytes = (is_v ? c->head_dim_vo : c->head_dim_qk) * esz;
+    const char *base = is_v ? c->v_base : c->k_base;
+    const int64_t head_stride = is_v ? c->v_head_stride : c->k_head_stride;
+    int j = e0 / nh, h = e0 % nh;
+    for (int e = e0; e < e1; e++) {
+        const char *row = base + (off[j] + (g0 + h) * head_stride) * esz;
+        for (int64_t x = 0; x < bytes; x += AK_CACHE_LINE) __builtin_prefetch(row + x, 0, AK_PREFETCH_LOCALITY);
+        if (++h == nh) {
+            h = 0;
+            j++;
         }
-        done += run;
     }
 }
 
 /* ---- qk: S = Q K^T --------------------------------------------------------- */
 
-/* mr query rows x 4 keys, over the whole (padded) head dim: 4 * mr
- * accumulators stay in registers, each key vector is loaded once for mr rows
- * and each query vector once for 4 keys; the 4 dot products of a row are
- * reduced together at the end. */
-AK_INLINE void qk_block(const float *q, int ldq, const float *const *kp, int dpad, float *s, int lds,
-                        const int mr)
+/* mr query rows x 4 keys of dtype kt, over the whole (padded) head dim: 4 * mr
+ * accumulators stay in registers, each key vector is loaded (and converted)
+ * once for mr rows and each query vector once for 4 keys; the 4 dot products
+ * of a row are reduced together at the end. */
+AK_INLINE void qk_block(const float *q, int ldq, const void *const *kp, const ak_dtype kt, int dpad, float *s,
+                        int lds, const int mr)
 {
     vf acc[AK_QK_MR][AK_QK_NR];
 #pragma GCC unroll 8
@@ -155,9 +203,10 @@ AK_INLINE void qk_block(const float *q, int ldq, const float *const *kp, int dpa
         acc[i][2] = vf_zero();
         acc[i][3] = vf_zero();
     }
-    const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
+    const void *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
     for (int d = 0; d < dpad; d += AK_VW) {
-        const vf b0 = vf_load(k0 + d), b1 = vf_load(k1 + d), b2 = vf_load(k2 + d), b3 = vf_load(k3 + d);
+        const vf b0 = vf_load_as(k0, d, kt), b1 = vf_load_as(k1, d, kt);
+        const vf b2 = vf_load_as(k2, d, kt), b3 = vf_load_as(k3, d, kt);
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             const vf a = vf_load(q + (int64_t)i * ldq + d);
@@ -172,41 +221,52 @@ AK_INLINE void qk_block(const float *q, int ldq, const float *const *kp, int dpa
 }
 
 /* S[rows, nkeys4] for nkeys4 a multiple of 4 (padding keys point at zeros). */
-static void qk(const float *q, int ldq, int rows, const float *const *kp, int nkeys4, int dpad, float *s,
-               int lds)
+AK_INLINE void qk_t(const float *q, int ldq, int rows, const void *const *kp, const ak_dtype kt, int nkeys4,
+                    int dpad, float *s, int lds)
 {
     for (int j = 0; j < nkeys4; j += AK_QK_NR) {
         int i = 0;
         for (; i + AK_QK_MR <= rows; i += AK_QK_MR)
-            qk_block(q + (int64_t)i * ldq, ldq, kp + j, dpad, s + (int64_t)i * lds + j, lds, AK_QK_MR);
+            qk_block(q + (int64_t)i * ldq, ldq, kp + j, kt, dpad, s + (int64_t)i * lds + j, lds, AK_QK_MR);
         const float *qi = q + (int64_t)i * ldq;
         float *si = s + (int64_t)i * lds + j;
         switch (rows - i) {
-        case 1: qk_block(qi, ldq, kp + j, dpad, si, lds, 1); break;
+        case 1: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 1); break;
 #if AK_QK_MR > 2
-        case 2: qk_block(qi, ldq, kp + j, dpad, si, lds, 2); break;
+        case 2: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 2); break;
 #endif
 #if AK_QK_MR > 3
-        case 3: qk_block(qi, ldq, kp + j, dpad, si, lds, 3); break;
+        case 3: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 3); break;
 #endif
 #if AK_QK_MR > 4
-        case 4: qk_block(qi, ldq, kp + j, dpad, si, lds, 4); break;
+        case 4: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 4); break;
 #endif
 #if AK_QK_MR > 5
-        case 5: qk_block(qi, ldq, kp + j, dpad, si, lds, 5); break;
+        case 5: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 5); break;
 #endif
         default: break;
         }
     }
 }
 
+static void qk(const float *q, int ldq, int rows, const void *const *kp, ak_dtype kt, int nkeys4, int dpad,
+               float *s, int lds)
+{
+    switch (kt) {
+    case AK_F16: qk_t(q, ldq, rows, kp, AK_F16, nkeys4, dpad, s, lds); break;
+    case AK_BF16: qk_t(q, ldq, rows, kp, AK_BF16, nkeys4, dpad, s, lds); break;
+    default: qk_t(q, ldq, rows, kp, AK_F32, nkeys4, dpad, s, lds); break;
+    }
+}
+
 /* ---- pv: O += P V ------------------------------------------------------------ */
 
-/* mr rows x nv vectors of O at column d0, over the tile's keys: the
- * accumulators stay in registers for the whole tile; each V vector is loaded
- * once for mr rows, each probability broadcast once for nv vectors. */
-AK_INLINE void pv_block(const float *p, int ldp, const float *const *vp, int nkeys, float *o, int ldo, int d0,
-                        const int mr, const int nv)
+/* mr rows x nv vectors of O at column d0, over the tile's keys (V rows of
+ * dtype vt): the accumulators stay in registers for the whole tile; each V
+ * vector is loaded (and converted) once for mr rows, each probability
+ * broadcast once for nv vectors. */
+AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
+                        int ldo, int d0, const int mr, const int nv)
 {
     vf acc[AK_PV_MR][AK_PV_NV];
 #pragma GCC unroll 8
@@ -214,10 +274,9 @@ AK_INLINE void pv_block(const float *p, int ldp, const float *const *vp, int nke
 #pragma GCC unroll 8
         for (int c = 0; c < nv; c++) acc[i][c] = vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW);
     for (int j = 0; j < nkeys; j++) {
-        const float *vr = vp[j] + d0;
         vf b[AK_PV_NV];
 #pragma GCC unroll 8
-        for (int c = 0; c < nv; c++) b[c] = vf_load(vr + c * AK_VW);
+        for (int c = 0; c < nv; c++) b[c] = vf_load_as(vp[j], d0 + c * AK_VW, vt);
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             const vf a = vf_set1(p[(int64_t)i * ldp + j]);
@@ -233,46 +292,57 @@ AK_INLINE void pv_block(const float *p, int ldp, const float *const *vp, int nke
 
 /* mr rows across the whole (padded) head dim: full AK_PV_NV-vector blocks,
  * then one narrower block for the rest. */
-AK_INLINE void pv_rows(const float *p, int ldp, const float *const *vp, int nkeys, float *o, int ldo, int dpad,
-                       const int mr)
+AK_INLINE void pv_rows(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
+                       int ldo, int dpad, const int mr)
 {
     int d0 = 0;
     for (; d0 + AK_PV_NV * AK_VW <= dpad; d0 += AK_PV_NV * AK_VW)
-        pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, AK_PV_NV);
+        pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, AK_PV_NV);
     switch ((dpad - d0) / AK_VW) {
-    case 1: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 1); break;
+    case 1: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 1); break;
 #if AK_PV_NV > 2
-    case 2: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 2); break;
+    case 2: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 2); break;
 #endif
 #if AK_PV_NV > 3
-    case 3: pv_block(p, ldp, vp, nkeys, o, ldo, d0, mr, 3); break;
+    case 3: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 3); break;
 #endif
     default: break;
     }
 }
 
-static void pv(const float *p, int ldp, int rows, const float *const *vp, int nkeys, float *o, int ldo, int dpad)
+AK_INLINE void pv_t(const float *p, int ldp, int rows, const void *const *vp, const ak_dtype vt, int nkeys,
+                    float *o, int ldo, int dpad)
 {
     int i = 0;
     for (; i + AK_PV_MR <= rows; i += AK_PV_MR)
-        pv_rows(p + (int64_t)i * ldp, ldp, vp, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR);
+        pv_rows(p + (int64_t)i * ldp, ldp, vp, vt, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR);
     const float *pi = p + (int64_t)i * ldp;
     float *oi = o + (int64_t)i * ldo;
     switch (rows - i) {
-    case 1: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 1); break;
+    case 1: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 1); break;
 #if AK_PV_MR > 2
-    case 2: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 2); break;
+    case 2: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 2); break;
 #endif
 #if AK_PV_MR > 3
-    case 3: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 3); break;
+    case 3: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 3); break;
 #endif
 #if AK_PV_MR > 4
-    case 4: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 4); break;
+    case 4: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 4); break;
 #endif
 #if AK_PV_MR > 5
-    case 5: pv_rows(pi, ldp, vp, nkeys, oi, ldo, dpad, 5); break;
+    case 5: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 5); break;
 #endif
     default: break;
+    }
+}
+
+static void pv(const float *p, int ldp, int rows, const void *const *vp, ak_dtype vt, int nkeys, float *o, int ldo,
+               int dpad)
+{
+    switch (vt) {
+    case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad); break;
+    case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad); break;
+    default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad); break;
     }
 }
 
@@ -283,12 +353,14 @@ static void pv(const float *p, int ldp, int rows, const float *const *vp, int nk
  * raise m to the tile's max, P = exp(S - m) in place, d = d * f + sum P and
  * O *= f with f = exp(m_old - m_new). A row that sees none of these keys
  * keeps its state and gets P = 0. */
-static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int masked)
+static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nheads, int ntok, int j0, int n,
+                           int masked)
 {
     const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad;
     const int nvec = (n + AK_VW - 1) / AK_VW * AK_VW;
     const float cap = c->soft_cap;
-    for (int t = 0; t < ntok; t++) {
+    for (int gt = 0; gt < nheads * ntok; gt++) {
+        const int t = gt % ntok;
         int vlo = 0, vhi = n; /* visible columns [vlo, vhi) */
         if (masked) {
             vlo = sc->lo[t] - j0;
@@ -297,7 +369,7 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nt
             if (vhi > n) vhi = n;
         }
         for (int h = 0; h < group; h++) {
-            const int m = t * group + h;
+            const int m = gt * group + h;
             float *row = sc->s + (int64_t)m * lds;
             if (vlo >= vhi) {
                 memset(row, 0, sizeof(float) * (size_t)n);
@@ -337,12 +409,13 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nt
 
 static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc)
 {
-    const int group = c->group, r = w->req, g = w->kv_head;
+    const int group = c->group, r = w->req, g0 = w->kv_head, nheads = w->kv_heads;
     const int kv_len = c->kv_lens[r];
     const int q_len = c->qo_indptr[r + 1] - c->qo_indptr[r];
-    const int ntok = w->q_count, rows = ntok * group;
+    const int ntok = w->q_count;
+    const int rows1 = ntok * group, rows = rows1 * nheads; /* rows of one KV head, of all */
     const int64_t tok0 = (int64_t)c->qo_indptr[r] + w->q_begin;
-    const int dqk = c->dqk_pad, dvo = c->dvo_pad;
+    const int dqk = c->dqk_pad, dvo = c->dvo_pad, lds = sc->s_stride;
 
     /* visible keys of each token, cut to this chunk; lo and hi both grow
      * with t, so the tile's keys are [lo[0], hi[ntok - 1]] */
@@ -356,13 +429,15 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         sc->hi[t] = hi;
     }
 
-    /* load_q */
+    /* load_q: row m = (head i of the item, token t, query head h of the group)
+     * = (i * ntok + t) * group + h, so each KV head's rows are one block */
     const size_t qesz = ak_dtype_size(c->q_dtype);
-    for (int t = 0; t < ntok; t++)
+    for (int gt = 0; gt < nheads * ntok; gt++)
         for (int h = 0; h < group; h++) {
-            const int64_t head = (int64_t)g * group + h;
+            const int t = gt % ntok;
+            const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
             const char *src = c->q + ((tok0 + t) * c->q_stride0 + head * c->q_stride1) * (int64_t)qesz;
-            load_row(sc->q + (int64_t)(t * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
+            load_row(sc->q + (int64_t)(gt * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
         }
     for (int m = 0; m < rows; m++) {
         sc->row_max[m] = -INFINITY;
@@ -370,33 +445,59 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
     }
     memset(sc->o, 0, sizeof(float) * (size_t)rows * (size_t)dvo);
 
+    /* K/V rows are read in place (converted as loaded) when they are whole
+     * vectors and either need no conversion or serve a single block of rows
+     * (decode: the group); otherwise each tile is converted once into f32
+     * scratch and then serves every row block. */
+    const int k_in_place = c->whole_k && (c->kv_dtype == AK_F32 || rows1 <= AK_IN_PLACE_ROWS);
+    const int v_in_place = c->whole_v && (c->kv_dtype == AK_F32 || rows1 <= AK_IN_PLACE_ROWS);
+    const ak_dtype kt = k_in_place ? c->kv_dtype : AK_F32;
+    const ak_dtype vt = v_in_place ? c->kv_dtype : AK_F32;
+
+    const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : AK_CPU_TILE_KEYS;
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
-    for (int j0 = k_lo; j0 <= k_hi; j0 += AK_CPU_TILE_KEYS) {
-        const int n = k_hi - j0 + 1 < AK_CPU_TILE_KEYS ? k_hi - j0 + 1 : AK_CPU_TILE_KEYS;
+    int cur = 0; /* which of the two offset lists holds this tile's */
+    if (k_lo <= k_hi)
+        key_offsets(c, r, k_lo, k_hi - k_lo + 1 < tile ? k_hi - k_lo + 1 : tile, sc->koff[0], sc->voff[0]);
+    for (int j0 = k_lo; j0 <= k_hi; j0 += tile, cur ^= 1) {
+        const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
         const int n4 = (n + AK_QK_NR - 1) / AK_QK_NR * AK_QK_NR;
         /* every row sees the whole tile unless it starts before the last row's
          * first key or ends after the first row's last key */
         const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+        /* the next tile's rows, a share after each head's QK (K) and PV (V) */
+        const int pj = j0 + tile;
+        const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
+        const int pe = pn * nheads;
+        key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
 
-        load_kv_tile(c, r, g, j0, n, 0, sc->k, sc->kp);
-        for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
-        qk(sc->q, dqk, rows, sc->kp, n4, dqk, sc->s, sc->s_stride);
-        online_softmax(c, sc, ntok, j0, n, masked);
-        load_kv_tile(c, r, g, j0, n, 1, sc->v, sc->vp);
-        pv(sc->s, sc->s_stride, rows, sc->vp, n, sc->o, dvo, dvo);
+        for (int i = 0; i < nheads; i++) {
+            prefetch_rows(c, g0, nheads, sc->koff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 0);
+            load_kv_tile(c, g0 + i, n, 0, k_in_place, sc->koff[cur], sc->k, sc->kp);
+            for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
+            qk(sc->q + (int64_t)i * rows1 * dqk, dqk, rows1, sc->kp, kt, n4, dqk, sc->s + (int64_t)i * rows1 * lds,
+               lds);
+        }
+        online_softmax(c, sc, nheads, ntok, j0, n, masked);
+        for (int i = 0; i < nheads; i++) {
+            prefetch_rows(c, g0, nheads, sc->voff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 1);
+            load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
+            pv(sc->s + (int64_t)i * rows1 * lds, lds, rows1, sc->vp, vt, n, sc->o + (int64_t)i * rows1 * dvo, dvo,
+               dvo);
+        }
     }
 
     /* store: o = O / d; a row that saw no key has d = 0, O = 0 -> o = 0 */
     const size_t oesz = ak_dtype_size(c->o_dtype);
-    for (int t = 0; t < ntok; t++)
+    for (int gt = 0; gt < nheads * ntok; gt++)
         for (int h = 0; h < group; h++) {
-            const int m = t * group + h;
+            const int t = gt % ntok, m = gt * group + h;
             const float d = sc->row_sum[m];
             const float inv = d > 0.0f ? 1.0f / d : 0.0f;
             const float lse = ak_state_lse(sc->row_max[m], d);
             const float *orow = sc->o + (int64_t)m * dvo;
             if (w->part < 0) {
-                const int64_t head = (int64_t)g * group + h;
+                const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
                 char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
                 store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);
                 if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
@@ -411,5 +512,6 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
 const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
     /* .isa = */ AK_CPU_ISA_NAME,
     /* .vec_width = */ AK_VW,
+    /* .in_place_rows = */ AK_IN_PLACE_ROWS,
     /* .run_item = */ run_item,
 };

@@ -57,6 +57,9 @@ typedef __m512i vi;
 #define AK_QK_MR 6
 #define AK_PV_MR 6
 #define AK_PV_NV 4
+/* Rows per KV head up to which K/V are read straight from the cache: one
+ * block of rows, so each row is loaded and converted once. */
+#define AK_IN_PLACE_ROWS 6
 
 AK_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
 AK_INLINE vf vf_set1(float x) { return _mm512_set1_ps(x); }
@@ -141,6 +144,10 @@ typedef __m256i vi;
 #define AK_QK_MR 3
 #define AK_PV_MR 4
 #define AK_PV_NV 3
+/* Rows per KV head up to which K/V are read straight from the cache: a GQA
+ * group of 4 (llama3) is one PV block and two QK blocks (3 + 1), so K is
+ * converted twice, which still beats a round trip through scratch. */
+#define AK_IN_PLACE_ROWS 4
 
 AK_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
 AK_INLINE vf vf_set1(float x) { return _mm256_set1_ps(x); }
@@ -225,6 +232,7 @@ typedef float vf;
 #define AK_QK_MR 2
 #define AK_PV_MR 2
 #define AK_PV_NV 4
+#define AK_IN_PLACE_ROWS 2
 
 AK_INLINE vf vf_zero(void) { return 0.0f; }
 AK_INLINE vf vf_set1(float x) { return x; }
