@@ -52,6 +52,7 @@ struct paged_state {
     ak_attn_config cfg;
     ak_limits lim;
     decode_engine engine;
+    int pdl;          /* sm_90+: the merge is a programmatic dependent launch */
     int row_tiles;    /* 16-head tiles per KV head (tensor cores, group > 16) */
     int target_items; /* work items that fill one wave of the GPU */
     int max_splits;
@@ -153,6 +154,7 @@ static ak_status paged_create_inner(paged_state *s)
     AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->engine = choose_engine(cfg);
+    s->pdl = info.cc_major >= 9;
     s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
     int ctas_per_sm = 0;
     AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, group, &ctas_per_sm));
@@ -277,6 +279,10 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
             for (int i = 0; i < k; i++) {
                 decode_item it;
                 it.req = r;
+                it.tok = bm.qo_indptr[r];
+                it.page_base = bm.kv_indptr[r];
+                it.lo = lo;
+                it.unused = 0;
                 it.kv_begin = lo + i * (k > 1 ? chunk : 0);
                 it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : b->kv_lens[r];
                 it.out = k > 1 ? partials + i : -1;
@@ -379,7 +385,7 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
 
     cudaStream_t cs = ak_cuda_stream(stream);
     AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->num_items, cs));
-    if (s->num_items > s->num_reqs) AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, cs));
+    if (s->num_items > s->num_reqs) AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->pdl, cs));
     return AK_OK;
 }
 

@@ -359,11 +359,8 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
-    const int tok = p.qo_indptr[it.req];
-    const int kv_len = p.kv_lens[it.req];
-    const int pos = kv_len - 1; /* the query is the last key */
-    const int lo = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
-    const int32_t *pages = p.kv_indices + p.kv_indptr[it.req];
+    const int tok = it.tok, lo = it.lo;
+    const int32_t *pages = p.kv_indices + it.page_base;
 
     /* this thread's fixed part of every K/V address: its head and chunk */
     const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
@@ -380,6 +377,11 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
                                kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
         cp_async_commit();
     }
+#if __CUDA_ARCH__ >= 900
+    /* the merge (a programmatic dependent) may start launching now; it waits
+     * for this grid's completion before reading anything */
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     ENGINE::load_q(p, tok, head0, rows, qs);
     ENGINE eng;
     eng.init();

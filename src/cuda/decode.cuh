@@ -10,9 +10,16 @@
 /* One unit of decode work: request `req`'s keys [kv_begin, kv_end) for one KV
  * head (grid.y). out >= 0: a partial state written to o_tmp/lse_tmp row `out`
  * and merged later; out < 0: the whole request, written to o/lse directly.
- * req < 0: padding (the grid is fixed by the number of requests). */
-struct decode_item {
+ * req < 0: padding (the grid is fixed by the number of requests). The item
+ * also carries what the kernel would otherwise look up per request (token,
+ * page-list start, first visible key): one 32-byte load instead of a chain of
+ * dependent ones at the start of every thread block. */
+struct __align__(16) decode_item {
     int req, kv_begin, kv_end, out;
+    int tok;       /* the request's query token: qo_indptr[req] */
+    int page_base; /* kv_indptr[req] */
+    int lo;        /* first key inside the window */
+    int unused;
 };
 
 /* Everything the decode and merge kernels read, by value. Strides in elements. */
@@ -61,7 +68,9 @@ ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype d
 ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int group,
                                    int *ctas_per_sm);
 /* Merges the partial rows of every split request into o / lse: grid
- * (num_reqs, num_qo_heads). */
-ak_status ak_cuda_merge_launch(const decode_params *p, int head_dim, ak_dtype dtype, cudaStream_t stream);
+ * (num_reqs, num_qo_heads). pdl: launch as a programmatic dependent of the
+ * decode kernel before it on the stream (sm_90+), so its launch overlaps the
+ * decode's tail. */
+ak_status ak_cuda_merge_launch(const decode_params *p, int head_dim, ak_dtype dtype, int pdl, cudaStream_t stream);
 
 #endif /* AK_CUDA_DECODE_CUH */

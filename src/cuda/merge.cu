@@ -4,18 +4,23 @@
  * lse) (softmax_state.h). One thread block per (request, query head); a
  * request that was not split has no partial rows and was written by decode.
  *
- * The first version walked the partials serially, one dependent global load
- * after another: 17 us for 33 partials (ncu, H200), longer than the decode it
- * follows. Now the LSEs are loaded in parallel and reduced with shuffles, the
- * weights sit in shared memory, and the o loads of different partials are
- * independent and unrolled.
+ * Measured on an H200 for one request split 33 ways (B=1, kv_len 4096): the
+ * first version walked the partials one dependent load after another (17 us,
+ * longer than the decode); a warp-parallel LSE and unrolled loads gave 7.7 us.
+ * Now groups of threads split the partials too (each group owns every dim, 4
+ * per thread), so the loads of a block are all in flight at once, and the
+ * kernel is launched as a programmatic dependent of the decode on sm_90.
  */
 #include "decode.cuh"
 #include "softmax_state.h"
 
-/* Threads per block: D / 4 (each owns 4 output dims), at least a warp. */
+/* LANES threads cover the D dims (4 each); GROUPS groups of them split the
+ * partials and add their sums in shared memory. */
 template <int D> struct merge_traits {
-    static constexpr int THREADS = D / 4 >= 32 ? D / 4 : 32;
+    static constexpr int THREADS = 128;
+    static constexpr int LANES = D / 4;
+    static constexpr int GROUPS = THREADS / LANES;
+    static_assert(THREADS % LANES == 0 && LANES <= THREADS, "dims must tile the block");
 };
 
 __device__ __forceinline__ float warp_max(float x)
@@ -34,7 +39,13 @@ __device__ __forceinline__ float warp_sum(float x)
 
 template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::THREADS) merge_kernel(const decode_params p)
 {
-    extern __shared__ float weight[]; /* [max_splits] */
+    typedef merge_traits<D> tr;
+    extern __shared__ float weight[];            /* [max_splits] */
+    __shared__ float4 group_sum[tr::GROUPS][tr::LANES];
+#if __CUDA_ARCH__ >= 900
+    /* launched early as a programmatic dependent: wait for the decode grid */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     const int req = blockIdx.x, head = blockIdx.y;
     const int begin = p.merge_indptr[req], n = p.merge_indptr[req + 1] - begin;
     if (n < 2) return;
@@ -57,14 +68,13 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         if (threadIdx.x == 0 && p.lse) p.lse[p.qo_indptr[req] * p.lse_stride_tok + head] = lse;
     }
     __syncthreads();
-    const int d0 = threadIdx.x * 4;
-    if (d0 >= D) return;
     /* every partial row was written by its decode item in this run (empty
      * parts as zeros), so no row can poison the sum */
-    const float *o_part = p.o_tmp + ((int64_t)begin * p.num_qo_heads + head) * D + d0;
+    const int group = threadIdx.x / tr::LANES, lane = threadIdx.x % tr::LANES;
+    const float *o_part = p.o_tmp + ((int64_t)begin * p.num_qo_heads + head) * D + lane * 4;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-    for (int i = 0; i < n; i++) {
+    for (int i = group; i < n; i += tr::GROUPS) {
         const float w = weight[i];
         const float4 v = *(const float4 *)(o_part + (int64_t)i * p.num_qo_heads * D);
         acc.x += w * v.x;
@@ -72,27 +82,50 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         acc.z += w * v.z;
         acc.w += w * v.w;
     }
+    group_sum[group][lane] = acc;
+    __syncthreads();
+    if (group != 0) return;
+#pragma unroll
+    for (int g = 1; g < tr::GROUPS; g++) {
+        const float4 v = group_sum[g][lane];
+        acc.x += v.x;
+        acc.y += v.y;
+        acc.z += v.z;
+        acc.w += v.w;
+    }
     const int tok = p.qo_indptr[req];
-    T *dst = (T *)p.o + tok * p.o_stride_tok + head * p.o_stride_head + d0;
+    T *dst = (T *)p.o + tok * p.o_stride_tok + head * p.o_stride_head + lane * 4;
     *(uint2 *)dst = make_uint2(dtype_traits<T>::pack(acc.x, acc.y), dtype_traits<T>::pack(acc.z, acc.w));
 }
 
-template <typename T> static ak_status launch(const decode_params *p, int head_dim, cudaStream_t stream)
+template <int D, typename T> static ak_status launch_dim(const decode_params *p, int pdl, cudaStream_t stream)
 {
-    const dim3 grid(p->num_reqs, p->num_qo_heads);
-    const size_t smem = sizeof(float) * (size_t)p->max_splits;
-    switch (head_dim) {
-    case 64: merge_kernel<64, T><<<grid, merge_traits<64>::THREADS, smem, stream>>>(*p); break;
-    case 128: merge_kernel<128, T><<<grid, merge_traits<128>::THREADS, smem, stream>>>(*p); break;
-    case 256: merge_kernel<256, T><<<grid, merge_traits<256>::THREADS, smem, stream>>>(*p); break;
-    default: return ak_set_error(AK_ERR_INTERNAL, "no merge kernel for head_dim %d", head_dim);
-    }
-    AK_CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = dim3(p->num_reqs, p->num_qo_heads);
+    lc.blockDim = dim3(merge_traits<D>::THREADS);
+    lc.dynamicSmemBytes = sizeof(float) * (size_t)p->max_splits;
+    lc.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = &attr;
+    lc.numAttrs = pdl ? 1 : 0;
+    AK_CUDA_TRY(cudaLaunchKernelEx(&lc, merge_kernel<D, T>, *p));
     return AK_OK;
 }
 
-ak_status ak_cuda_merge_launch(const decode_params *p, int head_dim, ak_dtype dtype, cudaStream_t stream)
+template <typename T> static ak_status launch(const decode_params *p, int head_dim, int pdl, cudaStream_t stream)
+{
+    switch (head_dim) {
+    case 64: return launch_dim<64, T>(p, pdl, stream);
+    case 128: return launch_dim<128, T>(p, pdl, stream);
+    case 256: return launch_dim<256, T>(p, pdl, stream);
+    }
+    return ak_set_error(AK_ERR_INTERNAL, "no merge kernel for head_dim %d", head_dim);
+}
+
+ak_status ak_cuda_merge_launch(const decode_params *p, int head_dim, ak_dtype dtype, int pdl, cudaStream_t stream)
 {
     if (p->num_reqs == 0) return AK_OK;
-    return dtype == AK_F16 ? launch<__half>(p, head_dim, stream) : launch<__nv_bfloat16>(p, head_dim, stream);
+    return dtype == AK_F16 ? launch<__half>(p, head_dim, pdl, stream) : launch<__nv_bfloat16>(p, head_dim, pdl, stream);
 }
