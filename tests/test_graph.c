@@ -27,13 +27,14 @@ typedef struct graph_case {
     int page_size;
     int num_reqs;
     int window_left;
+    ak_kv_layout layout;
 } graph_case;
 
 static const graph_case graph_cases[] = {
-    {"graph replay gqa4 bf16 d128 (tensor cores)", 16, 4, 128, AK_BF16, 16, 5, -1},
-    {"graph replay mha f16 d64 (CUDA cores)", 4, 4, 64, AK_F16, 16, 3, -1},
-    {"graph replay gqa8 bf16 d256 page 1 window", 16, 2, 256, AK_BF16, 1, 2, 700},
-    {"graph replay batch 1 long context", 32, 8, 128, AK_BF16, 16, 1, -1},
+    {"graph replay gqa4 bf16 d128 (tensor cores)", 16, 4, 128, AK_BF16, 16, 5, -1, AK_LAYOUT_NHD},
+    {"graph replay mha f16 d64 hnd (CUDA cores)", 4, 4, 64, AK_F16, 16, 3, -1, AK_LAYOUT_HND},
+    {"graph replay gqa8 bf16 d256 page 1 window", 16, 2, 256, AK_BF16, 1, 2, 700, AK_LAYOUT_NHD},
+    {"graph replay batch 1 long context hnd", 32, 8, 128, AK_BF16, 16, 1, -1, AK_LAYOUT_HND},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -61,6 +62,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = gc->dtype;
     cfg.device = t->device;
     cfg.page_size = P;
+    cfg.kv_layout = gc->layout;
     cfg.window_left = gc->window_left;
     cfg.workload = AK_WORKLOAD_DECODE;
     ak_limits lim;
@@ -94,6 +96,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     kc.num_kv_heads = Hk;
     kc.head_dim_qk = kc.head_dim_vo = D;
     kc.dtype = gc->dtype;
+    kc.layout = gc->layout;
     kc.device = t->device;
     ak_kv_cache *cache = NULL;
     ak_kv_cache_create(&kc, &cache);
@@ -214,11 +217,16 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             cudaMemcpy(vh, v_dev[l], esz * R * Hk * D, cudaMemcpyDeviceToHost);
             for (int r = 0; r < R; r++) {
                 const int pos = kvl[r] - 1;
-                const int64_t slot = (int64_t)bt[r * max_blocks + pos / P] * P + pos % P;
-                if (memcmp(hk + slot * Hk * D * esz, kh + (size_t)r * Hk * D * esz, Hk * D * esz) ||
-                    memcmp(hv + slot * Hk * D * esz, vh + (size_t)r * Hk * D * esz, Hk * D * esz)) {
-                    snprintf(why, sizeof why, "step %d layer %d: request %d's new K/V is not at its slot", s, l, r);
-                    ok = 0;
+                const int64_t block = bt[r * max_blocks + pos / P];
+                for (int h = 0; h < Hk; h++) {
+                    /* the test's own address of (block, slot, head), by layout */
+                    const int64_t row = gc->layout == AK_LAYOUT_NHD ? (block * P + pos % P) * Hk + h
+                                                                    : (block * Hk + h) * P + pos % P;
+                    const size_t src = ((size_t)r * Hk + h) * D * esz;
+                    if (memcmp(hk + row * D * esz, kh + src, D * esz) || memcmp(hv + row * D * esz, vh + src, D * esz)) {
+                        snprintf(why, sizeof why, "step %d layer %d: request %d's new K/V is not at its slot", s, l, r);
+                        ok = 0;
+                    }
                 }
             }
             hview = view;

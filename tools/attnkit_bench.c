@@ -89,6 +89,8 @@ typedef struct options {
     int device_set;
     int batch, q_len, kv_len, num_prefills; /* 0 / -1: the workload's default */
     int page_size;
+    ak_kv_layout layout;
+    bench_model custom; /* the preset with --heads / --head-dim applied */
     ak_dtype dtype;
     int dtype_set;
     int check, json, graph, sweep, kv_update;
@@ -115,6 +117,8 @@ static void usage(FILE *f)
         "  --device D       cpu | cuda (default: cuda when a GPU is found, else cpu; the default\n"
         "                   job moves to the CPU when no CUDA backend accepts its batch)\n"
         "  --batch N --q-len N --kv-len N --prefills N (mixed) --page-size N (16)\n"
+        "  --heads QO/KV --head-dim D   override the preset's heads / head dim\n"
+        "  --layout L       nhd (default) | hnd: the paged cache layout\n"
         "  --dtype T        f32 | f16 | bf16 for q, KV and o (default: bf16 on a GPU, f32 on the CPU)\n"
         "  --check          compare with cpu_ref on the same data (a sample of the batch when the\n"
         "                   whole would take long; the output says so). Implied with no arguments.\n"
@@ -205,6 +209,20 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 1, &o->kv_len)) return -1;
         } else if (!strcmp(a, "--prefills")) {
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
+        } else if (!strcmp(a, "--heads")) {
+            if (!v || sscanf(v, "%d/%d", &o->custom.num_qo_heads, &o->custom.num_kv_heads) != 2 ||
+                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0) {
+                fprintf(stderr, "attnkit-bench: --heads: QO/KV, e.g. 32/8\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--head-dim")) {
+            if (parse_int(a, v, 1, &o->custom.head_dim)) return -1;
+        } else if (!strcmp(a, "--layout")) {
+            if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) {
+                fprintf(stderr, "attnkit-bench: --layout: nhd or hnd\n");
+                return -1;
+            }
+            o->layout = strcmp(v, "hnd") ? AK_LAYOUT_NHD : AK_LAYOUT_HND;
         } else if (!strcmp(a, "--page-size")) {
             if (parse_int(a, v, 1, &o->page_size)) return -1;
         } else if (!strcmp(a, "--dtype")) {
@@ -234,6 +252,19 @@ static int parse_options(int argc, char **argv, options *o)
         }
         i += takes_value;
     }
+    /* --heads / --head-dim: a copy of the preset with them applied */
+    bench_model m = *o->model;
+    if (o->custom.num_qo_heads) {
+        if (o->custom.num_qo_heads % o->custom.num_kv_heads) {
+            fprintf(stderr, "attnkit-bench: --heads: QO must be a multiple of KV\n");
+            return -1;
+        }
+        m.num_qo_heads = o->custom.num_qo_heads;
+        m.num_kv_heads = o->custom.num_kv_heads;
+    }
+    if (o->custom.head_dim) m.head_dim = o->custom.head_dim;
+    o->custom = m;
+    o->model = &o->custom;
     return 0;
 }
 
@@ -753,7 +784,7 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         return SHAPE_DONE;
     }
     bench_scene sc;
-    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->seed)) {
+    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->layout, o->seed)) {
         scene_free(&sc);
         st->failures++;
         return SHAPE_DONE;

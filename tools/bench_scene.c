@@ -141,7 +141,7 @@ static void visible_range(const ak_attn_config *c, int kv_len, int p, int *lo, i
 #define SPARE_BLOCKS 8
 
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, uint64_t seed)
+               ak_dtype dtype, int page_size, ak_kv_layout layout, uint64_t seed)
 {
     memset(sc, 0, sizeof *sc);
     sc->ctx = ctx;
@@ -174,7 +174,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->q_dtype = c->kv_dtype = c->o_dtype = dtype;
     c->device = ctx->dev;
     c->kv_storage = AK_KV_PAGED;
-    c->kv_layout = getenv("AK_X_LAYOUT") ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
+    c->kv_layout = layout;
     c->page_size = page_size;
     /* an all-decode batch goes to a decode instance, as an engine plans it */
     c->workload = s->workload == BW_DECODE ? AK_WORKLOAD_DECODE : AK_WORKLOAD_ANY;

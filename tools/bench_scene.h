@@ -89,7 +89,7 @@ typedef struct bench_scene {
 /* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap).
  * Returns 0, or -1 after printing why the shape is invalid. */
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, uint64_t seed);
+               ak_dtype dtype, int page_size, ak_kv_layout layout, uint64_t seed);
 
 /* Allocates and fills the storage: layers (layers_override > 0, else enough
  * that together they exceed 4x the cache, as far as memory allows), random K/V everywhere, the new tokens' rows written
