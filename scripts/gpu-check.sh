@@ -59,15 +59,24 @@ if [[ $what == all || $what == bench ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
             bench --batch "$1" --kv-len "$2" --page-size "$page" --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
         done
     done
+    # engines: MHA and GQA-2 run on CUDA cores, GQA-8 (70b-tp8) on tensor cores; HND layout;
+    # plan() time at batch 256 x 4096; kv_update + run per layer
+    bench --batch 64 --kv-len 4096 --heads 32/32 --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --heads 16/8 --head-dim 256 --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --model llama3-70b-tp8 --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --layout hnd --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 256 --kv-len 4096 --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
+    bench --batch 64 --kv-len 4096 --kv-update --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
     bench --batch 1 --kv-len 4096 --graph --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
     bench --batch 64 --kv-len 4096 --graph --json >>"$LOG/bench-decode.jsonl" 2>>"$LOG/bench.err"
     bench --batch 64 --kv-len 4096 --check 2>&1 | tail -3
     python3 - "$LOG/bench-decode.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'batch':>5} {'kv_len':>6} {'page':>4} {'graph':>5} {'ms':>9} {'GB/s':>7} {'ceil':>6} {'frac':>5} {'plan_us':>7}")
+print(f"{'heads':>6} {'D':>4} {'lay':>3} {'batch':>5} {'kv_len':>6} {'page':>4} {'graph':>5} {'kvupd':>5} {'ms':>9} {'GB/s':>7} {'ceil':>6} {'frac':>5} {'plan_us':>7}")
 for r in rows:
-    print(f"{r['batch']:>5} {r['kv_len']:>6} {r.get('page_size','?'):>4} {str(r.get('graph', False)):>5} "
+    print(f"{str(r['num_qo_heads'])+'/'+str(r['num_kv_heads']):>6} {r['head_dim']:>4} {r.get('layout','nhd'):>3} "
+          f"{r['batch']:>5} {r['kv_len']:>6} {r.get('page_size','?'):>4} {str(r.get('graph', False)):>5} {str(r.get('kv_update', False)):>5} "
           f"{r['median_ms']:>9.4f} {r['gbps']:>7.0f} {r.get('ceiling_gbps', 0):>6.0f} {r['ceiling_fraction']:>5.2f} "
           f"{r.get('plan_us', 0):>7.1f}")
 PY

@@ -379,6 +379,7 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
     printf(",\"batch\":%d,\"q_len\":%d,\"kv_len\":%d,\"num_prefills\":%d,\"page_size\":%d", sc->shape.batch,
            sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
            sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);
+    printf(",\"layout\":\"%s\"", c->kv_layout == AK_LAYOUT_HND ? "hnd" : "nhd");
     printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d", c->num_qo_heads, c->num_kv_heads,
            c->head_dim_qk);
     printf(",\"num_tokens\":%d,\"num_kv_tokens\":%lld,\"layers\":%d,\"graph\":%s,\"kv_update\":%s",
