@@ -9,10 +9,10 @@
  * states merge at the end (softmax_state.h's algebra, in base 2).
  *
  * Two engines compute q.k and p.v, chosen at create() from the group size:
- *   tensor cores (group >= 4): the group's query heads are the 16 rows of an
+ *   tensor cores (group >= 2): the group's query heads are the 16 rows of an
  *     mma.sync m16n8k16 tile (padded), K and V fed by ldmatrix;
- *   CUDA cores (group <= 3): rows so few that a padded 16-row tile is mostly
- *     waste; plain FMAs, q in shared memory as f32.
+ *   CUDA cores (MHA, group 1): plain FMAs, q in shared memory as f32; the
+ *     engine is written for any small group G, instantiated for G = 1.
  * Decode is memory-bound either way (~2 FLOP per byte of KV for small
  * groups); what matters is keeping enough bytes in flight.
  */
@@ -444,35 +444,33 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 
 typedef void (*decode_fn)(const decode_params);
 
-template <int D, typename T> static decode_fn pick_engine(decode_engine engine, int group)
+template <int D, typename T> static decode_fn pick_engine(decode_engine engine)
 {
     if (engine == DECODE_TENSOR_CORES) return decode_kernel<D, T, mma_engine<D, T> >;
-    if (group == 1) return decode_kernel<D, T, cc_engine<D, T, 1> >;
-    if (group == 2) return decode_kernel<D, T, cc_engine<D, T, 2> >;
-    return decode_kernel<D, T, cc_engine<D, T, 3> >;
+    return decode_kernel<D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >;
 }
 
-template <typename T> static decode_fn pick_dim(int head_dim, decode_engine engine, int group, int *smem)
+template <typename T> static decode_fn pick_dim(int head_dim, decode_engine engine, int *smem)
 {
     switch (head_dim) {
-    case 64: *smem = decode_traits<64>::SMEM_BYTES; return pick_engine<64, T>(engine, group);
-    case 128: *smem = decode_traits<128>::SMEM_BYTES; return pick_engine<128, T>(engine, group);
-    case 256: *smem = decode_traits<256>::SMEM_BYTES; return pick_engine<256, T>(engine, group);
+    case 64: *smem = decode_traits<64>::SMEM_BYTES; return pick_engine<64, T>(engine);
+    case 128: *smem = decode_traits<128>::SMEM_BYTES; return pick_engine<128, T>(engine);
+    case 256: *smem = decode_traits<256>::SMEM_BYTES; return pick_engine<256, T>(engine);
     }
     return NULL;
 }
 
-static decode_fn pick(int head_dim, ak_dtype dtype, decode_engine engine, int group, int *smem)
+static decode_fn pick(int head_dim, ak_dtype dtype, decode_engine engine, int *smem)
 {
-    if (dtype == AK_F16) return pick_dim<__half>(head_dim, engine, group, smem);
-    if (dtype == AK_BF16) return pick_dim<__nv_bfloat16>(head_dim, engine, group, smem);
+    if (dtype == AK_F16) return pick_dim<__half>(head_dim, engine, smem);
+    if (dtype == AK_BF16) return pick_dim<__nv_bfloat16>(head_dim, engine, smem);
     return NULL;
 }
 
-ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int group, int *ctas_per_sm)
+ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm)
 {
     int smem = 0;
-    const decode_fn fn = pick(head_dim, dtype, engine, group, &smem);
+    const decode_fn fn = pick(head_dim, dtype, engine, &smem);
     if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     /* above 48 KB of dynamic shared memory a kernel must opt in, once */
     AK_CUDA_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -485,7 +483,7 @@ ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype d
                                 int num_items, cudaStream_t stream)
 {
     int smem = 0;
-    const decode_fn fn = pick(head_dim, dtype, engine, p->group, &smem);
+    const decode_fn fn = pick(head_dim, dtype, engine, &smem);
     if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     if (num_items == 0) return AK_OK;
     const dim3 grid(num_items, p->num_kv_heads * p->row_tiles);

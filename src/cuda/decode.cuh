@@ -57,16 +57,16 @@ struct decode_params {
 /* Which kernel serves a config: tensor cores (mma) or CUDA cores. */
 typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1 } decode_engine;
 
-/* The largest GQA group the CUDA-core kernel handles; bigger groups use tensor
- * cores (one 16-row tile per 16 query heads). */
-#define AK_DECODE_CC_MAX_GROUP 3
+/* The largest GQA group the CUDA-core engine serves (MHA); bigger groups use
+ * tensor cores, one 16-row tile per 16 query heads (backend_paged.cu has the
+ * measurements behind the threshold). */
+#define AK_DECODE_CC_MAX_GROUP 1
 
 /* Launches decode over grid (num_items, num_kv_heads * row_tiles). */
 ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype dtype, decode_engine engine,
                                 int num_items, cudaStream_t stream);
 /* CTAs per SM the decode kernel reaches (for the split planner). */
-ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int group,
-                                   int *ctas_per_sm);
+ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm);
 /* Merges the partial rows of every split request into o / lse: grid
  * (num_reqs, num_qo_heads). pdl: launch as a programmatic dependent of the
  * decode kernel before it on the stream (sm_90+), so its launch overlaps the
