@@ -29,10 +29,13 @@
 
 /* ---- tuning ------------------------------------------------------------------ */
 
-/* Query rows (tokens x GQA group) per prefill work item: enough rows that each
- * converted K/V tile feeds a GEMM-like block, few enough that Q, O and the
- * scores of a tile stay in L2. */
-#define AK_CPU_TILE_ROWS 64
+/* Query rows (tokens x GQA group) per prefill work item: each converted K/V
+ * tile serves this many rows, and Q, O and the scores of a tile (336 KB at
+ * head dim 128) stay in L2. Llama3-8b prefill of 2048 tokens, one thread,
+ * GFLOP/s f32 / bf16, AVX-512: 64 rows 117-121/129-138, 128 rows
+ * 138-139/146-154, 256 rows 151-153/160-162; AVX2: 81-83/88, 90-91/94,
+ * 93/97. */
+#define AK_CPU_TILE_ROWS 256
 /* When splitting, aim at this many chunks per thread, so that dynamic
  * scheduling can even out items of unequal cost. */
 #define AK_CPU_OVERSUB 4
@@ -41,16 +44,20 @@
 #define AK_CPU_MIN_SPLIT_KEYS 256
 /* limits.max_splits = 0 means this many chunks per item at most. */
 #define AK_CPU_DEFAULT_MAX_SPLITS 64
+/* Rows of the partial pool per split chunk it is sized for (at least the
+ * rows of a decode item); see plan_split. */
+#define AK_CPU_SPLIT_ROWS 64
 /* Fixed cost of a work item, in row x key units (setup, Q load, store). */
 #define AK_CPU_ITEM_OVERHEAD 256
 
 /* ---- state --------------------------------------------------------------------- */
 
-/* A split item: its chunks' partial states in slots [first_part,
- * first_part + num_parts) merge into o and lse. */
+/* A split item: the partial states of its num_parts chunks, at rows
+ * first_row + p * rows of the partial pool (p = 0 .. num_parts - 1), merge
+ * into o and lse. */
 typedef struct cpu_merge {
     int32_t req, kv_head, kv_heads, q_begin, q_count;
-    int32_t first_part, num_parts;
+    int32_t first_row, num_parts, rows;
 } cpu_merge;
 
 typedef struct cpu_state {
@@ -76,13 +83,14 @@ typedef struct cpu_state {
     int work_cap, num_work;
     cpu_merge *merges;     /* [part_cap] */
     int num_merges;
-    int part_cap;          /* partial-state slots */
-    float *part_o;         /* [part_cap, max_rows, dvo_pad] */
-    float *part_lse;       /* [part_cap, max_rows] */
+    int part_cap;          /* split chunks per plan at most */
+    int part_rows;         /* rows of the partial pool */
+    float *part_o;         /* [part_rows, dvo_pad] normalised partial outputs */
+    float *part_lse;       /* [part_rows] */
 
     ak_cpu_scratch *scratch;    /* [threads] */
     float *scratch_mem;         /* the floats of every thread's scratch */
-    const void **scratch_ptrs;  /* [threads, 2, TILE_KEYS + TILE_PAD] row pointers */
+    const void **scratch_ptrs;  /* [threads, 2 * (TILE_KEYS + TILE_PAD) + dqk_pad] row pointers */
 } cpu_state;
 
 /* ---- kernels ----------------------------------------------------------------------- */
@@ -184,7 +192,8 @@ static ak_status alloc_scratch(cpu_state *s)
                                AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
                                AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys);
     s->scratch_mem = alloc_floats(per_thread * s->threads);
-    s->scratch_ptrs = calloc((size_t)s->threads * 2 * (size_t)keys, sizeof(const void *));
+    const size_t ptrs_per_thread = 2 * (size_t)keys + (size_t)s->dqk_pad;
+    s->scratch_ptrs = calloc((size_t)s->threads * ptrs_per_thread, sizeof(const void *));
     s->scratch = calloc((size_t)s->threads, sizeof *s->scratch);
     if (!s->scratch_mem || !s->scratch_ptrs || !s->scratch)
         return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu scratch of %d threads", s->threads);
@@ -207,8 +216,10 @@ static ak_status alloc_scratch(cpu_state *s)
             sc->koff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
             sc->voff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
         }
-        sc->kp = s->scratch_ptrs + (size_t)t * 2 * keys;
+        sc->kp = s->scratch_ptrs + (size_t)t * ptrs_per_thread;
         sc->vp = sc->kp + keys;
+        sc->ktp = sc->vp + keys;
+        for (int d = 0; d < s->dqk_pad; d++) sc->ktp[d] = sc->k + (int64_t)d * AK_CPU_TILE_KEYS;
     }
 #undef AK_LINE
     return AK_OK;
@@ -251,6 +262,11 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     s->natural_cap = (int)natural;
     s->part_cap = (int)parts;
     s->work_cap = (int)(natural + parts);
+    /* the pool holds every chunk of decode-sized items (all heads of one
+     * token: num_qo_heads rows); larger items split while rows remain */
+    int split_rows = s->max_tokens_all_heads * cfg->num_qo_heads;
+    if (split_rows < AK_CPU_SPLIT_ROWS) split_rows = s->max_rows < AK_CPU_SPLIT_ROWS ? s->max_rows : AK_CPU_SPLIT_ROWS;
+    s->part_rows = s->part_cap * split_rows;
 
     const ak_meta_capacity cap = ak_meta_capacity_of(lim);
     ak_status st = ak_meta_alloc_host(&cap, &s->meta);
@@ -259,8 +275,8 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
         s->natural = malloc(sizeof(ak_cpu_work) * (size_t)s->natural_cap);
         s->work = malloc(sizeof(ak_cpu_work) * (size_t)s->work_cap);
         s->merges = malloc(sizeof(cpu_merge) * (size_t)(s->part_cap + 1));
-        s->part_o = alloc_floats((int64_t)s->part_cap * s->max_rows * s->dvo_pad);
-        s->part_lse = alloc_floats((int64_t)s->part_cap * s->max_rows);
+        s->part_o = alloc_floats((int64_t)s->part_rows * s->dvo_pad);
+        s->part_lse = alloc_floats((int64_t)s->part_rows);
         if (!s->kv_lens || !s->natural || !s->work || !s->merges || !s->part_o || !s->part_lse)
             st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu plan buffers (%d work items)",
                               s->work_cap);
@@ -329,14 +345,14 @@ static int plan_natural(cpu_state *s, int64_t *total)
 
 /* Split-KV: an item costing more than total / (threads x OVERSUB) is cut into
  * that many chunks of whole key tiles (at most max_splits, at least
- * AK_CPU_MIN_SPLIT_KEYS keys each), each with a partial-state slot. Only
- * items above the average chunk cost split, so there are fewer than
- * threads x OVERSUB of them and their chunks number under twice that: the
- * slots allocated at create always suffice (the check below only guards). */
+ * AK_CPU_MIN_SPLIT_KEYS keys each), each writing its partial state to rows of
+ * the pool. Only items above the average chunk cost split, so there are fewer
+ * than threads x OVERSUB of them and their chunks number under twice that
+ * (part_cap); an item whose rows no longer fit the pool stays whole. */
 static void plan_split(cpu_state *s, int num_natural, int64_t total)
 {
     const int64_t chunk_cost = total / ((int64_t)s->threads * AK_CPU_OVERSUB) + 1;
-    int nw = 0, slots = 0;
+    int nw = 0, chunks = 0, rows_used = 0;
     s->num_merges = 0;
     for (int i = 0; i < num_natural; i++) {
         const ak_cpu_work *it = &s->natural[i];
@@ -344,7 +360,8 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
         int64_t want = (it->cost + chunk_cost - 1) / chunk_cost;
         if (want > s->max_splits) want = s->max_splits;
         if (want > keys / AK_CPU_MIN_SPLIT_KEYS) want = keys / AK_CPU_MIN_SPLIT_KEYS;
-        if (want >= 2 && slots + want <= s->part_cap) {
+        const int rows = it->q_count * s->group * it->kv_heads;
+        if (want >= 2 && chunks + want <= s->part_cap && rows_used + want * rows <= s->part_rows) {
             const int span = round_up(ak_ceil_div(keys, (int)want), AK_CPU_TILE_KEYS);
             const int parts = ak_ceil_div(keys, span);
             if (parts >= 2) {
@@ -354,17 +371,19 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
                 mg->kv_heads = it->kv_heads;
                 mg->q_begin = it->q_begin;
                 mg->q_count = it->q_count;
-                mg->first_part = slots;
+                mg->first_row = rows_used;
                 mg->num_parts = parts;
+                mg->rows = rows;
                 for (int p = 0; p < parts; p++) {
                     ak_cpu_work w = *it;
                     w.kv_begin = it->kv_begin + p * span;
                     w.kv_end = w.kv_begin + span < it->kv_end ? w.kv_begin + span : it->kv_end;
-                    w.part = slots + p;
+                    w.part = rows_used + p * rows;
                     w.cost = it->cost / parts;
                     s->work[nw++] = w;
                 }
-                slots += parts;
+                chunks += parts;
+                rows_used += parts * rows;
                 continue;
             }
         }
@@ -440,10 +459,10 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
             const int t = gt % mg->q_count, m = gt * group + h; /* rows as in the kernel */
             float lse = -INFINITY;
             for (int i = 0; i < mg->num_parts; i++)
-                lse = ak_lse_add(lse, c->part_lse[(int64_t)(mg->first_part + i) * c->max_rows + m]);
+                lse = ak_lse_add(lse, c->part_lse[(int64_t)mg->first_row + i * mg->rows + m]);
             memset(acc, 0, sizeof(float) * (size_t)dvo);
             for (int i = 0; i < mg->num_parts; i++) {
-                const int64_t slot_row = (int64_t)(mg->first_part + i) * c->max_rows + m;
+                const int64_t slot_row = (int64_t)mg->first_row + i * mg->rows + m;
                 const float w = ak_lse_weight(c->part_lse[slot_row], lse);
                 if (w == 0.0f) continue;
                 const float *po = c->part_o + slot_row * c->dvo_pad;
@@ -517,7 +536,6 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     }
     c->part_o = s->part_o;
     c->part_lse = s->part_lse;
-    c->max_rows = s->max_rows;
 }
 
 static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)

@@ -266,13 +266,14 @@ static void qk(const float *q, int ldq, int rows, const void *const *kp, ak_dtyp
  * vector is loaded (and converted) once for mr rows, each probability
  * broadcast once for nv vectors. */
 AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
-                        int ldo, int d0, const int mr, const int nv)
+                        int ldo, int d0, const int mr, const int nv, const int accumulate)
 {
     vf acc[AK_PV_MR][AK_PV_NV];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
-        for (int c = 0; c < nv; c++) acc[i][c] = vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW);
+        for (int c = 0; c < nv; c++)
+            acc[i][c] = accumulate ? vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW) : vf_zero();
     for (int j = 0; j < nkeys; j++) {
         vf b[AK_PV_NV];
 #pragma GCC unroll 8
@@ -293,44 +294,44 @@ AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak
 /* mr rows across the whole (padded) head dim: full AK_PV_NV-vector blocks,
  * then one narrower block for the rest. */
 AK_INLINE void pv_rows(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
-                       int ldo, int dpad, const int mr)
+                       int ldo, int dpad, const int mr, const int acc)
 {
     int d0 = 0;
     for (; d0 + AK_PV_NV * AK_VW <= dpad; d0 += AK_PV_NV * AK_VW)
-        pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, AK_PV_NV);
+        pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, AK_PV_NV, acc);
     switch ((dpad - d0) / AK_VW) {
-    case 1: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 1); break;
+    case 1: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 1, acc); break;
 #if AK_PV_NV > 2
-    case 2: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 2); break;
+    case 2: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 2, acc); break;
 #endif
 #if AK_PV_NV > 3
-    case 3: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 3); break;
+    case 3: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 3, acc); break;
 #endif
     default: break;
     }
 }
 
 AK_INLINE void pv_t(const float *p, int ldp, int rows, const void *const *vp, const ak_dtype vt, int nkeys,
-                    float *o, int ldo, int dpad)
+                    float *o, int ldo, int dpad, const int acc)
 {
     int i = 0;
     for (; i + AK_PV_MR <= rows; i += AK_PV_MR)
-        pv_rows(p + (int64_t)i * ldp, ldp, vp, vt, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR);
+        pv_rows(p + (int64_t)i * ldp, ldp, vp, vt, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR, acc);
     const float *pi = p + (int64_t)i * ldp;
     float *oi = o + (int64_t)i * ldo;
     switch (rows - i) {
-    case 1: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 1); break;
+    case 1: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 1, acc); break;
 #if AK_PV_MR > 2
-    case 2: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 2); break;
+    case 2: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 2, acc); break;
 #endif
 #if AK_PV_MR > 3
-    case 3: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 3); break;
+    case 3: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 3, acc); break;
 #endif
 #if AK_PV_MR > 4
-    case 4: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 4); break;
+    case 4: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 4, acc); break;
 #endif
 #if AK_PV_MR > 5
-    case 5: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 5); break;
+    case 5: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 5, acc); break;
 #endif
     default: break;
     }
@@ -340,10 +341,50 @@ static void pv(const float *p, int ldp, int rows, const void *const *vp, ak_dtyp
                int dpad)
 {
     switch (vt) {
-    case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad); break;
-    case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad); break;
-    default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad); break;
+    case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad, 1); break;
+    case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad, 1); break;
+    default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad, 1); break;
     }
+}
+
+/* ---- qk_nn: S = Q K^T on a transposed tile ------------------------------------ */
+
+/* Element d of a row of `dim` elements as a vector block [d, d + AK_VW),
+ * zeros past dim. */
+AK_INLINE vf load_seg(const void *row, int d, int dim, ak_dtype t)
+{
+    if (d + AK_VW <= dim) {
+        switch (t) {
+        case AK_F16: return vf_load_f16((const uint16_t *)row + d);
+        case AK_BF16: return vf_load_bf16((const uint16_t *)row + d);
+        default: return vf_load((const float *)row + d);
+        }
+    }
+    float tmp[AK_VW];
+    for (int i = 0; i < AK_VW; i++) tmp[i] = d + i < dim ? ak_load_as_f32(row, t, d + i) : 0.0f;
+    return vf_load(tmp);
+}
+
+/* kt[d * ldk + j] = element d of key row j as f32, for keys [0, n) (zeros up
+ * to the next whole vector of keys) and d in [0, dpad): the tile converted
+ * and transposed in AK_VW x AK_VW register blocks, so that S = Q K^T becomes
+ * the same broadcast-and-FMA product as PV, with no horizontal sums. */
+static void load_kt(float *kt, int ldk, const void *const *rows, ak_dtype t, int n, int dim, int dpad)
+{
+    for (int jb = 0; jb < n; jb += AK_VW)
+        for (int db = 0; db < dpad; db += AK_VW) {
+            vf r[AK_VW];
+            for (int i = 0; i < AK_VW; i++) r[i] = jb + i < n ? load_seg(rows[jb + i], db, dim, t) : vf_zero();
+            vf_transpose(r);
+            for (int i = 0; i < AK_VW; i++) vf_store(kt + (int64_t)(db + i) * ldk + jb, r[i]);
+        }
+}
+
+/* S[rows, ncols] = Q K^T from the transposed tile (ktp[d]: row d of it),
+ * ncols the tile's keys rounded up to whole vectors. */
+static void qk_nn(const float *q, int ldq, int rows, const void *const *ktp, int dim, float *s, int lds, int ncols)
+{
+    pv_t(q, ldq, rows, ktp, AK_F32, dim, s, lds, ncols, 0);
 }
 
 /* ---- online_softmax ------------------------------------------------------------ */
@@ -449,9 +490,8 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
      * vectors and either need no conversion or serve a single block of rows
      * (decode: the group); otherwise each tile is converted once into f32
      * scratch and then serves every row block. */
-    const int k_in_place = c->whole_k && (c->kv_dtype == AK_F32 || rows1 <= AK_IN_PLACE_ROWS);
-    const int v_in_place = c->whole_v && (c->kv_dtype == AK_F32 || rows1 <= AK_IN_PLACE_ROWS);
-    const ak_dtype kt = k_in_place ? c->kv_dtype : AK_F32;
+    const int k_in_place = c->whole_k && rows1 <= AK_IN_PLACE_ROWS;
+    const int v_in_place = c->whole_v && rows1 <= AK_IN_PLACE_ROWS;
     const ak_dtype vt = v_in_place ? c->kv_dtype : AK_F32;
 
     const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : AK_CPU_TILE_KEYS;
@@ -465,7 +505,9 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         /* every row sees the whole tile unless it starts before the last row's
          * first key or ends after the first row's last key */
         const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
-        /* the next tile's rows, a share after each head's QK (K) and PV (V) */
+        /* the next tile's rows are prefetched, a share after each head's QK
+         * (K) and PV (V): decode needs it (see prefetch_rows); for prefill it
+         * is neutral (within noise, one and two threads) */
         const int pj = j0 + tile;
         const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
         const int pe = pn * nheads;
@@ -473,10 +515,16 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
 
         for (int i = 0; i < nheads; i++) {
             prefetch_rows(c, g0, nheads, sc->koff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 0);
-            load_kv_tile(c, g0 + i, n, 0, k_in_place, sc->koff[cur], sc->k, sc->kp);
-            for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
-            qk(sc->q + (int64_t)i * rows1 * dqk, dqk, rows1, sc->kp, kt, n4, dqk, sc->s + (int64_t)i * rows1 * lds,
-               lds);
+            const float *qi = sc->q + (int64_t)i * rows1 * dqk;
+            float *si = sc->s + (int64_t)i * rows1 * lds;
+            load_kv_tile(c, g0 + i, n, 0, 1, sc->koff[cur], NULL, sc->kp);
+            if (k_in_place) {
+                for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
+                qk(qi, dqk, rows1, sc->kp, c->kv_dtype, n4, dqk, si, lds);
+            } else {
+                load_kt(sc->k, AK_CPU_TILE_KEYS, sc->kp, c->kv_dtype, n, c->head_dim_qk, dqk);
+                qk_nn(qi, dqk, rows1, sc->ktp, c->head_dim_qk, si, lds, (n + AK_VW - 1) / AK_VW * AK_VW);
+            }
         }
         online_softmax(c, sc, nheads, ntok, j0, n, masked);
         for (int i = 0; i < nheads; i++) {
@@ -502,7 +550,7 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
                 store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);
                 if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
             } else {
-                const int64_t slot_row = (int64_t)w->part * c->max_rows + m;
+                const int64_t slot_row = (int64_t)w->part + m;
                 store_row(c->part_o + slot_row * dvo, AK_F32, orow, inv, c->head_dim_vo);
                 c->part_lse[slot_row] = lse;
             }

@@ -130,6 +130,38 @@ AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
 }
 
+/* r[0..15] = the columns of the 16 x 16 block whose rows were r[0..15]:
+ * 32-bit, 64-bit and two 128-bit-lane interleaves, 64 shuffles. */
+AK_INLINE void vf_transpose(vf r[AK_VW])
+{
+    vf u[16], v[16], w[16];
+    for (int k = 0; k < 8; k++) {
+        u[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        u[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    /* v[4k + c], lane L: rows 4k .. 4k + 3 of column 4L + c */
+    for (int k = 0; k < 4; k++) {
+        const __m512d a = _mm512_castps_pd(u[4 * k]), b = _mm512_castps_pd(u[4 * k + 1]);
+        const __m512d c = _mm512_castps_pd(u[4 * k + 2]), d = _mm512_castps_pd(u[4 * k + 3]);
+        v[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        v[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        v[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        v[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; c++) {
+        w[c] = _mm512_shuffle_f32x4(v[c], v[4 + c], 0x88);
+        w[4 + c] = _mm512_shuffle_f32x4(v[c], v[4 + c], 0xdd);
+        w[8 + c] = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0x88);
+        w[12 + c] = _mm512_shuffle_f32x4(v[8 + c], v[12 + c], 0xdd);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(w[c], w[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(w[c], w[8 + c], 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(w[4 + c], w[12 + c], 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(w[4 + c], w[12 + c], 0xdd);
+    }
+}
+
 /* ======================================================================== */
 #elif defined(AK_CPU_ISA_AVX2)
 /* ======================================================================== */
@@ -222,6 +254,27 @@ AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
     _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
 }
 
+/* r[0..7] = the columns of the 8 x 8 block whose rows were r[0..7]: 24 shuffles. */
+AK_INLINE void vf_transpose(vf r[AK_VW])
+{
+    vf u[8], v[8];
+    for (int k = 0; k < 4; k++) {
+        u[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        u[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    /* v[4k + c], lane L: rows 4k .. 4k + 3 of column 4L + c */
+    for (int k = 0; k < 2; k++) {
+        v[4 * k] = _mm256_shuffle_ps(u[4 * k], u[4 * k + 2], 0x44);
+        v[4 * k + 1] = _mm256_shuffle_ps(u[4 * k], u[4 * k + 2], 0xee);
+        v[4 * k + 2] = _mm256_shuffle_ps(u[4 * k + 1], u[4 * k + 3], 0x44);
+        v[4 * k + 3] = _mm256_shuffle_ps(u[4 * k + 1], u[4 * k + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(v[c], v[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(v[c], v[4 + c], 0x31);
+    }
+}
+
 /* ======================================================================== */
 #else /* portable C: a "vector" is one float */
 /* ======================================================================== */
@@ -257,6 +310,7 @@ AK_INLINE vf vf_load_f16(const uint16_t *p) { return ak_f16_to_f32(*p); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p) { return ak_bf16_to_f32(*p); }
 AK_INLINE void vf_store_f16(uint16_t *p, vf x) { *p = ak_f32_to_f16(x); }
 AK_INLINE void vf_store_bf16(uint16_t *p, vf x) { *p = ak_f32_to_bf16(x); }
+AK_INLINE void vf_transpose(vf r[AK_VW]) { (void)r; }
 AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
 {
     out[0] = a;
