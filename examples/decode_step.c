@@ -37,6 +37,14 @@ static void *dev_alloc(ak_device d, size_t n)
     (void)d;
     return malloc(n);
 }
+static void dev_free(ak_device d, void *p)
+{
+#ifdef AK_HAVE_CUDA
+    if (d.kind == AK_DEVICE_CUDA) { cudaFree(p); return; }
+#endif
+    (void)d;
+    free(p);
+}
 static void copy(ak_device d, void *dst, const void *src, size_t n, int to_dev)
 {
 #ifdef AK_HAVE_CUDA
@@ -174,6 +182,17 @@ int main(void)
     }
     const double err = sqrt(num / den);
     printf("relative error vs cpu_ref: %.2e\n", err);
+    free(host);
+    free(tmp);
+    free(hk);
+    free(hv);
+    free(hq);
+    free(ho);
+    free(ref);
+    dev_free(dev, q);
+    dev_free(dev, o);
+    dev_free(dev, k);
+    dev_free(dev, v);
     ak_backend_destroy(rb);
     ak_backend_destroy(b);
     ak_kv_cache_destroy(cache);
