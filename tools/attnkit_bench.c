@@ -18,6 +18,7 @@
 #include "attnkit.h"
 #include "bench_device.h"
 #include "bench_scene.h"
+#include "internal.h" /* ak_num_threads */
 
 #include <math.h>
 #include <stdarg.h>
@@ -694,7 +695,7 @@ static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
             const bd_ctx *c = &st->ctx[kind];
             if (kind == AK_DEVICE_CPU)
                 note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, AVX2+FMA+F16C %s\n", c->info.name,
-                     bd_cpu_threads(), (double)c->cache_bytes / (1 << 20),
+                     ak_num_threads(), (double)c->cache_bytes / (1 << 20),
                      c->info.cpu_has_avx2_fma_f16c ? "yes" : "no");
             else
                 note(&st->opt, "# device cuda:0 %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", c->info.name,

@@ -8,6 +8,8 @@
 
 #include "bench_device.h"
 
+#include "internal.h" /* ak_num_threads: the library's own thread count */
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,16 +73,6 @@ double bd_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int bd_cpu_threads(void)
-{
-    const char *env = getenv("AK_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 /* ---- cache and memory sizes ------------------------------------------------ */
 
@@ -441,7 +433,7 @@ static int cpu_ceiling(const bd_ctx *ctx, bd_ceiling *out)
     const size_t n = bytes / sizeof(uint64_t);
     uint64_t *buf = bd_malloc(ctx, n * sizeof(uint64_t));
     if (!buf) return -1;
-    const int threads = bd_cpu_threads();
+    const int threads = ak_num_threads();
     /* first touch by the same threads, same schedule: pages land where they are read,
      * and untouched pages would all map the one zero page and never reach DRAM */
 #ifdef _OPENMP

@@ -96,8 +96,4 @@ typedef struct bd_ceiling {
  * with events; bytes read + written / time. */
 int bd_measure_ceiling(const bd_ctx *ctx, bd_ceiling *out /* OUT */);
 
-/* Threads the CPU backends use: AK_NUM_THREADS if set and > 0, else OpenMP's
- * default (1 without OpenMP). */
-int bd_cpu_threads(void);
-
 #endif

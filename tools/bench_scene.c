@@ -3,6 +3,7 @@
  * accounting of one layer call, and the cpu_ref check. See bench_scene.h.
  */
 #include "bench_scene.h"
+#include "internal.h" /* ak_num_threads */
 
 #include "dtype.h"
 
@@ -92,7 +93,7 @@ static void fill_random_host(void *dst, ak_dtype t, size_t first, size_t n, floa
     const long long nchunks = (long long)((n + FILL_CHUNK - 1) / FILL_CHUNK);
     const size_t esz = ak_dtype_size(t);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(bd_cpu_threads())
+#pragma omp parallel for schedule(static) num_threads(ak_num_threads())
 #endif
     for (long long c = 0; c < nchunks; c++) {
         uint64_t s = seed ^ ((first / FILL_CHUNK + (size_t)c) * 0x9e3779b97f4a7c15ull);
