@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
 # (memcheck + racecheck) on them, then the decode benchmark; a short table last.
-#   scripts/gpu-check.sh [all|test|sanitize|bench] [extra bench args...]
+#   scripts/gpu-check.sh [all|test|sanitize|bench|cpu] [extra bench args...]
 # Logs go to $OUT (or ./gpu-check-logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,6 +81,19 @@ for r in rows:
           f"{r.get('plan_us', 0):>7.1f}")
 PY
     note bench "$(grep -c . "$LOG/bench-decode.jsonl") rows in bench-decode.jsonl"
+fi
+
+if [[ $what == all || $what == cpu ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
+    # issue 3's CPU figures on this machine's CPU, every core: decode vs the
+    # streaming-read ceiling and vs cpu_ref; prefill vs PyTorch's CPU SDPA
+    lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512f\).*/AVX-512: yes/' | tee "$LOG/cpu.txt"
+    export AK_NUM_THREADS=$(nproc)
+    ./$BUILD/attnkit-bench --device cpu --backend all --workload decode --batch 8 --kv-len 4096 --dtype f16 \
+        --iters 5 --check 2>&1 | tee "$LOG/cpu-decode.txt" | grep -E "^cpu|^backend|ceiling"
+    timeout 400 python3 bench/cpu_sdpa.py --threads "$(nproc)" --bench ./$BUILD/attnkit-bench --check \
+        2>&1 | tee "$LOG/cpu-sdpa.txt" | tail -8
+    ./$BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
+    note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, default-run.txt"
 fi
 
 echo
