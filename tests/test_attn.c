@@ -76,6 +76,9 @@ static const attn_case fixed_cases[] = {
      {{30, 77}, {5, 1}, {2, 0}}},
     {"ragged chunk window softcap", 8, 2, 64, 64, AK_F16, 0, 0, 1, 16, 20.0f, 0, NHD, RAGGED, 2,
      {{20, 100}, {1, 40}}},
+    /* head dims that are not whole SIMD vectors (the cpu backend's tail paths), odd page size */
+    {"head dims 72/40, page 3", 8, 2, 72, 40, AK_F16, 0, 0, 1, -1, 0, 3, HND, PAGED, 3,
+     {{1, 100}, {20, 20}, {5, 60}}},
 };
 
 /* Runs one case on every backend of the device under test. */
