@@ -22,14 +22,17 @@
 /* ---- tile traits ------------------------------------------------------------ */
 
 template <int D> struct decode_traits {
-    static constexpr int WARPS = 4;
+    /* Shared memory per warp is 2 * KEYS_PER_WARP * D * 2 bytes a stage, and it
+     * sets how many warps an SM holds. 3 stages keep two tiles in flight while
+     * one is computed. At D = 256, 4 warps x 3 stages would be 192 KB (one
+     * block per SM, 4 warps); 2 warps x 3 stages is 96 KB, two blocks per SM
+     * with twice the bytes in flight. */
+    static constexpr int WARPS = D >= 256 ? 2 : 4;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int KEYS_PER_WARP = 16; /* one k16 step of the p.v mma */
     static constexpr int TILE = WARPS * KEYS_PER_WARP;
     static constexpr int CHUNKS = D / 8; /* 16-byte chunks per K/V row */
-    /* 3 stages keep two tiles in flight while one is computed; at D = 256 a
-     * stage is 64 KB, so 2 stages (128 KB) is what fits beside occupancy 1 */
-    static constexpr int STAGES = D <= 128 ? 3 : 2;
+    static constexpr int STAGES = 3;
     static constexpr int ROWS = 16; /* query heads per tensor-core tile */
     static constexpr int KV_BYTES = STAGES * 2 * TILE * D * 2;
     static constexpr int Q_BYTES = ROWS * D * 2 > AK_DECODE_CC_MAX_GROUP * D * 4 ? ROWS * D * 2
@@ -444,50 +447,58 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 
 typedef void (*decode_fn)(const decode_params);
 
-template <int D, typename T> static decode_fn pick_engine(decode_engine engine)
+/* The kernel instance for a config, with its launch shape. */
+struct decode_kernel_info {
+    decode_fn fn;
+    int threads;
+    int smem;
+};
+
+template <int D, typename T> static decode_kernel_info pick_dim(decode_engine engine)
 {
-    if (engine == DECODE_TENSOR_CORES) return decode_kernel<D, T, mma_engine<D, T> >;
-    return decode_kernel<D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >;
+    decode_kernel_info k;
+    k.fn = engine == DECODE_TENSOR_CORES ? decode_kernel<D, T, mma_engine<D, T> >
+                                         : decode_kernel<D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >;
+    k.threads = decode_traits<D>::THREADS;
+    k.smem = decode_traits<D>::SMEM_BYTES;
+    return k;
 }
 
-template <typename T> static decode_fn pick_dim(int head_dim, decode_engine engine, int *smem)
+template <typename T> static decode_kernel_info pick_type(int head_dim, decode_engine engine)
 {
     switch (head_dim) {
-    case 64: *smem = decode_traits<64>::SMEM_BYTES; return pick_engine<64, T>(engine);
-    case 128: *smem = decode_traits<128>::SMEM_BYTES; return pick_engine<128, T>(engine);
-    case 256: *smem = decode_traits<256>::SMEM_BYTES; return pick_engine<256, T>(engine);
+    case 64: return pick_dim<64, T>(engine);
+    case 128: return pick_dim<128, T>(engine);
+    case 256: return pick_dim<256, T>(engine);
     }
-    return NULL;
+    const decode_kernel_info none = {NULL, 0, 0};
+    return none;
 }
 
-static decode_fn pick(int head_dim, ak_dtype dtype, decode_engine engine, int *smem)
+static decode_kernel_info pick(int head_dim, ak_dtype dtype, decode_engine engine)
 {
-    if (dtype == AK_F16) return pick_dim<__half>(head_dim, engine, smem);
-    if (dtype == AK_BF16) return pick_dim<__nv_bfloat16>(head_dim, engine, smem);
-    return NULL;
+    if (dtype == AK_BF16) return pick_type<__nv_bfloat16>(head_dim, engine);
+    return pick_type<__half>(head_dim, engine);
 }
 
 ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm)
 {
-    int smem = 0;
-    const decode_fn fn = pick(head_dim, dtype, engine, &smem);
-    if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
+    const decode_kernel_info k = pick(head_dim, dtype, engine);
+    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     /* above 48 KB of dynamic shared memory a kernel must opt in, once */
-    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)fn,
-                                                              decode_traits<64>::THREADS, smem));
+    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
+    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)k.fn, k.threads, k.smem));
     return AK_OK;
 }
 
 ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype dtype, decode_engine engine,
                                 int num_items, cudaStream_t stream)
 {
-    int smem = 0;
-    const decode_fn fn = pick(head_dim, dtype, engine, &smem);
-    if (!fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
+    const decode_kernel_info k = pick(head_dim, dtype, engine);
+    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     if (num_items == 0) return AK_OK;
     const dim3 grid(num_items, p->num_kv_heads * p->row_tiles);
-    fn<<<grid, decode_traits<64>::THREADS, smem, stream>>>(*p);
+    k.fn<<<grid, k.threads, k.smem, stream>>>(*p);
     AK_CUDA_CHECK_LAUNCH();
     return AK_OK;
 }
