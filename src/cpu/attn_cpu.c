@@ -13,6 +13,7 @@
  *         then the merge of split items through the shared softmax state.
  * Every buffer is allocated at create() from ak_limits; run() allocates nothing.
  */
+#define _DEFAULT_SOURCE /* syscall() for the AMX permission request */
 #include "attn_cpu.h"
 
 #include "dtype.h"
@@ -25,6 +26,13 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 /* ---- tuning ------------------------------------------------------------------ */
@@ -101,11 +109,28 @@ static int cpu_has_avx512f(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f");
 }
+
+/* AVX512BW (word permutes) and AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX bit 30,
+ * EDX bits 24 and 22), and Linux granting this process the AMX tile state,
+ * which it hands out only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
+static int cpu_has_amx_bf16(void)
+{
+    unsigned int a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(b & (1u << 30)) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;
+#endif
+}
 #endif
 
-/* The best kernel this CPU runs; AK_CPU_ISA=scalar|avx2|avx512 asks for one
- * (for tests and comparisons) and is honoured only where the CPU has it. */
-static const ak_cpu_kernels *pick_kernels(void)
+/* The best kernel this CPU runs for cfg; AK_CPU_ISA=scalar|avx2|avx512|amx
+ * asks for one (for tests and comparisons) and is honoured only where the CPU
+ * has it. The AMX kernel serves configs whose q and K/V are both bf16. */
+static const ak_cpu_kernels *pick_kernels(const ak_attn_config *cfg)
 {
     const char *want = getenv("AK_CPU_ISA");
     if (want && strcmp(want, "scalar") == 0) return &ak_cpu_kernels_scalar;
@@ -113,8 +138,13 @@ static const ak_cpu_kernels *pick_kernels(void)
     const int avx2 = ak_cpu_has_avx2_fma_f16c();
     const int avx512 = avx2 && cpu_has_avx512f();
     if (want && strcmp(want, "avx2") == 0 && avx2) return &ak_cpu_kernels_avx2;
+    const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
+    const int plain = want && strcmp(want, "avx512") == 0;
+    if (avx512 && bf16 && !plain && cpu_has_amx_bf16()) return &ak_cpu_kernels_avx512_amx;
     if (avx512) return &ak_cpu_kernels_avx512;
     if (avx2) return &ak_cpu_kernels_avx2;
+#else
+    (void)cfg;
 #endif
     return &ak_cpu_kernels_scalar;
 }
@@ -141,7 +171,7 @@ static int tile_tokens_for(const ak_attn_config *cfg)
 static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
     (void)dev;
-    const ak_cpu_kernels *k = pick_kernels();
+    const ak_cpu_kernels *k = pick_kernels(cfg);
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const int all_heads_tokens = k->in_place_rows / group;
     snprintf(buf, cap,
@@ -183,14 +213,23 @@ static float *alloc_floats(int64_t n)
  * pointer block; every float piece starts on a cache line. */
 static ak_status alloc_scratch(cpu_state *s)
 {
-    const int rows = s->max_rows, keys = AK_CPU_TILE_KEYS + AK_CPU_TILE_PAD;
+    /* AMX computes whole pairs of 16-row blocks: rows rounded up to 32 */
+    const int rows = s->kern->amx ? round_up(s->max_rows, 32) : s->max_rows;
+    const int keys = AK_CPU_TILE_KEYS_MAX + AK_CPU_TILE_PAD;
     const int dmax = s->dqk_pad > s->dvo_pad ? s->dqk_pad : s->dvo_pad;
     const int max_tok = s->tile_tokens > s->max_tokens_all_heads ? s->tile_tokens : s->max_tokens_all_heads;
+    const int dq32 = round_up(s->cfg.head_dim_qk, 32);
 #define AK_LINE(n) (((int64_t)(n) + 15) / 16 * 16)
+    /* AMX buffers, in floats: bf16 q rows, key pairs, value pairs, bf16 P
+     * (and its remainder) */
+    const int64_t amx = s->kern->amx ? AK_LINE((int64_t)rows * dq32 / 2) + AK_LINE((int64_t)dq32 / 2 * AK_CPU_TILE_KEYS_AMX) +
+                                           AK_LINE((int64_t)AK_CPU_TILE_KEYS_AMX * s->dvo_pad) +
+                                           AK_LINE((int64_t)rows * AK_CPU_TILE_KEYS_AMX)
+                                     : 0;
     const int64_t per_thread = AK_LINE((int64_t)rows * s->dqk_pad) + AK_LINE((int64_t)rows * keys) +
                                AK_LINE((int64_t)rows * s->dvo_pad) + 2 * AK_LINE(rows) +
                                AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
-                               AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys);
+                               AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys) + amx;
     s->scratch_mem = alloc_floats(per_thread * s->threads);
     const size_t ptrs_per_thread = 2 * (size_t)keys + (size_t)s->dqk_pad;
     s->scratch_ptrs = calloc((size_t)s->threads * ptrs_per_thread, sizeof(const void *));
@@ -216,6 +255,12 @@ static ak_status alloc_scratch(cpu_state *s)
             sc->koff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
             sc->voff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
         }
+        if (s->kern->amx) {
+            sc->amx_q = (uint16_t *)p, p += AK_LINE((int64_t)rows * dq32 / 2);
+            sc->amx_kt = (uint32_t *)p, p += AK_LINE((int64_t)dq32 / 2 * AK_CPU_TILE_KEYS_AMX);
+            sc->amx_v = (uint16_t *)p, p += AK_LINE((int64_t)AK_CPU_TILE_KEYS_AMX * s->dvo_pad);
+            sc->amx_p = (uint16_t *)p;
+        }
         sc->kp = s->scratch_ptrs + (size_t)t * ptrs_per_thread;
         sc->vp = sc->kp + keys;
         sc->ktp = sc->vp + keys;
@@ -231,7 +276,7 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cpu state");
     s->cfg = *cfg;
     s->lim = *lim;
-    s->kern = pick_kernels();
+    s->kern = pick_kernels(cfg);
     s->threads = ak_num_threads();
     if (s->threads < 1) s->threads = 1;
     s->group = cfg->num_qo_heads / cfg->num_kv_heads;

@@ -20,6 +20,13 @@
  * item's rows. Prefill 2048 tokens, 128 rows, one thread, GFLOP/s f32 / bf16:
  * 32 keys 128/143, 64 keys 138/144, 128 keys 113/125. */
 #define AK_CPU_TILE_KEYS 64
+/* Keys per KV tile of the AMX path (bf16 prefill): the tile products are
+ * fast enough that per-tile work (loading and storing O, row reductions)
+ * weighs; llama3-8b prefill 2048 bf16, one thread: 64 keys 403-416 GFLOP/s,
+ * 128 keys 418-438. */
+#define AK_CPU_TILE_KEYS_AMX 128
+/* The largest of the tile sizes: scratch is sized for it. */
+#define AK_CPU_TILE_KEYS_MAX 128
 /* Keys per KV tile of an all-heads (decode) item: one page of 16 is 32 KB of
  * K and 32 KB of V for llama3-8b f16. Measured on the decode case (llama3-8b,
  * batch 8, 4096 keys, f16, 2 threads, fraction of a streaming read): tiles of
@@ -82,7 +89,7 @@ typedef struct ak_cpu_ctx {
 typedef struct ak_cpu_scratch {
     float *q;          /* [max_rows, dqk_pad] query rows, f32, pre-scaled by sm_scale */
     float *s;          /* [max_rows, s_stride] scores of a tile, then probabilities */
-    int s_stride;      /* AK_CPU_TILE_KEYS + AK_CPU_TILE_PAD */
+    int s_stride;      /* AK_CPU_TILE_KEYS_MAX + AK_CPU_TILE_PAD */
     float *o;          /* [max_rows, dvo_pad] unnormalised output accumulators */
     float *row_max;    /* [max_rows] running max m */
     float *row_sum;    /* [max_rows] running denominator d */
@@ -95,12 +102,18 @@ typedef struct ak_cpu_scratch {
     int32_t *lo, *hi;  /* [max tile tokens] visible keys [lo, hi] of each token */
     int64_t *koff[2];  /* [TILE_KEYS + TILE_PAD] pool offsets of this tile's and the next */
     int64_t *voff[2];  /*   tile's keys (K, V), head 0 */
+    /* AMX kernel only (NULL otherwise); rows rounded up to 32 in q, s, o too */
+    uint16_t *amx_q;   /* [rows, dq32] raw bf16 query rows */
+    uint32_t *amx_kt;  /* [dq32 / 2, TILE_KEYS_AMX] key tile, dim pairs transposed */
+    uint16_t *amx_v;   /* [TILE_KEYS_AMX / 2, 2 * dvo_pad] value tile, key pairs interleaved */
+    uint16_t *amx_p;   /* [2, rows, TILE_KEYS_AMX] probabilities as bf16, then the remainder */
 } ak_cpu_scratch;
 
 typedef struct ak_cpu_kernels {
     const char *isa;   /* "avx512", "avx2", "scalar" */
     int vec_width;     /* floats per vector: head dims are padded to a multiple */
     int in_place_rows; /* rows per KV head up to which K/V are read from the cache as is */
+    int amx;           /* uses AMX tiles for bf16 prefill: needs the scratch's amx_* buffers */
     /* Computes one work item; writes o/lse or its partial slot. */
     void (*run_item)(const ak_cpu_ctx *ctx, const ak_cpu_work *w, const ak_cpu_scratch *scr);
 } ak_cpu_kernels;
@@ -122,6 +135,7 @@ extern const ak_cpu_kernels ak_cpu_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ak_cpu_kernels ak_cpu_kernels_avx2;
 extern const ak_cpu_kernels ak_cpu_kernels_avx512;
+extern const ak_cpu_kernels ak_cpu_kernels_avx512_amx;
 #endif
 
 #endif /* AK_ATTN_CPU_H */

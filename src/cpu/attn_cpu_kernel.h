@@ -387,15 +387,191 @@ static void qk_nn(const float *q, int ldq, int rows, const void *const *ktp, int
     pv_t(q, ldq, rows, ktp, AK_F32, dim, s, lds, ncols, 0);
 }
 
+/* ---- AMX: bf16 tiles for prefill (kernels_amx.c only) ------------------------ */
+
+#if defined(AK_CPU_AMX)
+/* With q and K/V in bf16, a converted-path item runs QK and PV on the AMX
+ * tile unit (TDPBF16PS: 16 x 16 f32 += 16 x 32 bf16 . 32 x 16 bf16, exact
+ * bf16 products, f32 sums). Q and K enter unscaled and unrounded (sm_scale
+ * is applied to S in f32); P is rounded to bf16 for PV, as tensor-core
+ * kernels do. Tile registers: 0-3 C (2 x 2 blocks of 16 x 16 f32), 4-5 A,
+ * 6-7 B; every tile is 16 rows x 64 bytes. */
+#define AK_AMX_ROWS 16 /* rows of a tile; row blocks go in pairs, so buffers round rows up to 32 */
+
+typedef struct ak_amx_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} ak_amx_config;
+
+static void amx_configure(void)
+{
+    ak_amx_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = AK_AMX_ROWS;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* 32 bf16 (one 64-byte tile row) of a row of `dim` elements from d, zeros
+ * past dim. */
+AK_INLINE __m512i amx_load32(const void *row, int d, int dim)
+{
+    if (d + 32 <= dim) return _mm512_loadu_si512((const uint16_t *)row + d);
+    const __mmask32 keep = d < dim ? (__mmask32)((1ull << (dim - d)) - 1) : 0;
+    return _mm512_maskz_loadu_epi16(keep, (const uint16_t *)row + d);
+}
+
+/* The query rows as raw bf16, [rows][dq32], dims zero-padded to 32. */
+static void amx_load_q(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int64_t tok0, int g0, int ntok, int dq32)
+{
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < c->group; h++) {
+            const int64_t head = (int64_t)g0 * c->group + h;
+            const uint16_t *src = (const uint16_t *)c->q + (tok0 + t) * c->q_stride0 + head * c->q_stride1;
+            uint16_t *dst = sc->amx_q + (int64_t)(t * c->group + h) * dq32;
+            for (int d = 0; d < dq32; d += 32) _mm512_storeu_si512(dst + d, amx_load32(src, d, c->head_dim_qk));
+        }
+}
+
+/* The key tile in the B layout of TDPBF16PS: kt[p * TILE_KEYS_AMX + j] =
+ * dims (2p, 2p + 1) of key j as one 32-bit pair, i.e. a 32-bit transpose of
+ * the rows; keys from n to the next multiple of 32 are zeros. */
+static void amx_load_kt(uint32_t *kt, const void *const *rows, int n, int dim, int dq32)
+{
+    for (int jb = 0; jb < (n + 31) / 32 * 32; jb += 16)
+        for (int pb = 0; pb < dq32 / 2; pb += 16) {
+            vf r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = jb + i < n ? _mm512_castsi512_ps(amx_load32(rows[jb + i], 2 * pb, dim)) : vf_zero();
+            vf_transpose(r);
+            for (int i = 0; i < 16; i++) vf_store((float *)kt + (int64_t)(pb + i) * AK_CPU_TILE_KEYS_AMX + jb, r[i]);
+        }
+}
+
+/* The value tile in the B layout: vv[p * ldv + 2d + e] = V[2p + e][d], pairs
+ * of keys interleaved per dim (ldv = 2 * dvo_pad); keys from n to the next
+ * multiple of 32 are zeros. */
+static void amx_load_v(uint16_t *vv, int ldv, const void *const *rows, int n, int dim, int dvo_pad)
+{
+    /* word indices into (a, b): a0 b0 a1 b1 ... for dims d .. d + 15, then d + 16 .. */
+    static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
+    for (int p = 0; p < (n + 31) / 32 * 16; p++) {
+        const int ja = 2 * p, jb = 2 * p + 1;
+        for (int d = 0; d < dvo_pad; d += 32) {
+            const __m512i a = ja < n ? amx_load32(rows[ja], d, dim) : _mm512_setzero_si512();
+            const __m512i b = jb < n ? amx_load32(rows[jb], d, dim) : _mm512_setzero_si512();
+            uint16_t *dst = vv + (int64_t)p * ldv + 2 * d;
+            _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+            if (d + 16 < dvo_pad) _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* S[rows_pad32, n rounded up to 32] = Q K^T (unscaled); keys past n are 0. */
+static void amx_qk(const uint16_t *q, int dq32, int rows, const uint32_t *kt, int n, float *s, int lds)
+{
+    const int ldq = dq32 * 2, ldk = AK_CPU_TILE_KEYS_AMX * 4, ls = lds * 4; /* bytes */
+    for (int m0 = 0; m0 < rows; m0 += 2 * AK_AMX_ROWS)
+        for (int n0 = 0; n0 < n; n0 += 32) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int c = 0; c < dq32; c += 32) {
+                _tile_loadd(4, q + (int64_t)m0 * dq32 + c, ldq);
+                _tile_loadd(5, q + (int64_t)(m0 + AK_AMX_ROWS) * dq32 + c, ldq);
+                _tile_loadd(6, kt + (int64_t)(c / 2) * AK_CPU_TILE_KEYS_AMX + n0, ldk);
+                _tile_loadd(7, kt + (int64_t)(c / 2) * AK_CPU_TILE_KEYS_AMX + n0 + 16, ldk);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            float *s0 = s + (int64_t)m0 * lds + n0, *s1 = s0 + (int64_t)AK_AMX_ROWS * lds;
+            _tile_stored(0, s0, ls);
+            _tile_stored(1, s0 + 16, ls);
+            _tile_stored(2, s1, ls);
+            _tile_stored(3, s1 + 16, ls);
+        }
+}
+
+/* P of rows [0, rows) as bf16 [rows][TILE_KEYS_AMX], keys past n zero; with
+ * lo, also the rounding remainder P - bf16(P) as a second bf16 matrix, so
+ * that P V = P_hi V + P_lo V keeps about 16 bits of P (an f32 output asks
+ * for that: bf16 P alone gave a relative error of 1.4e-3). */
+static void amx_store_p(uint16_t *hi, uint16_t *lo, const float *s, int lds, int rows, int n)
+{
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < (n + 31) / 32 * 32; j += AK_VW) {
+            const vf x = j < n ? vf_load(s + (int64_t)m * lds + j) : vf_zero();
+            uint16_t *h = hi + (int64_t)m * AK_CPU_TILE_KEYS_AMX + j;
+            vf_store_bf16(h, x);
+            if (lo) vf_store_bf16(lo + (int64_t)m * AK_CPU_TILE_KEYS_AMX + j, vf_sub(x, vf_load_bf16(h)));
+        }
+}
+
+/* O[rows_pad32, dvo_pad] += P V over the tile's keys in chunks of 32 (16
+ * key pairs); P is hi (+ lo when given). */
+static void amx_pv(const uint16_t *hi, const uint16_t *lo, int rows, int n, const uint16_t *vv, int ldv, float *o,
+                   int dvo_pad)
+{
+    const int lp = AK_CPU_TILE_KEYS_AMX * 2, lv = ldv * 2, lo_b = dvo_pad * 4; /* bytes */
+    const int chunks = (n + 31) / 32;
+    for (int m0 = 0; m0 < rows; m0 += 2 * AK_AMX_ROWS)
+        for (int d0 = 0; d0 < dvo_pad; d0 += 32) {
+            const int two = d0 + 16 < dvo_pad;
+            float *o0 = o + (int64_t)m0 * dvo_pad + d0, *o1 = o0 + (int64_t)AK_AMX_ROWS * dvo_pad;
+            _tile_loadd(0, o0, lo_b);
+            _tile_loadd(2, o1, lo_b);
+            if (two) {
+                _tile_loadd(1, o0 + 16, lo_b);
+                _tile_loadd(3, o1 + 16, lo_b);
+            }
+            for (int c = 0; c < chunks; c++) {
+                _tile_loadd(6, vv + (int64_t)(16 * c) * ldv + 2 * d0, lv);
+                if (two) _tile_loadd(7, vv + (int64_t)(16 * c) * ldv + 2 * (d0 + 16), lv);
+                for (int part = 0; part < (lo ? 2 : 1); part++) {
+                    const uint16_t *p = part ? lo : hi;
+                    _tile_loadd(4, p + (int64_t)m0 * AK_CPU_TILE_KEYS_AMX + 32 * c, lp);
+                    _tile_loadd(5, p + (int64_t)(m0 + AK_AMX_ROWS) * AK_CPU_TILE_KEYS_AMX + 32 * c, lp);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two) {
+                        _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+            }
+            _tile_stored(0, o0, lo_b);
+            _tile_stored(2, o1, lo_b);
+            if (two) {
+                _tile_stored(1, o0 + 16, lo_b);
+                _tile_stored(3, o1 + 16, lo_b);
+            }
+        }
+}
+#endif /* AK_CPU_AMX */
+
 /* ---- online_softmax ------------------------------------------------------------ */
 
-/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: soft-cap,
+/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: scale
+ * (when Q came in unscaled), soft-cap,
  * mask the keys a row does not see (masked = 0: every row sees every key),
  * raise m to the tile's max, P = exp(S - m) in place, d = d * f + sum P and
  * O *= f with f = exp(m_old - m_new). A row that sees none of these keys
  * keeps its state and gets P = 0. */
 static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nheads, int ntok, int j0, int n,
-                           int masked)
+                           int masked, float scale)
 {
     const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad;
     const int nvec = (n + AK_VW - 1) / AK_VW * AK_VW;
@@ -416,6 +592,10 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
                 memset(row, 0, sizeof(float) * (size_t)n);
                 continue;
             }
+            if (scale != 1.0f) {
+                const vf sv = vf_set1(scale);
+                for (int j = 0; j < nvec; j += AK_VW) vf_store(row + j, vf_mul(sv, vf_load(row + j)));
+            }
             if (cap > 0.0f) {
                 const vf vcap = vf_set1(cap), inv = vf_set1(1.0f / cap);
                 for (int j = 0; j < nvec; j += AK_VW)
@@ -425,8 +605,8 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
             for (int j = vhi; j < nvec; j++) row[j] = -INFINITY;
             vf mx = vf_set1(-INFINITY);
             for (int j = 0; j < nvec; j += AK_VW) mx = vf_max(mx, vf_load(row + j));
-            const float m_old = sc->row_max[m];
-            const float m_new = fmaxf(m_old, vf_hmax(mx));
+            const float m_old = sc->row_max[m], tile_max = vf_hmax(mx);
+            const float m_new = m_old > tile_max ? m_old : tile_max;
             const vf mv = vf_set1(m_new);
             vf sum = vf_zero();
             for (int j = 0; j < nvec; j += AK_VW) {
@@ -434,7 +614,9 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
                 vf_store(row + j, pj);
                 sum = vf_add(sum, pj);
             }
-            const float f = ak_rescale_factor(m_old, m_new);
+            /* ak_rescale_factor's value, without a libm call per row and tile
+             * (at AMX speed expf here cost as much as the tile products) */
+            const float f = m_old == m_new ? 1.0f : m_old == -INFINITY ? 0.0f : vf_first(vf_exp(vf_set1(m_old - m_new)));
             sc->row_sum[m] = sc->row_sum[m] * f + vf_hsum(sum);
             sc->row_max[m] = m_new;
             if (f != 1.0f) {
@@ -470,10 +652,29 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         sc->hi[t] = hi;
     }
 
+    /* K/V rows are read in place (converted as loaded) when they are whole
+     * vectors and either need no conversion or serve a single block of rows
+     * (decode: the group); otherwise each tile is converted once into f32
+     * scratch and then serves every row block. */
+    const int k_in_place = c->whole_k && rows1 <= AK_IN_PLACE_ROWS;
+    const int v_in_place = c->whole_v && rows1 <= AK_IN_PLACE_ROWS;
+    const ak_dtype vt = v_in_place ? c->kv_dtype : AK_F32;
+#if defined(AK_CPU_AMX)
+    const int amx = nheads == 1 && !k_in_place && c->q_dtype == AK_BF16 && c->kv_dtype == AK_BF16;
+    const int dq32 = (c->head_dim_qk + 31) / 32 * 32;
+    const int rows_pad = (rows1 + 2 * AK_AMX_ROWS - 1) / (2 * AK_AMX_ROWS) * (2 * AK_AMX_ROWS);
+    if (amx) {
+        amx_configure();
+        amx_load_q(c, sc, tok0, g0, ntok, dq32);
+    }
+#else
+    const int amx = 0;
+#endif
+
     /* load_q: row m = (head i of the item, token t, query head h of the group)
      * = (i * ntok + t) * group + h, so each KV head's rows are one block */
     const size_t qesz = ak_dtype_size(c->q_dtype);
-    for (int gt = 0; gt < nheads * ntok; gt++)
+    for (int gt = 0; gt < nheads * ntok && !amx; gt++)
         for (int h = 0; h < group; h++) {
             const int t = gt % ntok;
             const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
@@ -486,15 +687,7 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
     }
     memset(sc->o, 0, sizeof(float) * (size_t)rows * (size_t)dvo);
 
-    /* K/V rows are read in place (converted as loaded) when they are whole
-     * vectors and either need no conversion or serve a single block of rows
-     * (decode: the group); otherwise each tile is converted once into f32
-     * scratch and then serves every row block. */
-    const int k_in_place = c->whole_k && rows1 <= AK_IN_PLACE_ROWS;
-    const int v_in_place = c->whole_v && rows1 <= AK_IN_PLACE_ROWS;
-    const ak_dtype vt = v_in_place ? c->kv_dtype : AK_F32;
-
-    const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : AK_CPU_TILE_KEYS;
+    const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS;
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     int cur = 0; /* which of the two offset lists holds this tile's */
     if (k_lo <= k_hi)
@@ -505,12 +698,13 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         /* every row sees the whole tile unless it starts before the last row's
          * first key or ends after the first row's last key */
         const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
-        /* the next tile's rows are prefetched, a share after each head's QK
-         * (K) and PV (V): decode needs it (see prefetch_rows); for prefill it
-         * is neutral (within noise, one and two threads) */
+        /* in-place items (decode) prefetch the next tile's rows, a share after
+         * each head's QK (K) and PV (V) (see prefetch_rows); converted tiles
+         * go without: for prefill it measured neutral (FMA) to 1-2% slower
+         * (AMX) */
         const int pj = j0 + tile;
         const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
-        const int pe = pn * nheads;
+        const int pe = k_in_place ? pn * nheads : 0;
         key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
 
         for (int i = 0; i < nheads; i++) {
@@ -518,6 +712,13 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
             const float *qi = sc->q + (int64_t)i * rows1 * dqk;
             float *si = sc->s + (int64_t)i * rows1 * lds;
             load_kv_tile(c, g0 + i, n, 0, 1, sc->koff[cur], NULL, sc->kp);
+#if defined(AK_CPU_AMX)
+            if (amx) {
+                amx_load_kt(sc->amx_kt, sc->kp, n, c->head_dim_qk, dq32);
+                amx_qk(sc->amx_q, dq32, rows1, sc->amx_kt, n, si, lds);
+                continue;
+            }
+#endif
             if (k_in_place) {
                 for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
                 qk(qi, dqk, rows1, sc->kp, c->kv_dtype, n4, dqk, si, lds);
@@ -526,7 +727,18 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
                 qk_nn(qi, dqk, rows1, sc->ktp, c->head_dim_qk, si, lds, (n + AK_VW - 1) / AK_VW * AK_VW);
             }
         }
-        online_softmax(c, sc, nheads, ntok, j0, n, masked);
+        online_softmax(c, sc, nheads, ntok, j0, n, masked, amx ? c->sm_scale : 1.0f);
+#if defined(AK_CPU_AMX)
+        if (amx) {
+            prefetch_rows(c, g0, 1, sc->voff[cur ^ 1], 0, pe, 1);
+            load_kv_tile(c, g0, n, 1, 1, sc->voff[cur], NULL, sc->vp);
+            amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
+            uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * AK_CPU_TILE_KEYS_AMX : NULL;
+            amx_store_p(sc->amx_p, p_lo, sc->s, lds, rows1, n);
+            amx_pv(sc->amx_p, p_lo, rows1, n, sc->amx_v, 2 * dvo, sc->o, dvo);
+            continue;
+        }
+#endif
         for (int i = 0; i < nheads; i++) {
             prefetch_rows(c, g0, nheads, sc->voff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 1);
             load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
@@ -534,6 +746,10 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
                dvo);
         }
     }
+
+#if defined(AK_CPU_AMX)
+    if (amx) _tile_release();
+#endif
 
     /* store: o = O / d; a row that saw no key has d = 0, O = 0 -> o = 0 */
     const size_t oesz = ak_dtype_size(c->o_dtype);
@@ -561,5 +777,10 @@ const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
     /* .isa = */ AK_CPU_ISA_NAME,
     /* .vec_width = */ AK_VW,
     /* .in_place_rows = */ AK_IN_PLACE_ROWS,
+#if defined(AK_CPU_AMX)
+    /* .amx = */ 1,
+#else
+    /* .amx = */ 0,
+#endif
     /* .run_item = */ run_item,
 };

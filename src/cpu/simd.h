@@ -82,6 +82,7 @@ AK_INLINE vf vf_copysign(vf mag, vf sign)
                                                _mm512_and_si512(m, _mm512_castps_si512(sign))));
 }
 AK_INLINE float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+AK_INLINE float vf_first(vf a) { return _mm512_cvtss_f32(a); }
 AK_INLINE float vf_hmax(vf a) { return _mm512_reduce_max_ps(a); }
 
 /* 2^n * p for integral-valued n (as floats) in [-126, 127]. */
@@ -200,6 +201,7 @@ AK_INLINE vf vf_copysign(vf mag, vf sign)
     const vf m = _mm256_set1_ps(-0.0f);
     return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sign));
 }
+AK_INLINE float vf_first(vf a) { return _mm256_cvtss_f32(a); }
 AK_INLINE float vf_hsum(vf a)
 {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -304,6 +306,7 @@ AK_INLINE vf vf_fnma(vf a, vf b, vf c) { return c - a * b; }
 AK_INLINE vf vf_abs(vf a) { return fabsf(a); }
 AK_INLINE vf vf_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
 AK_INLINE float vf_hsum(vf a) { return a; }
+AK_INLINE float vf_first(vf a) { return a; }
 AK_INLINE float vf_hmax(vf a) { return a; }
 AK_INLINE vf vf_ldexp(vf p, vf n) { return ldexpf(p, (int)n); }
 AK_INLINE vf vf_round(vf x) { return nearbyintf(x); }
