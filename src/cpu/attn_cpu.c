@@ -110,6 +110,7 @@ static int cpu_has_avx512f(void)
     return __builtin_cpu_supports("avx512f");
 }
 
+#if defined(AK_CPU_HAVE_AMX)
 /* AVX512BW (word permutes) and AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX bit 30,
  * EDX bits 24 and 22), and Linux granting this process the AMX tile state,
  * which it hands out only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
@@ -126,6 +127,7 @@ static int cpu_has_amx_bf16(void)
 #endif
 }
 #endif
+#endif
 
 /* The best kernel this CPU runs for cfg; AK_CPU_ISA=scalar|avx2|avx512|amx
  * asks for one (for tests and comparisons) and is honoured only where the CPU
@@ -138,9 +140,13 @@ static const ak_cpu_kernels *pick_kernels(const ak_attn_config *cfg)
     const int avx2 = ak_cpu_has_avx2_fma_f16c();
     const int avx512 = avx2 && cpu_has_avx512f();
     if (want && strcmp(want, "avx2") == 0 && avx2) return &ak_cpu_kernels_avx2;
+#if defined(AK_CPU_HAVE_AMX)
     const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
     const int plain = want && strcmp(want, "avx512") == 0;
     if (avx512 && bf16 && !plain && cpu_has_amx_bf16()) return &ak_cpu_kernels_avx512_amx;
+#else
+    (void)cfg;
+#endif
     if (avx512) return &ak_cpu_kernels_avx512;
     if (avx2) return &ak_cpu_kernels_avx2;
 #else

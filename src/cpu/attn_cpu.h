@@ -135,7 +135,9 @@ extern const ak_cpu_kernels ak_cpu_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)
 extern const ak_cpu_kernels ak_cpu_kernels_avx2;
 extern const ak_cpu_kernels ak_cpu_kernels_avx512;
+#if defined(AK_CPU_HAVE_AMX)
 extern const ak_cpu_kernels ak_cpu_kernels_avx512_amx;
+#endif
 #endif
 
 #endif /* AK_ATTN_CPU_H */
