@@ -237,7 +237,14 @@ static ak_status alloc_scratch(cpu_state *s)
                                AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
                                AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys) + amx;
     s->scratch_mem = alloc_floats(per_thread * s->threads);
-    const size_t ptrs_per_thread = 2 * (size_t)keys + (size_t)s->dqk_pad;
+    /* prefetch lines of one in-place tile: all heads x 16 keys, or 64 keys of
+     * one head, x the lines of a K and a V row */
+    const int64_t kv_esz = (int64_t)ak_dtype_size(s->cfg.kv_dtype);
+    const int64_t row_lines = (s->cfg.head_dim_qk * kv_esz + 63) / 64 + (s->cfg.head_dim_vo * kv_esz + 63) / 64;
+    int64_t tile_rows = (int64_t)AK_CPU_TILE_KEYS_ALL_HEADS * s->cfg.num_kv_heads;
+    if (tile_rows < AK_CPU_TILE_KEYS) tile_rows = AK_CPU_TILE_KEYS;
+    const size_t pf_lines = (size_t)(tile_rows * row_lines);
+    const size_t ptrs_per_thread = 2 * (size_t)keys + (size_t)s->dqk_pad + pf_lines;
     s->scratch_ptrs = calloc((size_t)s->threads * ptrs_per_thread, sizeof(const void *));
     s->scratch = calloc((size_t)s->threads, sizeof *s->scratch);
     if (!s->scratch_mem || !s->scratch_ptrs || !s->scratch)
@@ -270,6 +277,7 @@ static ak_status alloc_scratch(cpu_state *s)
         sc->kp = s->scratch_ptrs + (size_t)t * ptrs_per_thread;
         sc->vp = sc->kp + keys;
         sc->ktp = sc->vp + keys;
+        sc->pf_lines = (const char **)(sc->ktp + s->dqk_pad);
         for (int d = 0; d < s->dqk_pad; d++) sc->ktp[d] = sc->k + (int64_t)d * AK_CPU_TILE_KEYS;
     }
 #undef AK_LINE

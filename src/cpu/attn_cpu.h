@@ -98,6 +98,7 @@ typedef struct ak_cpu_scratch {
     const void **kp;   /* [TILE_KEYS + TILE_PAD] row pointers into k or the cache */
     const void **vp;   /* [TILE_KEYS + TILE_PAD] */
     const void **ktp;  /* [dqk_pad] rows of the transposed key tile: k + d * TILE_KEYS */
+    const char **pf_lines; /* cache lines of the next tile to prefetch (in-place items) */
     float *zero_row;   /* [max(dqk_pad, dvo_pad)] zero bytes: the padding key in any dtype */
     int32_t *lo, *hi;  /* [max tile tokens] visible keys [lo, hi] of each token */
     int64_t *koff[2];  /* [TILE_KEYS + TILE_PAD] pool offsets of this tile's and the next */

@@ -162,28 +162,51 @@ static void load_kv_tile(const ak_cpu_ctx *c, int g, int n, int is_v, int in_pla
     }
 }
 
-/* Asks for rows [e0, e1) of the K (is_v = 0) or V rows at offsets off[] x KV
- * heads [g0, g0 + nh), counted key-major (the address order of NHD), to be
- * brought in while the current tile computes. The rows of one head sit
- * num_kv_heads rows apart in NHD (256 bytes every 2 KB for llama3-8b f16):
- * too sparse for the hardware prefetchers, and without this a decode waited
- * on memory latency. */
-static void prefetch_rows(const ak_cpu_ctx *c, int g0, int nh, const int64_t *off, int e0, int e1, int is_v)
+/* The cache lines of the K rows, then the V rows, of keys at offsets koff /
+ * voff[0, n) x KV heads [g0, g0 + nh), key-major (the address order of NHD),
+ * into lines[]; returns how many. The rows of one head sit num_kv_heads rows
+ * apart in NHD (256 bytes every 2 KB for llama3-8b f16): too sparse for the
+ * hardware prefetchers, and without prefetching a decode waited on memory
+ * latency. */
+static int prefetch_lines(const ak_cpu_ctx *c, int g0, int nh, const int64_t *koff, const int64_t *voff, int n,
+                          const char **lines)
 {
-    if (e0 >= e1) return;
     const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
-    const int64_t bytes = (is_v ? c->head_dim_vo : c->head_dim_qk) * esz;
-    const char *base = is_v ? c->v_base : c->k_base;
-    const int64_t head_stride = is_v ? c->v_head_stride : c->k_head_stride;
-    int j = e0 / nh, h = e0 % nh;
-    for (int e = e0; e < e1; e++) {
-        const char *row = base + (off[j] + (g0 + h) * head_stride) * esz;
-        for (int64_t x = 0; x < bytes; x += AK_CACHE_LINE) __builtin_prefetch(row + x, 0, AK_PREFETCH_LOCALITY);
-        if (++h == nh) {
-            h = 0;
-            j++;
-        }
+    int count = 0;
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const int64_t bytes = (is_v ? c->head_dim_vo : c->head_dim_qk) * esz;
+        const char *base = is_v ? c->v_base : c->k_base;
+        const int64_t head_stride = is_v ? c->v_head_stride : c->k_head_stride;
+        const int64_t *off = is_v ? voff : koff;
+        for (int j = 0; j < n; j++)
+            for (int h = 0; h < nh; h++) {
+                const char *row = base + (off[j] + (g0 + h) * head_stride) * esz;
+                for (int64_t x = 0; x < bytes; x += AK_CACHE_LINE) lines[count++] = row + x;
+            }
     }
+    return count;
+}
+
+/* ---- prefetch cursor ------------------------------------------------------------- */
+
+/* Cache lines of the next tile still to prefetch. The micro-kernels of the
+ * in-place (decode) path issue per_step of them per inner step, chosen so
+ * that the tile's lines spread over its steps: the requests trickle out
+ * between FMAs instead of in bursts. A burst fills the line-fill buffers,
+ * the prefetches waiting for one stall retirement, and memory stops
+ * overlapping compute. Decode llama3-8b B8 L4096 f16, shuffled blocks,
+ * fraction of a streaming read: bursts per head 0.59-0.60, 1 line per step
+ * 0.57-0.58, 2 (about lines / steps) 0.62-0.63, 4 0.56-0.59. */
+typedef struct ak_pf {
+    const char *const *next, *const *end;
+    int per_step;
+} ak_pf;
+
+AK_INLINE void pf_step(ak_pf *pf)
+{
+    if (!pf) return;
+    for (int i = 0; i < pf->per_step && pf->next < pf->end; i++)
+        __builtin_prefetch(*pf->next++, 0, AK_PREFETCH_LOCALITY);
 }
 
 /* ---- qk: S = Q K^T --------------------------------------------------------- */
@@ -193,7 +216,7 @@ static void prefetch_rows(const ak_cpu_ctx *c, int g0, int nh, const int64_t *of
  * once for mr rows and each query vector once for 4 keys; the 4 dot products
  * of a row are reduced together at the end. */
 AK_INLINE void qk_block(const float *q, int ldq, const void *const *kp, const ak_dtype kt, int dpad, float *s,
-                        int lds, const int mr)
+                        int lds, const int mr, ak_pf *pf)
 {
     vf acc[AK_QK_MR][AK_QK_NR];
 #pragma GCC unroll 8
@@ -205,6 +228,7 @@ AK_INLINE void qk_block(const float *q, int ldq, const void *const *kp, const ak
     }
     const void *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3];
     for (int d = 0; d < dpad; d += AK_VW) {
+        pf_step(pf);
         const vf b0 = vf_load_as(k0, d, kt), b1 = vf_load_as(k1, d, kt);
         const vf b2 = vf_load_as(k2, d, kt), b3 = vf_load_as(k3, d, kt);
 #pragma GCC unroll 8
@@ -222,27 +246,27 @@ AK_INLINE void qk_block(const float *q, int ldq, const void *const *kp, const ak
 
 /* S[rows, nkeys4] for nkeys4 a multiple of 4 (padding keys point at zeros). */
 AK_INLINE void qk_t(const float *q, int ldq, int rows, const void *const *kp, const ak_dtype kt, int nkeys4,
-                    int dpad, float *s, int lds)
+                    int dpad, float *s, int lds, ak_pf *pf)
 {
     for (int j = 0; j < nkeys4; j += AK_QK_NR) {
         int i = 0;
         for (; i + AK_QK_MR <= rows; i += AK_QK_MR)
-            qk_block(q + (int64_t)i * ldq, ldq, kp + j, kt, dpad, s + (int64_t)i * lds + j, lds, AK_QK_MR);
+            qk_block(q + (int64_t)i * ldq, ldq, kp + j, kt, dpad, s + (int64_t)i * lds + j, lds, AK_QK_MR, pf);
         const float *qi = q + (int64_t)i * ldq;
         float *si = s + (int64_t)i * lds + j;
         switch (rows - i) {
-        case 1: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 1); break;
+        case 1: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 1, pf); break;
 #if AK_QK_MR > 2
-        case 2: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 2); break;
+        case 2: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 2, pf); break;
 #endif
 #if AK_QK_MR > 3
-        case 3: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 3); break;
+        case 3: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 3, pf); break;
 #endif
 #if AK_QK_MR > 4
-        case 4: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 4); break;
+        case 4: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 4, pf); break;
 #endif
 #if AK_QK_MR > 5
-        case 5: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 5); break;
+        case 5: qk_block(qi, ldq, kp + j, kt, dpad, si, lds, 5, pf); break;
 #endif
         default: break;
         }
@@ -250,12 +274,12 @@ AK_INLINE void qk_t(const float *q, int ldq, int rows, const void *const *kp, co
 }
 
 static void qk(const float *q, int ldq, int rows, const void *const *kp, ak_dtype kt, int nkeys4, int dpad,
-               float *s, int lds)
+               float *s, int lds, ak_pf *pf)
 {
     switch (kt) {
-    case AK_F16: qk_t(q, ldq, rows, kp, AK_F16, nkeys4, dpad, s, lds); break;
-    case AK_BF16: qk_t(q, ldq, rows, kp, AK_BF16, nkeys4, dpad, s, lds); break;
-    default: qk_t(q, ldq, rows, kp, AK_F32, nkeys4, dpad, s, lds); break;
+    case AK_F16: qk_t(q, ldq, rows, kp, AK_F16, nkeys4, dpad, s, lds, pf); break;
+    case AK_BF16: qk_t(q, ldq, rows, kp, AK_BF16, nkeys4, dpad, s, lds, pf); break;
+    default: qk_t(q, ldq, rows, kp, AK_F32, nkeys4, dpad, s, lds, pf); break;
     }
 }
 
@@ -266,7 +290,7 @@ static void qk(const float *q, int ldq, int rows, const void *const *kp, ak_dtyp
  * vector is loaded (and converted) once for mr rows, each probability
  * broadcast once for nv vectors. */
 AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
-                        int ldo, int d0, const int mr, const int nv, const int accumulate)
+                        int ldo, int d0, const int mr, const int nv, const int accumulate, ak_pf *pf)
 {
     vf acc[AK_PV_MR][AK_PV_NV];
 #pragma GCC unroll 8
@@ -275,6 +299,7 @@ AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak
         for (int c = 0; c < nv; c++)
             acc[i][c] = accumulate ? vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW) : vf_zero();
     for (int j = 0; j < nkeys; j++) {
+        pf_step(pf);
         vf b[AK_PV_NV];
 #pragma GCC unroll 8
         for (int c = 0; c < nv; c++) b[c] = vf_load_as(vp[j], d0 + c * AK_VW, vt);
@@ -294,56 +319,56 @@ AK_INLINE void pv_block(const float *p, int ldp, const void *const *vp, const ak
 /* mr rows across the whole (padded) head dim: full AK_PV_NV-vector blocks,
  * then one narrower block for the rest. */
 AK_INLINE void pv_rows(const float *p, int ldp, const void *const *vp, const ak_dtype vt, int nkeys, float *o,
-                       int ldo, int dpad, const int mr, const int acc)
+                       int ldo, int dpad, const int mr, const int acc, ak_pf *pf)
 {
     int d0 = 0;
     for (; d0 + AK_PV_NV * AK_VW <= dpad; d0 += AK_PV_NV * AK_VW)
-        pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, AK_PV_NV, acc);
+        pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, AK_PV_NV, acc, pf);
     switch ((dpad - d0) / AK_VW) {
-    case 1: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 1, acc); break;
+    case 1: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 1, acc, pf); break;
 #if AK_PV_NV > 2
-    case 2: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 2, acc); break;
+    case 2: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 2, acc, pf); break;
 #endif
 #if AK_PV_NV > 3
-    case 3: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 3, acc); break;
+    case 3: pv_block(p, ldp, vp, vt, nkeys, o, ldo, d0, mr, 3, acc, pf); break;
 #endif
     default: break;
     }
 }
 
 AK_INLINE void pv_t(const float *p, int ldp, int rows, const void *const *vp, const ak_dtype vt, int nkeys,
-                    float *o, int ldo, int dpad, const int acc)
+                    float *o, int ldo, int dpad, const int acc, ak_pf *pf)
 {
     int i = 0;
     for (; i + AK_PV_MR <= rows; i += AK_PV_MR)
-        pv_rows(p + (int64_t)i * ldp, ldp, vp, vt, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR, acc);
+        pv_rows(p + (int64_t)i * ldp, ldp, vp, vt, nkeys, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR, acc, pf);
     const float *pi = p + (int64_t)i * ldp;
     float *oi = o + (int64_t)i * ldo;
     switch (rows - i) {
-    case 1: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 1, acc); break;
+    case 1: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 1, acc, pf); break;
 #if AK_PV_MR > 2
-    case 2: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 2, acc); break;
+    case 2: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 2, acc, pf); break;
 #endif
 #if AK_PV_MR > 3
-    case 3: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 3, acc); break;
+    case 3: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 3, acc, pf); break;
 #endif
 #if AK_PV_MR > 4
-    case 4: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 4, acc); break;
+    case 4: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 4, acc, pf); break;
 #endif
 #if AK_PV_MR > 5
-    case 5: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 5, acc); break;
+    case 5: pv_rows(pi, ldp, vp, vt, nkeys, oi, ldo, dpad, 5, acc, pf); break;
 #endif
     default: break;
     }
 }
 
 static void pv(const float *p, int ldp, int rows, const void *const *vp, ak_dtype vt, int nkeys, float *o, int ldo,
-               int dpad)
+               int dpad, ak_pf *pf)
 {
     switch (vt) {
-    case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad, 1); break;
-    case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad, 1); break;
-    default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad, 1); break;
+    case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad, 1, pf); break;
+    case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad, 1, pf); break;
+    default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad, 1, pf); break;
     }
 }
 
@@ -384,7 +409,7 @@ static void load_kt(float *kt, int ldk, const void *const *rows, ak_dtype t, int
  * ncols the tile's keys rounded up to whole vectors. */
 static void qk_nn(const float *q, int ldq, int rows, const void *const *ktp, int dim, float *s, int lds, int ncols)
 {
-    pv_t(q, ldq, rows, ktp, AK_F32, dim, s, lds, ncols, 0);
+    pv_t(q, ldq, rows, ktp, AK_F32, dim, s, lds, ncols, 0, NULL);
 }
 
 /* ---- AMX: bf16 tiles for prefill (kernels_amx.c only) ------------------------ */
@@ -698,17 +723,26 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         /* every row sees the whole tile unless it starts before the last row's
          * first key or ends after the first row's last key */
         const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
-        /* in-place items (decode) prefetch the next tile's rows, a share after
-         * each head's QK (K) and PV (V) (see prefetch_rows); converted tiles
-         * go without: for prefill it measured neutral (FMA) to 1-2% slower
-         * (AMX) */
+        /* in-place items (decode) prefetch the next tile's lines from inside
+         * the micro-kernels (ak_pf); converted tiles go without: for prefill
+         * it measured neutral (FMA) to 1-2% slower (AMX) */
         const int pj = j0 + tile;
         const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
-        const int pe = k_in_place ? pn * nheads : 0;
         key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
+        ak_pf pf = {sc->pf_lines, sc->pf_lines, 0};
+        if (k_in_place && pn > 0) {
+            const int lines = prefetch_lines(c, g0, nheads, sc->koff[cur ^ 1], sc->voff[cur ^ 1], pn, sc->pf_lines);
+            /* inner steps of this tile: QK d-steps per 4 keys and row block,
+             * PV keys per column block and row block */
+            const int qk_steps = nheads * (n4 / AK_QK_NR) * (dqk / AK_VW) * ((rows1 + AK_QK_MR - 1) / AK_QK_MR);
+            const int pv_steps = v_in_place ? nheads * n * ((dvo + AK_PV_NV * AK_VW - 1) / (AK_PV_NV * AK_VW)) *
+                                                  ((rows1 + AK_PV_MR - 1) / AK_PV_MR)
+                                            : 0;
+            pf.end += lines;
+            pf.per_step = (lines + qk_steps + pv_steps - 1) / (qk_steps + pv_steps);
+        }
 
         for (int i = 0; i < nheads; i++) {
-            prefetch_rows(c, g0, nheads, sc->koff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 0);
             const float *qi = sc->q + (int64_t)i * rows1 * dqk;
             float *si = sc->s + (int64_t)i * rows1 * lds;
             load_kv_tile(c, g0 + i, n, 0, 1, sc->koff[cur], NULL, sc->kp);
@@ -721,7 +755,7 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
 #endif
             if (k_in_place) {
                 for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
-                qk(qi, dqk, rows1, sc->kp, c->kv_dtype, n4, dqk, si, lds);
+                qk(qi, dqk, rows1, sc->kp, c->kv_dtype, n4, dqk, si, lds, &pf);
             } else {
                 load_kt(sc->k, AK_CPU_TILE_KEYS, sc->kp, c->kv_dtype, n, c->head_dim_qk, dqk);
                 qk_nn(qi, dqk, rows1, sc->ktp, c->head_dim_qk, si, lds, (n + AK_VW - 1) / AK_VW * AK_VW);
@@ -730,7 +764,6 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         online_softmax(c, sc, nheads, ntok, j0, n, masked, amx ? c->sm_scale : 1.0f);
 #if defined(AK_CPU_AMX)
         if (amx) {
-            prefetch_rows(c, g0, 1, sc->voff[cur ^ 1], 0, pe, 1);
             load_kv_tile(c, g0, n, 1, 1, sc->voff[cur], NULL, sc->vp);
             amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
             uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * AK_CPU_TILE_KEYS_AMX : NULL;
@@ -740,11 +773,11 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         }
 #endif
         for (int i = 0; i < nheads; i++) {
-            prefetch_rows(c, g0, nheads, sc->voff[cur ^ 1], pe * i / nheads, pe * (i + 1) / nheads, 1);
             load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
             pv(sc->s + (int64_t)i * rows1 * lds, lds, rows1, sc->vp, vt, n, sc->o + (int64_t)i * rows1 * dvo, dvo,
-               dvo);
+               dvo, v_in_place ? &pf : NULL);
         }
+        while (pf.next < pf.end) __builtin_prefetch(*pf.next++, 0, AK_PREFETCH_LOCALITY);
     }
 
 #if defined(AK_CPU_AMX)
