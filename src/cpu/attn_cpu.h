@@ -5,8 +5,9 @@
  * scratch, and the kernel table.
  *
  * A work item is one tile of query tokens of one request, with all the query
- * heads of one KV head (a GQA group), against one chunk of that request's
- * keys. Every K/V row of the chunk is read once for the whole group.
+ * heads of one KV head (a GQA group) -- or, for decode-sized requests, of all
+ * KV heads -- against one chunk of that request's keys. Every K/V row of the
+ * chunk is read once for the whole group.
  */
 #ifndef AK_ATTN_CPU_H
 #define AK_ATTN_CPU_H
@@ -29,8 +30,9 @@
 #define AK_CPU_TILE_KEYS_MAX 128
 /* Keys per KV tile of an all-heads (decode) item: one page of 16 is 32 KB of
  * K and 32 KB of V for llama3-8b f16. Measured on the decode case (llama3-8b,
- * batch 8, 4096 keys, f16, 2 threads, fraction of a streaming read): tiles of
- * 8 keys 0.49, 16 keys 0.72-0.76, 24 keys 0.63, 32 keys 0.68, 64 keys 0.61. */
+ * batch 8, 4096 keys, f16, 2 threads, 4 layers of cache with blocks in order,
+ * fraction of a streaming read): tiles of 8 keys 0.49, 16 keys 0.72-0.76,
+ * 24 keys 0.63, 32 keys 0.68, 64 keys 0.61. */
 #define AK_CPU_TILE_KEYS_ALL_HEADS 16
 /* Room after a tile's keys: QK blocks are AK_QK_NR (4) keys wide and vector
  * loops round up to 16 floats, so S rows and row-pointer lists get 16 more. */
@@ -41,7 +43,7 @@ typedef struct ak_cpu_work {
     int32_t kv_head;  /* first KV head g; query heads g * group .. (g + kv_heads) * group - 1 */
     int32_t kv_heads; /* KV heads of the item: 1, or all of them for decode-like tiles */
     int32_t q_begin;  /* first query token of the tile, counted within the request */
-    int32_t q_count;  /* query tokens in the tile (rows = q_count * group) */
+    int32_t q_count;  /* query tokens in the tile (rows = q_count * group * kv_heads) */
     int32_t kv_begin; /* keys [kv_begin, kv_end) of this chunk (each row sees its visible part) */
     int32_t kv_end;
     int32_t part;     /* -1: writes o and lse; >= 0: writes its partial state at pool rows part + m */

@@ -1,24 +1,31 @@
 /*
  * attn_cpu_kernel.h - the body of the cpu backend's kernel, compiled once per
- * instruction set. kernels_scalar.c, kernels_avx2.c and kernels_avx512.c each
- * define the ISA macro (simd.h), AK_CPU_KERNELS_NAME and AK_CPU_ISA_NAME, then
- * include this file, which defines that kernel table.
+ * instruction set. kernels_scalar.c, kernels_avx2.c, kernels_avx512.c and
+ * kernels_amx.c each define the ISA macro (simd.h), AK_CPU_KERNELS_NAME and
+ * AK_CPU_ISA_NAME, then include this file, which defines that kernel table.
  *
  * One work item (attn_cpu.h) is flash attention over tiles of keys:
  *
- *   load_q            the tile's query rows as f32, pre-scaled by sm_scale
- *   for each tile of AK_CPU_TILE_KEYS keys:
- *     load_kv_tile    K rows: f32 rows in place, else converted once to f32
- *     qk              S = Q K^T, register-blocked AK_QK_MR rows x 4 keys
- *     online_softmax  soft-cap, mask, running max m, P = exp(S - m), d,
- *                     rescale O when m grows
- *     load_kv_tile    V rows
- *     pv              O += P V, register-blocked AK_PV_MR rows x AK_PV_NV vectors
- *   store             o = O / d and lse = m + log d (or the partial slot)
+ *   load_q            the item's query rows as f32, pre-scaled by sm_scale
+ *   for each tile of keys:
+ *     load_kv_tile    row pointers of the tile's keys (block table walked once)
+ *     qk              S = Q K^T, by one of
+ *                       in place (few rows per KV head: decode, short verify):
+ *                         K read from the cache and converted as loaded,
+ *                         AK_QK_MR rows x 4 keys of dot products (qk_block)
+ *                       converted (prefill): K converted and transposed once
+ *                         (load_kt), then broadcast-FMA blocks like PV (qk_nn)
+ *                       AMX (kernels_amx.c, q and K/V bf16): bf16 tiles
+ *     online_softmax  scale (AMX), soft-cap, mask, running max m,
+ *                     P = exp(S - m), d, rescale O when m grows
+ *     pv              O += P V, AK_PV_MR rows x AK_PV_NV vectors (V in place or
+ *                     converted once), or bf16 tiles (AMX)
+ *   store             o = O / d and lse = m + log d (or the partial state)
  *
- * Rows are token-major: row m = t * group + h is query token t of the tile
- * with query head h of the GQA group, so one K/V row serves the whole group.
- * Only one tile of scores exists at a time, whatever the context length.
+ * Row m = (i * ntok + t) * group + h is KV head i of the item, query token t,
+ * query head h of its GQA group: each KV head's rows are one block, and one
+ * K/V row serves the whole group. Only one tile of scores exists at a time,
+ * whatever the context length.
  */
 #include "attn_cpu.h"
 #include "softmax_state.h"
