@@ -121,14 +121,16 @@ static int cpu_has_avx512f(void)
 }
 
 #if defined(AK_CPU_HAVE_AMX)
-/* AVX512BW (word permutes) and AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX bit 30,
- * EDX bits 24 and 22), and Linux granting this process the AMX tile state,
- * which it hands out only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
+/* AVX512BW (word permutes), AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX bit 30,
+ * EDX bits 24 and 22), AVX512_BF16 (leaf 7.1, EAX bit 5), and Linux granting
+ * this process the AMX tile state, which it hands out only on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM). */
 static int cpu_has_amx_bf16(void)
 {
     unsigned int a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
     if (!(b & (1u << 30)) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
 #if defined(__linux__) && defined(SYS_arch_prctl)
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
@@ -193,7 +195,8 @@ static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, ch
     snprintf(buf, cap,
              "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile; requests of <= %d "
              "tokens: all %d KV heads x %d keys; split-KV",
-             k->isa, ak_num_threads(), tile_tokens_for(cfg), group, AK_CPU_TILE_KEYS, all_heads_tokens,
+             k->isa, ak_num_threads(), tile_tokens_for(cfg), group, k->amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS,
+             all_heads_tokens,
              cfg->num_kv_heads, AK_CPU_TILE_KEYS_ALL_HEADS);
 }
 
