@@ -9,6 +9,17 @@
 
 #include <string.h>
 
+/* 1 if every id of row[0, n) is in [0, num_blocks). One unsigned compare per
+ * id, OR-reduced without an early exit so the compiler vectorizes it: plan()
+ * checks every block id of the batch (65536 of them at batch 256 x 4096 keys)
+ * and its host time is budgeted in tens of microseconds. */
+static int row_in_range(const int32_t *row, int n, int32_t num_blocks)
+{
+    uint32_t bad = 0;
+    for (int i = 0; i < n; i++) bad |= (uint32_t)row[i] >= (uint32_t)num_blocks;
+    return bad == 0;
+}
+
 /* Everything the metadata needs, checked. Returns the totals. */
 static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim,
                           int *num_tokens, int64_t *num_kv_indices)
@@ -38,6 +49,7 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                                 b->block_table_stride);
     }
 
+    const int32_t num_blocks = lim ? lim->num_cache_blocks : INT32_MAX;
     int64_t tokens = 0, indices = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         const int32_t lo = b->qo_indptr[r], hi = b->qo_indptr[r + 1];
@@ -78,14 +90,14 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                                 "limits.max_blocks_per_req = %d",
                                 r, kv_len, need, lim->max_blocks_per_req);
         const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
-        for (int i = 0; i < need; i++) {
-            const int32_t id = row[i];
-            const int hi_id = lim ? lim->num_cache_blocks : INT32_MAX;
-            if (id < 0 || id >= hi_id)
-                return ak_set_error(AK_ERR_INVALID_ARG,
-                                    "batch.block_table[%d][%d] = %d is out of range [0, %d) "
-                                    "(limits.num_cache_blocks)",
-                                    r, i, id, hi_id);
+        if (!row_in_range(row, need, num_blocks)) {
+            /* the slow path, only to name the first bad entry */
+            for (int i = 0; i < need; i++)
+                if (row[i] < 0 || row[i] >= num_blocks)
+                    return ak_set_error(AK_ERR_INVALID_ARG,
+                                        "batch.block_table[%d][%d] = %d is out of range [0, %d) "
+                                        "(limits.num_cache_blocks)",
+                                        r, i, row[i], num_blocks);
         }
         indices += need;
     }

@@ -82,7 +82,7 @@ struct ak_backend {
     const ak_backend_vtbl *vt;
     void *state;
     ak_attn_config cfg; /* normalised: sm_scale filled in */
-    ak_limits lim;      /* normalised: max_splits filled in */
+    ak_limits lim;      /* as given: max_splits 0 means the backend's own default */
     int planned;        /* a plan() has succeeded (and no later one failed) */
     ak_plan_info plan;  /* sizes of that plan */
 };
