@@ -1,9 +1,8 @@
-/* madvise and MADV_HUGEPAGE are outside strict C11 */
-#define _DEFAULT_SOURCE
 /*
  * device.c - device discovery and memory, CPU side; CUDA calls go to
  * src/cuda/runtime.cu when the library is built with CUDA.
  */
+#define _DEFAULT_SOURCE /* madvise and MADV_HUGEPAGE are outside strict C11 */
 #include "internal.h"
 
 #include <stdio.h>
