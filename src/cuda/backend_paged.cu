@@ -33,12 +33,11 @@
  * length only. */
 struct paged_meta {
     int32_t *qo_indptr;    /* [max_reqs + 1] */
-    int32_t *kv_indptr;    /* [max_reqs + 1] */
-    int32_t *kv_lens;      /* [max_reqs] */
     int32_t *merge_indptr; /* [max_reqs + 1] */
     decode_item *items;    /* [max_items] */
     int32_t *kv_indices;   /* [max_reqs * max_blocks_per_req] */
     int64_t *slot_mapping; /* [max_tokens] */
+    int32_t *kv_indptr;    /* [max_reqs + 1], host only: the items carry page_base */
 };
 
 struct staging {
@@ -79,13 +78,12 @@ static size_t layout_meta(const ak_limits *lim, int max_items, char *base, paged
         off += sizeof(type) * (size_t)(count);                                 \
     } while (0)
     AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
-    AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
-    AK_CARVE_(kv_lens, int32_t, lim->max_reqs);
     AK_CARVE_(merge_indptr, int32_t, lim->max_reqs + 1);
     AK_CARVE_(items, decode_item, max_items);
     *fixed = off;
     AK_CARVE_(kv_indices, int32_t, (int64_t)lim->max_reqs * lim->max_blocks_per_req);
     AK_CARVE_(slot_mapping, int64_t, lim->max_tokens);
+    AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
 #undef AK_CARVE_
     return (off + 255) / 256 * 256;
 }
@@ -265,7 +263,6 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     int max_len = 1;
     int64_t kv_total = 0;
     for (int r = 0; r < R; r++) {
-        st->m.kv_lens[r] = b->kv_lens[r];
         kv_total += b->kv_lens[r];
         const int len = b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]);
         if (len > max_len) max_len = len;
@@ -367,9 +364,7 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.lse_tmp = s->lse_tmp;
     p.items = s->d.items;
     p.qo_indptr = s->d.qo_indptr;
-    p.kv_indptr = s->d.kv_indptr;
     p.kv_indices = s->d.kv_indices;
-    p.kv_lens = s->d.kv_lens;
     p.merge_indptr = s->d.merge_indptr;
     p.num_reqs = s->num_reqs;
     p.num_qo_heads = c->num_qo_heads;

@@ -37,9 +37,7 @@ struct decode_params {
     float *lse_tmp;         /* [max_items, num_qo_heads] partial LSEs (natural log) */
     const decode_item *items;     /* [num_items] */
     const int32_t *qo_indptr;     /* [num_reqs + 1] */
-    const int32_t *kv_indptr;     /* [num_reqs + 1], in blocks */
-    const int32_t *kv_indices;    /* [kv_indptr[num_reqs]] block ids */
-    const int32_t *kv_lens;       /* [num_reqs] */
+    const int32_t *kv_indices;    /* block ids, each request's from its item's page_base */
     const int32_t *merge_indptr;  /* [num_reqs + 1] partial rows of each request */
     int num_reqs;
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
