@@ -245,6 +245,41 @@ static void core_selector(test_ctx *t)
         CHECK(t, "no CUDA device: create fails with reasons", st != AK_OK && strstr(ak_last_error(), "cpu_ref"),
               "status %s", ak_status_str(st));
     ak_backend_destroy(b);
+    /* an empty plan: every request pads (q_len 0); run takes views of no memory */
+    {
+        ak_attn_config ec;
+        ak_attn_config_init(&ec);
+        ak_backend *eb = NULL;
+        const int32_t qo[3] = {0, 0, 0}, kvl[2] = {5, 0}, bt[2] = {0, 0};
+        ak_batch batch;
+        ak_batch_init(&batch);
+        batch.num_reqs = 2;
+        batch.qo_indptr = qo;
+        batch.kv_lens = kvl;
+        batch.block_table = bt;
+        batch.block_table_stride = 1;
+        ak_paged_kv kv;
+        memset(&kv, 0, sizeof kv);
+        float pool[16 * 128];
+        kv.k_data = kv.v_data = pool;
+        kv.dtype = AK_F32;
+        kv.num_blocks = lim.num_cache_blocks;
+        kv.page_size = 16;
+        kv.num_kv_heads = 1;
+        kv.head_dim_qk = kv.head_dim_vo = 128;
+        ak_tensor q = ak_tensor_3d(NULL, AK_F32, 0, 1, 128), o = ak_tensor_3d(NULL, AK_F32, 0, 1, 128);
+        ak_run_args a;
+        ak_run_args_init(&a);
+        a.q = &q;
+        a.kv = &kv;
+        a.o = &o;
+        ak_status es = ak_backend_create(&ec, &lim, NULL, &eb);
+        if (es == AK_OK) es = ak_backend_plan(eb, &batch, NULL);
+        if (es == AK_OK) es = ak_backend_run(eb, &a, NULL);
+        CHECK(t, "empty plan runs with NULL views", es == AK_OK && ak_backend_planned_tokens(eb) == 0,
+              "status %s: %s", ak_status_str(es), ak_last_error());
+        ak_backend_destroy(eb);
+    }
     CHECK(t, "status strings", !strcmp(ak_status_str(AK_OK), "ok") && strlen(ak_status_str(AK_ERR_CUDA)) > 0,
           "bad strings");
 }

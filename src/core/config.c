@@ -257,10 +257,10 @@ ak_status ak_meta_alloc_host(const ak_meta_capacity *cap, ak_batch_meta *meta)
     meta->kv_indptr = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
     meta->kv_indices = malloc(sizeof(int32_t) * (size_t)(cap->max_kv_indices + 1));
     meta->kv_last_page_len = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
-    meta->positions = malloc(sizeof(int32_t) * (size_t)(cap->max_tokens + 1));
+    /* positions stay NULL: no backend reads them, so plan() skips them */
     meta->slot_mapping = malloc(sizeof(int64_t) * (size_t)(cap->max_tokens + 1));
     if (!meta->qo_indptr || !meta->kv_indptr || !meta->kv_indices || !meta->kv_last_page_len ||
-        !meta->positions || !meta->slot_mapping) {
+        !meta->slot_mapping) {
         ak_meta_free_host(meta);
         return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate batch metadata for %d requests",
                             cap->max_reqs);
@@ -285,7 +285,10 @@ static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dty
                               const int64_t *shape)
 {
     if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
-    if (!t->data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    /* an empty plan (every request q_len 0) may pass views of no memory */
+    if (!t->data && numel > 0) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->dtype != dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected %s", name,
                             ak_dtype_name(t->dtype), ak_dtype_name(dtype));

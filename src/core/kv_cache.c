@@ -145,7 +145,7 @@ static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids, int 
 
 ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
 {
-    AK_TRY(check_ids(c, 0, ids, 0));
+    if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
     if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
     if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
     if (n > c->num_free)

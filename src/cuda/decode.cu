@@ -45,7 +45,6 @@ template <int D> struct decode_traits {
     static_assert((TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
 };
 
-#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 /* ---- device helpers --------------------------------------------------------- */
