@@ -1,0 +1,474 @@
+"""
+attnkit - a thin Python binding of libattnkit.so (ctypes, standard library only).
+
+    import attnkit
+    cfg = attnkit.Config(num_qo_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16",
+                         device="cuda", page_size=16, workload="decode")
+    b = attnkit.Backend(cfg, attnkit.Limits(max_reqs=64, num_cache_blocks=8192))
+    b.plan(qo_indptr, kv_lens, block_table)        # host lists / CPU tensors
+    b.kv_update(k_cache, v_cache, k_new, v_new)    # unless b.forward_includes_kv_update
+    b.run(q, k_cache, v_cache, o, lse)             # torch tensors or attnkit.View
+
+Tensors are PyTorch tensors (CPU or CUDA; torch is never imported by attnkit,
+only recognised when the caller has imported it) or CPU buffers wrapped in
+View(obj, shape, dtype). On CUDA the current torch stream is used unless
+`stream=` names one (an int cudaStream_t or an object with .cuda_stream).
+A paged cache is 4-D: [num_blocks, page_size, num_kv_heads, head_dim] (NHD)
+or [num_blocks, num_kv_heads, page_size, head_dim] (HND); the block stride
+may be anything (a slice of a combined K/V pool), the rest must be packed.
+
+The library is found through ATTNKIT_LIB, else <repo>/build/libattnkit.so,
+else the loader's search path. Every failure raises attnkit.Error (or a
+subclass) carrying ak_last_error()'s message.
+"""
+import ctypes
+import sys
+
+from . import _capi
+from ._errors import BackendNotFound, Error, InvalidArgument, LimitExceeded, Unsupported
+from ._errors import BY_STATUS as _BY_STATUS
+from ._tensor import View, as_arg as _as_arg, host_int_array as _host_int_array
+from ._tensor import DTYPES as _DTYPES, dtype_name as _dtype_name
+from ._tensor import parse_device as _parse_device, device_str as _device_str
+
+__all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "LimitExceeded",
+           "Limits", "Unsupported", "View", "backends", "device_count", "explain", "kv_update",
+           "library_path"]
+
+_lib, library_path = _capi.load()
+_capi.declare(_lib)
+_capi.check_struct_sizes(_lib)
+
+
+def _check(status):
+    if status != _capi.AK_OK:
+        msg = (_lib.ak_last_error() or b"").decode(errors="replace")
+        text = (_lib.ak_status_str(status) or b"").decode()
+        raise _BY_STATUS.get(status, Error)(msg, status, text)
+
+
+# ---------------------------------------------------------------------------
+# Enum names <-> values
+# ---------------------------------------------------------------------------
+
+_LAYOUTS = {"NHD": _capi.AK_LAYOUT_NHD, "HND": _capi.AK_LAYOUT_HND}
+_STORAGES = {"paged": _capi.AK_KV_PAGED, "ragged": _capi.AK_KV_RAGGED}
+_WORKLOADS = {"any": _capi.AK_WORKLOAD_ANY, "decode": _capi.AK_WORKLOAD_DECODE}
+
+
+def _enum_value(table, value, field):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # passed through: the C library names a bad value
+    for k, v in table.items():
+        if str(value).lower() == k.lower():
+            return v
+    raise InvalidArgument(f"{field} = {value!r} is not one of {', '.join(table)}")
+
+
+def _enum_name(table, value):
+    for k, v in table.items():
+        if v == value:
+            return k
+    return value
+
+
+def _dtype_code(value, field):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    code = _DTYPES[_dtype_name(value, field)][0]
+    if code is None:
+        raise InvalidArgument(f"{field} = {value!r} is not a floating-point dtype")
+    return code
+
+
+# ---------------------------------------------------------------------------
+# Config and Limits
+# ---------------------------------------------------------------------------
+
+class Config:
+    """ak_attn_config. Defaults are the C library's (ak_attn_config_init): MHA
+    1/1 heads, head dim 128, f32 on the CPU, causal, full window, no soft-cap,
+    paged NHD cache with page size 16, any workload.
+
+    Fields (the C names): num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo,
+    sm_scale (0: 1/sqrt(head_dim_qk)), causal, window_left (-1: full),
+    logits_soft_cap (0: off), q_dtype, kv_dtype, o_dtype ('f32', 'f16', 'bf16',
+    'fp8_e4m3' or a torch dtype), device ('cpu', 'cuda', 'cuda:N'), kv_storage
+    ('paged', 'ragged'), kv_layout ('NHD', 'HND'), page_size, workload ('any',
+    'decode'). Shorthands: head_dim= sets both head dims, dtype= all three dtypes.
+    """
+
+    FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "sm_scale", "causal",
+              "window_left", "logits_soft_cap", "q_dtype", "kv_dtype", "o_dtype", "device",
+              "kv_storage", "kv_layout", "page_size", "workload")
+
+    def __init__(self, head_dim=None, dtype=None, **fields):
+        c = _capi.ak_attn_config()
+        _lib.ak_attn_config_init(ctypes.byref(c))
+        self._set_from_c(c)
+        if head_dim is not None:
+            self.head_dim_qk = self.head_dim_vo = head_dim
+        if dtype is not None:
+            self.q_dtype = self.kv_dtype = self.o_dtype = dtype
+        for k, v in fields.items():
+            if k not in self.FIELDS:
+                raise TypeError(f"Config has no field {k!r} (fields: {', '.join(self.FIELDS)})")
+            setattr(self, k, v)
+
+    def _set_from_c(self, c):
+        for f in ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "sm_scale",
+                  "causal", "window_left", "logits_soft_cap", "page_size"):
+            setattr(self, f, getattr(c, f))
+        self.causal = bool(c.causal)
+        for f in ("q_dtype", "kv_dtype", "o_dtype"):
+            setattr(self, f, _capi_dtype_name(getattr(c, f)))
+        self.device = _device_str((c.device.kind, c.device.index))
+        self.kv_storage = _enum_name(_STORAGES, c.kv_storage)
+        self.kv_layout = _enum_name(_LAYOUTS, c.kv_layout)
+        self.workload = _enum_name(_WORKLOADS, c.workload)
+
+    @classmethod
+    def from_c(cls, c):
+        self = cls.__new__(cls)
+        self._set_from_c(c)
+        return self
+
+    def to_c(self):
+        c = _capi.ak_attn_config()
+        _lib.ak_attn_config_init(ctypes.byref(c))
+        for f in ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "window_left",
+                  "page_size"):
+            setattr(c, f, int(getattr(self, f)))
+        c.causal = int(self.causal)
+        c.sm_scale = float(self.sm_scale)
+        c.logits_soft_cap = float(self.logits_soft_cap)
+        for f in ("q_dtype", "kv_dtype", "o_dtype"):
+            setattr(c, f, _dtype_code(getattr(self, f), "config." + f))
+        c.device.kind, c.device.index = _parse_device(self.device, "config.device")
+        c.kv_storage = _enum_value(_STORAGES, self.kv_storage, "config.kv_storage")
+        c.kv_layout = _enum_value(_LAYOUTS, self.kv_layout, "config.kv_layout")
+        c.workload = _enum_value(_WORKLOADS, self.workload, "config.workload")
+        return c
+
+    @property
+    def device_tuple(self):
+        return _parse_device(self.device, "config.device")
+
+    def __repr__(self):
+        return "Config(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
+
+
+def _capi_dtype_name(code):
+    try:
+        return _dtype_name(code)
+    except InvalidArgument:
+        return code
+
+
+class Limits:
+    """ak_limits: max_reqs, max_tokens, max_blocks_per_req, num_cache_blocks,
+    max_splits (0: the backend's choice). Defaults are ak_limits_init's."""
+
+    FIELDS = ("max_reqs", "max_tokens", "max_blocks_per_req", "num_cache_blocks", "max_splits")
+
+    def __init__(self, **fields):
+        c = _capi.ak_limits()
+        _lib.ak_limits_init(ctypes.byref(c))
+        for f in self.FIELDS:
+            setattr(self, f, getattr(c, f))
+        for k, v in fields.items():
+            if k not in self.FIELDS:
+                raise TypeError(f"Limits has no field {k!r} (fields: {', '.join(self.FIELDS)})")
+            setattr(self, k, v)
+
+    def to_c(self):
+        c = _capi.ak_limits()
+        _lib.ak_limits_init(ctypes.byref(c))
+        for f in self.FIELDS:
+            setattr(c, f, int(getattr(self, f)))
+        return c
+
+    def __repr__(self):
+        return "Limits(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.FIELDS) + ")"
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+def backends():
+    """Names of every backend compiled into the library."""
+    return [_lib.ak_backend_name_at(i).decode() for i in range(_lib.ak_backend_count())]
+
+
+def device_count(kind="cuda"):
+    """Devices of a kind ('cpu' counts 1; 'cuda' is 0 without CUDA or a GPU)."""
+    return _lib.ak_device_count(_parse_device(kind, "kind")[0])
+
+
+def explain(config, cap=16384):
+    """The selector's account of config: every backend with 'chosen',
+    'available' or its reasons, and the rule that chose."""
+    c = config.to_c()
+    buf = ctypes.create_string_buffer(cap)
+    _lib.ak_explain(ctypes.byref(c), buf, cap)
+    return buf.value.decode(errors="replace")
+
+
+# ---------------------------------------------------------------------------
+# Streams, devices and the paged cache
+# ---------------------------------------------------------------------------
+
+def _stream_handle(stream, device):
+    """The cudaStream_t for a call on `device`: `stream` as given (None, an int,
+    or an object with .cuda_stream), else torch's current stream when torch is
+    loaded, else NULL (the legacy default stream). Ignored on the CPU."""
+    kind, index = device
+    if kind != _capi.AK_DEVICE_CUDA:
+        return None
+    if stream is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return None
+        return torch.cuda.current_stream(index).cuda_stream or None
+    if hasattr(stream, "cuda_stream"):
+        return stream.cuda_stream or None
+    return int(stream) or None
+
+
+def _check_device(args, device):
+    for a in args:
+        if a is not None and a.device != device:
+            raise InvalidArgument(f"{a.name} is on {_device_str(a.device)}, the call runs on "
+                                  f"{_device_str(device)}")
+
+
+def _paged_kv(k_cache, v_cache, layout):
+    """ak_paged_kv from two 4-D cache tensors; the layout says which of dims 1
+    and 2 is the page."""
+    for a in (k_cache, v_cache):
+        if len(a.shape) != 4:
+            raise InvalidArgument(
+                f"{a.name} has shape {list(a.shape)}; a paged cache is 4-D, "
+                "[num_blocks, page_size, num_kv_heads, head_dim] (NHD) or "
+                "[num_blocks, num_kv_heads, page_size, head_dim] (HND)")
+        # a block must be packed; strides of size-1 dims do not matter
+        inner = (a.shape[2] * a.shape[3], a.shape[3], 1)
+        for d in (1, 2, 3):
+            if a.shape[d] > 1 and a.stride[d] != inner[d - 1]:
+                raise InvalidArgument(f"{a.name}.stride[{d}] = {a.stride[d]}, expected "
+                                      f"{inner[d - 1]}: a block must be packed (only the "
+                                      "block stride may differ)")
+    if k_cache.dtype != v_cache.dtype:
+        raise InvalidArgument(f"v_cache has dtype {v_cache.dtype}, k_cache {k_cache.dtype}")
+    if k_cache.device != v_cache.device:
+        raise InvalidArgument(f"v_cache is on {_device_str(v_cache.device)}, k_cache on "
+                              f"{_device_str(k_cache.device)}")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise InvalidArgument(f"v_cache shape {list(v_cache.shape)} and k_cache shape "
+                              f"{list(k_cache.shape)} differ before the head dim")
+    code = _DTYPES[k_cache.dtype][0]
+    if code is None:
+        raise InvalidArgument(f"k_cache has dtype {k_cache.dtype}; a KV cache is f32, f16, bf16")
+    kv = _capi.ak_paged_kv()
+    kv.k_data, kv.v_data = k_cache.ptr or None, v_cache.ptr or None
+    kv.dtype = code
+    kv.layout = layout
+    kv.device.kind, kv.device.index = k_cache.device
+    kv.num_blocks = k_cache.shape[0]
+    if layout == _capi.AK_LAYOUT_HND:
+        kv.num_kv_heads, kv.page_size = k_cache.shape[1], k_cache.shape[2]
+    else:
+        kv.page_size, kv.num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    kv.head_dim_qk, kv.head_dim_vo = k_cache.shape[3], v_cache.shape[3]
+    kv.k_block_stride = k_cache.stride[0] if k_cache.shape[0] > 1 else 0
+    kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
+    return kv
+
+
+def _kv_update(kv, k, v, slot_ptr, num_tokens, device, stream):
+    tk, tv = k.to_ak_tensor(), v.to_ak_tensor()
+    _check(_lib.ak_kv_update(ctypes.byref(kv), ctypes.byref(tk), ctypes.byref(tv), slot_ptr,
+                             num_tokens, _stream_handle(stream, device)))
+
+
+def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None):
+    """Writes new K/V rows into a paged cache: token i's rows go to slot
+    slot_mapping[i] (block * page_size + offset; -1 skips it).
+    k: [num_tokens, num_kv_heads, head_dim_qk], v likewise, in the cache's dtype
+    and on its device. slot_mapping: int64, a list or host array for a CPU
+    cache, a torch tensor on the cache's device."""
+    kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
+    ka, va = _as_arg(k, "k"), _as_arg(v, "v")
+    kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"))
+    _check_device((ka, va), kc.device)
+    num_tokens = ka.shape[0] if ka.shape else 0
+    sm = _slot_mapping_arg(slot_mapping, kc.device)
+    if sm.numel() < num_tokens:
+        raise InvalidArgument(f"slot_mapping has {sm.numel()} entries, k has {num_tokens} tokens")
+    _kv_update(kv, ka, va, sm.ptr or None, num_tokens, kc.device, stream)
+
+
+def _slot_mapping_arg(obj, device):
+    from ._tensor import is_torch_tensor
+    if is_torch_tensor(obj) and obj.device.type != "cpu":
+        a = _as_arg(obj, "slot_mapping")
+        if a.dtype != "i64" or (a.numel() > 1 and a.stride[-1] != 1) or len(a.shape) != 1:
+            raise InvalidArgument(f"slot_mapping must be a 1-D contiguous int64 tensor, got "
+                                  f"{a.dtype} shape {list(a.shape)}")
+    else:
+        a = _host_int_array(obj, "slot_mapping", "q")
+    _check_device((a,), device)
+    return a
+
+
+# ---------------------------------------------------------------------------
+# Backend
+# ---------------------------------------------------------------------------
+
+class Backend:
+    """One ak_backend: create from a Config and Limits (name: a backend, or
+    None for AK_BACKEND / the selector), then plan() per step and run() per
+    layer. close() (or the end of a with-block, or garbage collection) destroys
+    it."""
+
+    def __init__(self, config, limits=None, name=None):
+        self._h = None
+        limits = limits if limits is not None else Limits()
+        c, lc = config.to_c(), limits.to_c()
+        h = ctypes.c_void_p()
+        _check(_lib.ak_backend_create(ctypes.byref(c), ctypes.byref(lc),
+                                      name.encode() if name else None, ctypes.byref(h)))
+        self._h = h
+        self.config = Config.from_c(_lib.ak_backend_config(h).contents)
+        self.limits = limits
+        self._device = (c.device.kind, c.device.index)
+        self._layout = c.kv_layout
+        self._paged = c.kv_storage == _capi.AK_KV_PAGED
+
+    # -- properties -------------------------------------------------------
+
+    def _handle(self):
+        if not self._h:
+            raise Error("the backend is closed")
+        return self._h
+
+    @property
+    def name(self):
+        return _lib.ak_backend_name(self._handle()).decode()
+
+    @property
+    def graph_support(self):
+        """'never', 'decode_only', 'uniform_batch' or 'always'."""
+        g = _lib.ak_backend_graph_support(self._handle())
+        return _lib.ak_graph_support_name(g).decode()
+
+    @property
+    def forward_includes_kv_update(self):
+        return bool(_lib.ak_backend_forward_includes_kv_update(self._handle()))
+
+    @property
+    def planned_tokens(self):
+        return _lib.ak_backend_planned_tokens(self._handle())
+
+    @property
+    def slot_mapping(self):
+        """Address of the current plan's slot mapping ([planned_tokens] int64 on
+        config.device), or None before the first plan."""
+        return _lib.ak_backend_slot_mapping(self._handle())
+
+    # -- plan / run ---------------------------------------------------------
+
+    def plan(self, qo_indptr, kv_lens, block_table=None, block_table_stride=None, stream=None):
+        """qo_indptr [num_reqs + 1], kv_lens [num_reqs], block_table [num_reqs,
+        stride] (paged; nested lists are padded with -1, a flat array needs
+        block_table_stride unless its length divides by num_reqs). Lists,
+        integer buffers or CPU tensors."""
+        qo = _host_int_array(qo_indptr, "qo_indptr")
+        kl = _host_int_array(kv_lens, "kv_lens")
+        num_reqs = kl.numel()
+        if qo.numel() != num_reqs + 1:
+            raise InvalidArgument(f"qo_indptr has {qo.numel()} entries, expected num_reqs + 1 = "
+                                  f"{num_reqs + 1} (num_reqs = len(kv_lens))")
+        batch = _capi.ak_batch()
+        _lib.ak_batch_init(ctypes.byref(batch))
+        batch.num_reqs = num_reqs
+        I32P = ctypes.POINTER(ctypes.c_int32)
+        batch.qo_indptr = ctypes.cast(qo.ptr, I32P)
+        batch.kv_lens = ctypes.cast(kl.ptr, I32P)
+        bt = None
+        if block_table is not None:
+            bt = _host_int_array(block_table, "block_table")
+            if block_table_stride is None:
+                if len(bt.shape) == 2:
+                    block_table_stride = bt.shape[1]
+                elif num_reqs and bt.numel() % num_reqs == 0:
+                    block_table_stride = bt.numel() // num_reqs
+                else:
+                    raise InvalidArgument(f"block_table has {bt.numel()} entries for {num_reqs} "
+                                          "requests; give block_table_stride")
+            if bt.numel() < num_reqs * block_table_stride:
+                raise InvalidArgument(f"block_table has {bt.numel()} entries, expected "
+                                      f"num_reqs x block_table_stride = "
+                                      f"{num_reqs} x {block_table_stride}")
+            batch.block_table = ctypes.cast(bt.ptr, I32P)
+            batch.block_table_stride = int(block_table_stride)
+        _check(_lib.ak_backend_plan(self._handle(), ctypes.byref(batch),
+                                    _stream_handle(stream, self._device)))
+
+    def run(self, q, k_cache, v_cache, o, lse=None, stream=None):
+        """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the
+        planned batch. Paged storage: k_cache / v_cache are the layer's 4-D
+        pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors."""
+        qa, oa = _as_arg(q, "q"), _as_arg(o, "o")
+        la = _as_arg(lse, "lse") if lse is not None else None
+        kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
+        _check_device((qa, oa, la, kc, vc), self._device)
+        tq, to = qa.to_ak_tensor(), oa.to_ak_tensor()
+        args = _capi.ak_run_args()
+        _lib.ak_run_args_init(ctypes.byref(args))
+        args.q, args.o = ctypes.pointer(tq), ctypes.pointer(to)
+        if la is not None:
+            tl = la.to_ak_tensor()
+            args.lse = ctypes.pointer(tl)
+        if self._paged:
+            kv = _paged_kv(kc, vc, self._layout)
+            args.kv = ctypes.pointer(kv)
+        else:
+            tk, tv = kc.to_ak_tensor(), vc.to_ak_tensor()
+            args.k, args.v = ctypes.pointer(tk), ctypes.pointer(tv)
+        _check(_lib.ak_backend_run(self._handle(), ctypes.byref(args),
+                                   _stream_handle(stream, self._device)))
+
+    def kv_update(self, k_cache, v_cache, k, v, stream=None):
+        """ak_kv_update with this backend's planned slot mapping (capturable in
+        the same CUDA graph as run()); k has the planned number of tokens."""
+        kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
+        ka, va = _as_arg(k, "k"), _as_arg(v, "v")
+        _check_device((kc, vc, ka, va), self._device)
+        kv = _paged_kv(kc, vc, self._layout)
+        n = ka.shape[0] if ka.shape else 0
+        if n != self.planned_tokens:
+            raise InvalidArgument(f"k.shape[0] = {n}, expected the planned tokens "
+                                  f"{self.planned_tokens}")
+        _kv_update(kv, ka, va, self.slot_mapping, n, self._device, stream)
+
+    # -- lifetime -----------------------------------------------------------
+
+    def close(self):
+        if self._h:
+            _lib.ak_backend_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_h", None) and _lib is not None:
+            self.close()
+
+    def __repr__(self):
+        return f"Backend({self.name!r}, {self.config!r})" if self._h else "Backend(closed)"
