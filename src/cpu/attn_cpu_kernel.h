@@ -16,8 +16,9 @@
  *                       converted (prefill): K converted and transposed once
  *                         (load_kt), then broadcast-FMA blocks like PV (qk_nn)
  *                       AMX (kernels_amx.c, q and K/V bf16): bf16 tiles
- *     online_softmax  scale (AMX), soft-cap, mask, running max m,
- *                     P = exp(S - m), d, rescale O when m grows
+ *     online_softmax  soft-cap, mask, running max m, P = exp(S - m), d,
+ *                     rescale O when m grows (AMX: fused with scaling S and
+ *                     rounding P to bf16, amx_softmax)
  *     pv              O += P V, AK_PV_MR rows x AK_PV_NV vectors (V in place or
  *                     converted once), or bf16 tiles (AMX)
  *   store             o = O / d and lse = m + log d (or the partial state)
@@ -537,28 +538,107 @@ static void amx_qk(const uint16_t *q, int dq32, int rows, const uint32_t *kt, in
         }
 }
 
-/* P of rows [0, rows) as bf16 [rows][TILE_KEYS_AMX], keys past n zero; with
- * lo, also the rounding remainder P - bf16(P) as a second bf16 matrix, so
- * that P V = P_hi V + P_lo V keeps about 16 bits of P (an f32 output asks
- * for that: bf16 P alone gave a relative error of 1.4e-3). */
-static void amx_store_p(uint16_t *hi, uint16_t *lo, const float *s, int lds, int rows, int n)
+/* How far the running max m may lag behind a row's true max before the AMX
+ * softmax raises it (natural-log units): P = exp(S - m) then stays below
+ * e^8 ~ 3000, harmless in f32 sums and in bf16 (same exponent range), and O
+ * is rescaled only when a tile's max jumps by more than this, not whenever
+ * it grows (each rescale is a pass over the row's O). The result is exact
+ * either way: o = O / d and lse = m + log d do not need m to be the max. */
+#define AK_AMX_MAX_LAG 8.0f
+
+/* 2^t for t far below the f32 range too (VSCALEFPS makes 2^n * p exact, and
+ * 0 where it underflows): n = round(t), 2^(t - n) by its Taylor series in
+ * (t - n) ln 2, degree 6, relative error < 2e-7 for |t - n| <= 1/2. */
+AK_INLINE vf amx_exp2(vf t)
 {
-    /* VCVTNE2PS2BF16 rounds 32 floats to nearest even in one instruction;
-     * the bit-twiddling vf_store_bf16 took ~10 per 16 */
-    for (int m = 0; m < rows; m++)
-        for (int j = 0; j < (n + 31) / 32 * 32; j += 32) {
-            const float *row = s + (int64_t)m * lds + j;
-            const vf x0 = j < n ? vf_load(row) : vf_zero(), x1 = j + 16 < n ? vf_load(row + 16) : vf_zero();
-            const __m512bh h = _mm512_cvtne2ps_pbh(x1, x0);
-            _mm512_storeu_si512(hi + (int64_t)m * AK_CPU_TILE_KEYS_AMX + j, (__m512i)h);
-            if (!lo) continue;
-            const __m512i hw = (__m512i)h;
-            const vf h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
-            const vf h1 = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
-            const __m512bh l = _mm512_cvtne2ps_pbh(vf_sub(x1, h1), vf_sub(x0, h0));
-            _mm512_storeu_si512(lo + (int64_t)m * AK_CPU_TILE_KEYS_AMX + j, (__m512i)l);
+    const vf n = vf_round(t), f = vf_sub(t, n);
+    vf p = vf_fma(vf_set1(1.5403530393381609e-4f), f, vf_set1(1.3333558146428443e-3f));
+    p = vf_fma(p, f, vf_set1(9.6181291076284772e-3f));
+    p = vf_fma(p, f, vf_set1(5.5504108664821580e-2f));
+    p = vf_fma(p, f, vf_set1(2.4022650695910071e-1f));
+    p = vf_fma(p, f, vf_set1(6.9314718055994531e-1f));
+    p = vf_fma(p, f, vf_set1(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Lanes i of the 16 keys from j with lo <= j + i < hi. */
+AK_INLINE __mmask16 amx_key_mask(int j, int lo, int hi)
+{
+    const int a = lo - j > 0 ? lo - j : 0, b = hi - j < 16 ? hi - j : 16;
+    return b > a ? (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1)) : 0;
+}
+
+/* online_softmax for the AMX path, fused with the rounding of P: for each of
+ * the ntok x group rows, the max of its visible scaled scores (S enters
+ * unscaled), m raised when that max passes it by AK_AMX_MAX_LAG,
+ * P = exp(S - m) computed as 2^(S scale log2e - m log2e) and written straight
+ * to bf16 [rows][TILE_KEYS_AMX] (zeros for hidden keys and up to the next 32),
+ * d = d f + sum P and O *= f with f = exp(m_old - m_new). With lo, also the
+ * rounding remainder P - bf16(P), so that P V = P_hi V + P_lo V keeps about
+ * 16 bits of P (an f32 output asks for that: bf16 P alone gave a relative
+ * error of 1.4e-3). S is read twice and never written back. */
+static void amx_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int masked,
+                        uint16_t *hi, uint16_t *lo)
+{
+    const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad, n32 = (n + 31) / 32 * 32;
+    const float cap = c->soft_cap;
+    for (int t = 0; t < ntok; t++) {
+        int vlo = 0, vhi = n; /* visible columns [vlo, vhi) */
+        if (masked) {
+            vlo = sc->lo[t] - j0 > 0 ? sc->lo[t] - j0 : 0;
+            vhi = sc->hi[t] - j0 + 1 < n ? sc->hi[t] - j0 + 1 : n;
         }
+        for (int h = 0; h < group; h++) {
+            const int m = t * group + h;
+            float *row = sc->s + (int64_t)m * lds;
+            uint16_t *ph = hi + (int64_t)m * AK_CPU_TILE_KEYS_AMX, *pl = lo ? lo + (int64_t)m * AK_CPU_TILE_KEYS_AMX : NULL;
+            if (vlo >= vhi) {
+                memset(ph, 0, sizeof(uint16_t) * (size_t)n32);
+                if (pl) memset(pl, 0, sizeof(uint16_t) * (size_t)n32);
+                continue;
+            }
+            float scale = c->sm_scale;
+            if (cap > 0.0f) {
+                const vf sv = vf_set1(scale / cap), vcap = vf_set1(cap);
+                for (int j = 0; j < n; j += AK_VW) vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(sv, vf_load(row + j)))));
+                scale = 1.0f;
+            }
+            const vf sv = vf_set1(scale);
+            vf mx = vf_set1(-INFINITY);
+            for (int j = vlo / 16 * 16; j < vhi; j += 16)
+                mx = _mm512_mask_max_ps(mx, amx_key_mask(j, vlo, vhi), mx, vf_mul(sv, vf_load(row + j)));
+            const float m_old = sc->row_max[m], tile_max = vf_hmax(mx);
+            const float m_new = m_old == -INFINITY || tile_max > m_old + AK_AMX_MAX_LAG ? tile_max : m_old;
+            const vf c2 = vf_set1(scale * AK_LOG2E), m2 = vf_set1(m_new * AK_LOG2E);
+            vf sum = vf_zero();
+            for (int j = 0; j < n32; j += 32) {
+                const __mmask16 k0 = amx_key_mask(j, vlo, vhi), k1 = amx_key_mask(j + 16, vlo, vhi);
+                vf p0 = vf_zero(), p1 = vf_zero();
+                if (k0) p0 = _mm512_maskz_mov_ps(k0, amx_exp2(_mm512_fmsub_ps(vf_load(row + j), c2, m2)));
+                if (k1) p1 = _mm512_maskz_mov_ps(k1, amx_exp2(_mm512_fmsub_ps(vf_load(row + j + 16), c2, m2)));
+                sum = vf_add(sum, vf_add(p0, p1));
+                /* VCVTNE2PS2BF16 rounds 32 floats to nearest even in one
+                 * instruction; the bit-twiddling vf_store_bf16 took ~10 per 16 */
+                const __m512i hw = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+                _mm512_storeu_si512(ph + j, hw);
+                if (!pl) continue;
+                const vf h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
+                const vf h1 = _mm512_castsi512_ps(
+                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
+                _mm512_storeu_si512(pl + j, (__m512i)_mm512_cvtne2ps_pbh(vf_sub(p1, h1), vf_sub(p0, h0)));
+            }
+            const float f = m_old == m_new ? 1.0f
+                            : m_old == -INFINITY ? 0.0f
+                                                 : vf_first(amx_exp2(vf_set1((m_old - m_new) * AK_LOG2E)));
+            sc->row_sum[m] = sc->row_sum[m] * f + vf_hsum(sum);
+            sc->row_max[m] = m_new;
+            if (f != 1.0f) {
+                float *orow = sc->o + (int64_t)m * dvo;
+                const vf fv = vf_set1(f);
+                for (int d = 0; d < dvo; d += AK_VW) vf_store(orow + d, vf_mul(fv, vf_load(orow + d)));
+            }
+        }
+    }
 }
 
 /* O[rows_pad32, dvo_pad] += P V over the tile's keys in chunks of 32 (16
@@ -605,14 +685,13 @@ static void amx_pv(const uint16_t *hi, const uint16_t *lo, int rows, int n, cons
 
 /* ---- online_softmax ------------------------------------------------------------ */
 
-/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: scale
- * (when Q came in unscaled), soft-cap,
+/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: soft-cap,
  * mask the keys a row does not see (masked = 0: every row sees every key),
  * raise m to the tile's max, P = exp(S - m) in place, d = d * f + sum P and
  * O *= f with f = exp(m_old - m_new). A row that sees none of these keys
- * keeps its state and gets P = 0. */
+ * keeps its state and gets P = 0. (The AMX path has its own, amx_softmax.) */
 static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nheads, int ntok, int j0, int n,
-                           int masked, float scale)
+                           int masked)
 {
     const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad;
     const int nvec = (n + AK_VW - 1) / AK_VW * AK_VW;
@@ -632,10 +711,6 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
             if (vlo >= vhi) {
                 memset(row, 0, sizeof(float) * (size_t)n);
                 continue;
-            }
-            if (scale != 1.0f) {
-                const vf sv = vf_set1(scale);
-                for (int j = 0; j < nvec; j += AK_VW) vf_store(row + j, vf_mul(sv, vf_load(row + j)));
             }
             if (cap > 0.0f) {
                 const vf vcap = vf_set1(cap), inv = vf_set1(1.0f / cap);
@@ -777,17 +852,17 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
                 qk_nn(qi, dqk, rows1, sc->ktp, c->head_dim_qk, si, lds, (n + AK_VW - 1) / AK_VW * AK_VW);
             }
         }
-        online_softmax(c, sc, nheads, ntok, j0, n, masked, amx ? c->sm_scale : 1.0f);
 #if defined(AK_CPU_AMX)
         if (amx) {
+            uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * AK_CPU_TILE_KEYS_AMX : NULL;
+            amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
             load_kv_tile(c, g0, n, 1, 1, sc->voff[cur], NULL, sc->vp);
             amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
-            uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * AK_CPU_TILE_KEYS_AMX : NULL;
-            amx_store_p(sc->amx_p, p_lo, sc->s, lds, rows1, n);
             amx_pv(sc->amx_p, p_lo, rows1, n, sc->amx_v, 2 * dvo, sc->o, dvo);
             continue;
         }
 #endif
+        online_softmax(c, sc, nheads, ntok, j0, n, masked);
         for (int i = 0; i < nheads; i++) {
             load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
             pv(sc->s + (int64_t)i * rows1 * lds, lds, rows1, sc->vp, vt, n, sc->o + (int64_t)i * rows1 * dvo, dvo,
