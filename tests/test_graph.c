@@ -4,7 +4,14 @@
  * step into one graph, then for ten steps whose lengths, block tables and
  * split counts all differ, plan() and replay the same graph; every step's
  * outputs are checked against cpu_ref on a copy of the cache the graph wrote,
- * and the new tokens' K/V must be at their slots (kv_update ran in the graph).
+ * the new tokens' K/V must be at their slots (kv_update ran in the graph),
+ * and nothing else in the cache may change.
+ *
+ * Mixed cases need graph support ALWAYS: each step mixes decodes, 2-8 token
+ * verifications and prompt chunks on a prefix, with fewer query tokens than
+ * the capture. The capture is made with the largest step (as an engine pads
+ * its batch to a captured size); later steps leave the rows past their
+ * tokens alone, and their padded slots (-1) make kv_update skip them.
  */
 #include "harness.h"
 
@@ -18,7 +25,7 @@
 #ifdef AK_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-enum { LAYERS = 3, STEPS = 10, MAX_KV = 3000 };
+enum { LAYERS = 3, STEPS = 10, MAX_KV = 3000, MAX_CHUNK = 300 };
 
 typedef struct graph_case {
     const char *name;
@@ -28,29 +35,46 @@ typedef struct graph_case {
     int num_reqs;
     int window_left;
     ak_kv_layout layout;
+    int mixed; /* steps mix decodes, verifications and chunks (needs ALWAYS) */
 } graph_case;
 
 static const graph_case graph_cases[] = {
-    {"graph replay gqa4 bf16 d128 (tensor cores)", 16, 4, 128, AK_BF16, 16, 5, -1, AK_LAYOUT_NHD},
-    {"graph replay mha f16 d64 hnd (CUDA cores)", 4, 4, 64, AK_F16, 16, 3, -1, AK_LAYOUT_HND},
-    {"graph replay gqa8 bf16 d256 page 1 window", 16, 2, 256, AK_BF16, 1, 2, 700, AK_LAYOUT_NHD},
-    {"graph replay batch 1 long context hnd", 32, 8, 128, AK_BF16, 16, 1, -1, AK_LAYOUT_HND},
+    {"graph replay gqa4 bf16 d128 (tensor cores)", 16, 4, 128, AK_BF16, 16, 5, -1, AK_LAYOUT_NHD, 0},
+    {"graph replay mha f16 d64 hnd (CUDA cores)", 4, 4, 64, AK_F16, 16, 3, -1, AK_LAYOUT_HND, 0},
+    {"graph replay gqa8 bf16 d256 page 1 window", 16, 2, 256, AK_BF16, 1, 2, 700, AK_LAYOUT_NHD, 0},
+    {"graph replay batch 1 long context hnd", 32, 8, 128, AK_BF16, 16, 1, -1, AK_LAYOUT_HND, 0},
+    {"graph replay mixed gqa4 bf16 d128", 16, 4, 128, AK_BF16, 16, 6, -1, AK_LAYOUT_NHD, 1},
+    {"graph replay mixed mha f16 d64 hnd page 1 window", 4, 4, 64, AK_F16, 1, 4, 500, AK_LAYOUT_HND, 1},
+    {"graph replay mixed gqa8 bf16 d256 page 64", 16, 2, 256, AK_BF16, 64, 3, -1, AK_LAYOUT_NHD, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
 
-/* Kv lengths of step s: the mix changes every step (all short, one long, ...). */
-static void step_lengths(uint64_t *rng, int s, int n, int32_t *kv_lens)
+/* Kv lengths of step s: the mix changes every step (all short, one long, ...).
+ * Query lengths: 1 for decode cases; for mixed ones a chunk of MAX_CHUNK for
+ * every request at step 0 (the capture, the largest step), then a mix of
+ * decodes, verifications (2-8) and chunks. Returns the step's query tokens. */
+static int step_lengths(uint64_t *rng, int s, int n, int mixed, int32_t *qo, int32_t *kv_lens)
 {
+    qo[0] = 0;
     for (int r = 0; r < n; r++) {
         const int long_one = (s % 3 == 1 && r == s % n) || (s % 3 == 2);
+        int q = 1;
+        if (mixed) {
+            const int kind = s == 0 ? 2 : rng_int(rng, 0, 2);
+            q = kind == 0 ? 1 : kind == 1 ? rng_int(rng, 2, 8) : s == 0 ? MAX_CHUNK : rng_int(rng, 9, MAX_CHUNK);
+        }
         kv_lens[r] = long_one ? rng_int(rng, 1000, MAX_KV) : rng_int(rng, 1, s % 2 ? 64 : 300);
+        if (kv_lens[r] < q) kv_lens[r] = q + rng_int(rng, 0, 40);
+        qo[r + 1] = qo[r] + q;
     }
+    return qo[n];
 }
 
 static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
 {
     const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
+    const int T = gc->mixed ? R * MAX_CHUNK : R; /* query tokens of the capture, the most of any step */
     const size_t esz = ak_dtype_size(gc->dtype);
     const int max_blocks = (MAX_KV + P - 1) / P;
     const int num_blocks = R * max_blocks + 3;
@@ -64,11 +88,11 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     cfg.page_size = P;
     cfg.kv_layout = gc->layout;
     cfg.window_left = gc->window_left;
-    cfg.workload = AK_WORKLOAD_DECODE;
+    cfg.workload = gc->mixed ? AK_WORKLOAD_ANY : AK_WORKLOAD_DECODE;
     ak_limits lim;
     ak_limits_init(&lim);
     lim.max_reqs = R;
-    lim.max_tokens = R;
+    lim.max_tokens = T;
     lim.max_blocks_per_req = max_blocks;
     lim.num_cache_blocks = num_blocks;
 
@@ -82,8 +106,10 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         t_fail(t, name, gc->name, "create: %s", ak_last_error());
         return;
     }
-    if (ak_backend_graph_support(b) == AK_GRAPH_NEVER) {
-        t_skip(t, name, gc->name, "backend declares no graph support");
+    if (ak_backend_graph_support(b) == AK_GRAPH_NEVER ||
+        (gc->mixed && ak_backend_graph_support(b) != AK_GRAPH_ALWAYS)) {
+        t_skip(t, name, gc->name, "backend declares graph support %s",
+               ak_graph_support_name(ak_backend_graph_support(b)));
         ak_backend_destroy(b);
         return;
     }
@@ -105,17 +131,16 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     /* fixed device buffers the graph reads and writes */
     void *q_dev[LAYERS], *o_dev[LAYERS], *lse_dev[LAYERS], *k_dev[LAYERS], *v_dev[LAYERS];
     for (int l = 0; l < LAYERS; l++) {
-        cudaMalloc(&q_dev[l], esz * R * Hq * D);
-        cudaMalloc(&o_dev[l], esz * R * Hq * D);
-        cudaMalloc(&lse_dev[l], 4 * (size_t)R * Hq);
-        cudaMalloc(&k_dev[l], esz * R * Hk * D);
-        cudaMalloc(&v_dev[l], esz * R * Hk * D);
+        cudaMalloc(&q_dev[l], esz * T * Hq * D);
+        cudaMalloc(&o_dev[l], esz * T * Hq * D);
+        cudaMalloc(&lse_dev[l], 4 * (size_t)T * Hq);
+        cudaMalloc(&k_dev[l], esz * T * Hk * D);
+        cudaMalloc(&v_dev[l], esz * T * Hk * D);
     }
     uint64_t rng = t->seed ^ name_hash(gc->name);
     int32_t qo[64], kvl[64], *bt = malloc(sizeof(int32_t) * (size_t)R * max_blocks);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_blocks);
     for (int i = 0; i < num_blocks; i++) ids[i] = i;
-    for (int r = 0; r <= R; r++) qo[r] = r;
     ak_batch batch;
     ak_batch_init(&batch);
     batch.num_reqs = R;
@@ -130,11 +155,17 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     ak_backend *ref = NULL;
     ak_backend_create(&ref_cfg, &lim, "cpu_ref", &ref);
 
-    char *host = malloc(pool_bytes), *hk = malloc(pool_bytes), *hv = malloc(pool_bytes);
-    char *qh = malloc(esz * R * Hq * D), *kh = malloc(esz * R * Hk * D), *vh = malloc(esz * R * Hk * D);
-    char *oh = malloc(esz * R * Hq * D);
-    float *o_ref = malloc(sizeof(float) * R * Hq * D), *l_ref = malloc(sizeof(float) * R * Hq);
-    float *lh = malloc(sizeof(float) * R * Hq);
+    char *hk = malloc(pool_bytes), *hv = malloc(pool_bytes);
+    char *before_k[LAYERS], *before_v[LAYERS]; /* each layer's pools as uploaded */
+    for (int l = 0; l < LAYERS; l++) {
+        before_k[l] = malloc(pool_bytes);
+        before_v[l] = malloc(pool_bytes);
+    }
+    char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * T * Hk * D), *vh = malloc(esz * T * Hk * D);
+    char *oh = malloc(esz * T * Hq * D);
+    float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
+    float *lh = malloc(sizeof(float) * T * Hq);
+    int32_t *tok_req = malloc(sizeof(int32_t) * T); /* request of each query token */
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     cudaGraphExec_t exec = NULL;
@@ -143,7 +174,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     char why[256] = "";
 
     for (int s = 0; s < STEPS && ok; s++) {
-        step_lengths(&rng, s, R, kvl);
+        const int N = step_lengths(&rng, s, R, gc->mixed, qo, kvl);
+        for (int r = 0; r < R; r++)
+            for (int i = qo[r]; i < qo[r + 1]; i++) tok_req[i] = r;
         rng_shuffle_i32(&rng, ids, num_blocks);
         for (int r = 0; r < R; r++)
             for (int j = 0; j < max_blocks; j++) bt[r * max_blocks + j] = ids[r * max_blocks + j];
@@ -151,18 +184,20 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         for (int l = 0; l < LAYERS; l++) {
             ak_paged_kv view;
             ak_kv_cache_layer(cache, l, &view);
-            for (size_t i = 0; i < pool_bytes / esz; i++) ak_store_from_f32(host, gc->dtype, (int64_t)i, rng_uniform(&rng));
-            cudaMemcpy(view.k_data, host, pool_bytes, cudaMemcpyHostToDevice);
-            for (size_t i = 0; i < pool_bytes / esz; i++) ak_store_from_f32(host, gc->dtype, (int64_t)i, rng_uniform(&rng));
-            cudaMemcpy(view.v_data, host, pool_bytes, cudaMemcpyHostToDevice);
-            for (int i = 0; i < R * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, rng_uniform(&rng));
-            cudaMemcpy(q_dev[l], qh, esz * R * Hq * D, cudaMemcpyHostToDevice);
-            for (int i = 0; i < R * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * rng_uniform(&rng));
-            for (int i = 0; i < R * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, rng_uniform(&rng));
-            cudaMemcpy(k_dev[l], kh, esz * R * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemcpy(v_dev[l], vh, esz * R * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemset(o_dev[l], 0xff, esz * R * Hq * D); /* poison */
-            cudaMemset(lse_dev[l], 0xff, 4 * (size_t)R * Hq);
+            for (size_t i = 0; i < pool_bytes / esz; i++)
+                ak_store_from_f32(before_k[l], gc->dtype, (int64_t)i, rng_uniform(&rng));
+            cudaMemcpy(view.k_data, before_k[l], pool_bytes, cudaMemcpyHostToDevice);
+            for (size_t i = 0; i < pool_bytes / esz; i++)
+                ak_store_from_f32(before_v[l], gc->dtype, (int64_t)i, rng_uniform(&rng));
+            cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
+            for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, rng_uniform(&rng));
+            cudaMemcpy(q_dev[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
+            for (int i = 0; i < T * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * rng_uniform(&rng));
+            for (int i = 0; i < T * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, rng_uniform(&rng));
+            cudaMemcpy(k_dev[l], kh, esz * T * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(v_dev[l], vh, esz * T * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemset(o_dev[l], 0xff, esz * T * Hq * D); /* poison */
+            cudaMemset(lse_dev[l], 0xff, 4 * (size_t)T * Hq);
         }
         st = ak_backend_plan(b, &batch, stream);
         if (st != AK_OK) {
@@ -181,11 +216,11 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             for (int l = 0; l < LAYERS && st == AK_OK; l++) {
                 ak_paged_kv view;
                 ak_kv_cache_layer(cache, l, &view);
-                ak_tensor kt = ak_tensor_3d(k_dev[l], gc->dtype, R, Hk, D), vt = ak_tensor_3d(v_dev[l], gc->dtype, R, Hk, D);
-                ak_tensor qt = ak_tensor_3d(q_dev[l], gc->dtype, R, Hq, D), ot = ak_tensor_3d(o_dev[l], gc->dtype, R, Hq, D);
-                ak_tensor lt = ak_tensor_2d(lse_dev[l], AK_F32, R, Hq);
+                ak_tensor kt = ak_tensor_3d(k_dev[l], gc->dtype, T, Hk, D), vt = ak_tensor_3d(v_dev[l], gc->dtype, T, Hk, D);
+                ak_tensor qt = ak_tensor_3d(q_dev[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(o_dev[l], gc->dtype, T, Hq, D);
+                ak_tensor lt = ak_tensor_2d(lse_dev[l], AK_F32, T, Hq);
                 if (!ak_backend_forward_includes_kv_update(b))
-                    st = ak_kv_update(&view, &kt, &vt, ak_backend_slot_mapping(b), R, stream);
+                    st = ak_kv_update(&view, &kt, &vt, ak_backend_slot_mapping(b), T, stream);
                 ak_run_args a;
                 ak_run_args_init(&a);
                 a.q = &qt;
@@ -213,29 +248,41 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             ak_kv_cache_layer(cache, l, &view);
             cudaMemcpy(hk, view.k_data, pool_bytes, cudaMemcpyDeviceToHost);
             cudaMemcpy(hv, view.v_data, pool_bytes, cudaMemcpyDeviceToHost);
-            cudaMemcpy(kh, k_dev[l], esz * R * Hk * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(vh, v_dev[l], esz * R * Hk * D, cudaMemcpyDeviceToHost);
-            for (int r = 0; r < R; r++) {
-                const int pos = kvl[r] - 1;
+            cudaMemcpy(kh, k_dev[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(vh, v_dev[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
+            /* every new token's K/V at its slot; put the old row back in the
+             * copy of the pools, which must then equal the pools as uploaded */
+            for (int i = 0; i < N && ok; i++) {
+                const int r = tok_req[i];
+                const int pos = kvl[r] - (qo[r + 1] - qo[r]) + (i - qo[r]);
                 const int64_t block = bt[r * max_blocks + pos / P];
                 for (int h = 0; h < Hk; h++) {
                     /* the test's own address of (block, slot, head), by layout */
                     const int64_t row = gc->layout == AK_LAYOUT_NHD ? (block * P + pos % P) * Hk + h
                                                                     : (block * Hk + h) * P + pos % P;
-                    const size_t src = ((size_t)r * Hk + h) * D * esz;
-                    if (memcmp(hk + row * D * esz, kh + src, D * esz) || memcmp(hv + row * D * esz, vh + src, D * esz)) {
-                        snprintf(why, sizeof why, "step %d layer %d: request %d's new K/V is not at its slot", s, l, r);
+                    const size_t src = ((size_t)i * Hk + h) * D * esz, at = (size_t)row * D * esz;
+                    if (memcmp(hk + at, kh + src, D * esz) || memcmp(hv + at, vh + src, D * esz)) {
+                        snprintf(why, sizeof why, "step %d layer %d: token %d's new K/V is not at its slot", s, l, i);
                         ok = 0;
                     }
+                    memcpy(hk + at, before_k[l] + at, D * esz);
+                    memcpy(hv + at, before_v[l] + at, D * esz);
                 }
             }
+            if (ok && (memcmp(hk, before_k[l], pool_bytes) || memcmp(hv, before_v[l], pool_bytes))) {
+                snprintf(why, sizeof why, "step %d layer %d: the cache changed outside the step's slots", s, l);
+                ok = 0;
+            }
+            /* the reference reads the cache with the new rows in place */
+            cudaMemcpy(hk, view.k_data, pool_bytes, cudaMemcpyDeviceToHost);
+            cudaMemcpy(hv, view.v_data, pool_bytes, cudaMemcpyDeviceToHost);
             hview = view;
             hview.k_data = hk;
             hview.v_data = hv;
             hview.device.kind = AK_DEVICE_CPU;
-            cudaMemcpy(qh, q_dev[l], esz * R * Hq * D, cudaMemcpyDeviceToHost);
-            ak_tensor qt = ak_tensor_3d(qh, gc->dtype, R, Hq, D);
-            ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, R, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, R, Hq);
+            cudaMemcpy(qh, q_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
+            ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
             ak_attn_config *rc = &ref_cfg;
             rc->o_dtype = AK_F32;
             ak_backend_destroy(ref);
@@ -251,22 +298,23 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ok = 0;
                 break;
             }
-            cudaMemcpy(oh, o_dev[l], esz * R * Hq * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(lh, lse_dev[l], 4 * (size_t)R * Hq, cudaMemcpyDeviceToHost);
-            float *of = malloc(sizeof(float) * R * Hq * D);
-            double *rd = malloc(sizeof(double) * R * Hq * D), ld[256];
-            for (int i = 0; i < R * Hq * D; i++) {
+            cudaMemcpy(oh, o_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(lh, lse_dev[l], 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
+            float *of = malloc(sizeof(float) * N * Hq * D);
+            double *rd = malloc(sizeof(double) * N * Hq * D), *ld = malloc(sizeof(double) * N * Hq);
+            for (int i = 0; i < N * Hq * D; i++) {
                 of[i] = ak_load_as_f32(oh, gc->dtype, i);
                 rd[i] = o_ref[i];
                 if (isnan(of[i])) ok = 0;
             }
-            for (int i = 0; i < R * Hq; i++) ld[i] = l_ref[i];
-            const double e = rel_err_f(of, rd, (int64_t)R * Hq * D), le = max_lse_err(lh, ld, (int64_t)R * Hq);
+            for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
+            const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
             if (e > worst) worst = e;
             if (le > worst_lse) worst_lse = le;
             if (!ok) snprintf(why, sizeof why, "step %d layer %d: NaN in o", s, l);
             free(of);
             free(rd);
+            free(ld);
         }
     }
     const double tol = tolerance(gc->dtype);
@@ -285,7 +333,11 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         cudaFree(k_dev[l]);
         cudaFree(v_dev[l]);
     }
-    free(host);
+    for (int l = 0; l < LAYERS; l++) {
+        free(before_k[l]);
+        free(before_v[l]);
+    }
+    free(tok_req);
     free(hk);
     free(hv);
     free(qh);

@@ -1,42 +1,55 @@
 /*
  * backend_paged.cu - cuda_paged, the NVIDIA default: FlashInfer-style paged
- * attention with plan-then-replay. This part serves decode (q_len 1 per
- * request); prefill and extend are a later part, and check() says so.
+ * attention with plan-then-replay, for any batch: decodes, prefills, chunks
+ * on a cached prefix, multi-token verification, and mixes of them.
  *
- * plan() (host only): validates the batch, splits each request's visible keys
- * into chunks so that small batches with long contexts still fill every SM,
- * and copies the metadata from pinned staging into static device buffers with
- * asynchronous copies. It never waits on the device, except to reuse a staging
- * buffer whose copy from two plans ago has not yet run (then it waits for that
- * copy only).
- * run() (device): decode over a grid fixed by the number of requests, then the
- * merge of split requests. No allocation, no sync: capturable, and a capture
- * replays after any later plan() with the same number of requests.
+ * plan() (host only): validates the batch and builds three work lists:
+ *   decode items for the requests with one query token (decode.cu): each
+ *     request's visible keys split into chunks so that small batches with
+ *     long contexts still fill every SM;
+ *   prefill items for the others (prefill.cu): tiles of query rows, the
+ *     heaviest first, and split along the keys where one tile would dominate
+ *     the wave;
+ *   merge tasks for every query token whose keys were split (merge.cu).
+ * It copies them from pinned staging into static device buffers with
+ * asynchronous copies, and never waits on the device, except to reuse a
+ * staging buffer whose copy from two plans ago has not yet run.
+ * run() (device): decode, prefill (overlapping decode's tail as its
+ * programmatic dependent on sm_90), merge. Every grid is fixed at create()
+ * and every kernel reads its list's length from device memory, so run() is
+ * capturable and a capture replays after any later plan() within the limits:
+ * graph support ALWAYS.
  */
-#include "decode.cuh"
+#include "attn.cuh"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Default cap on chunks per request when limits.max_splits is 0, and the
- * hard cap (the merge keeps one weight per chunk in shared memory). */
+/* Default cap on chunks per split when limits.max_splits is 0, and the hard
+ * cap (the merge keeps one weight per chunk in shared memory). */
 #define DEFAULT_MAX_SPLITS 64
 #define MAX_SPLITS_CAP 4096
-/* Keys per chunk are a multiple of the kernel's tile (64 keys). */
+/* Keys per chunk are a multiple of the kernels' tiles (64 keys). */
 #define CHUNK_QUANTUM 64
+/* A prefill item is split only into chunks of at least this many keys: below
+ * it the merge costs more than the parallelism gains. */
+#define MIN_PREFILL_CHUNK 512
 #define NUM_STAGING 2
+/* Merge thread blocks per SM (one per query head and task). */
+#define MERGE_CTAS_PER_SM 8
 
-/* Metadata of one plan, host or device: the fixed-size part is contiguous so
- * one copy moves it; kv_indices and slot_mapping are copied for their used
- * length only. */
+/* Metadata of one plan, host or device. The device part is what the kernels
+ * read; counts and the decode items are contiguous so one copy moves both. */
 struct paged_meta {
-    int32_t *qo_indptr;    /* [max_reqs + 1] */
-    int32_t *merge_indptr; /* [max_reqs + 1] */
+    int32_t *counts;       /* [NUM_COUNTS] */
     decode_item *items;    /* [max_items] */
+    merge_task *tasks;     /* [max_tasks] */
+    prefill_item *pitems;  /* [max_pitems] */
     int32_t *kv_indices;   /* [max_reqs * max_blocks_per_req] */
     int64_t *slot_mapping; /* [max_tokens] */
+    int32_t *qo_indptr;    /* [max_reqs + 1], host only */
     int32_t *kv_indptr;    /* [max_reqs + 1], host only: the items carry page_base */
 };
 
@@ -47,29 +60,46 @@ struct staging {
     int in_flight;
 };
 
+/* A prefill tile before ordering: its item and its cost in key tiles. */
+struct pf_tile {
+    prefill_item it;
+    int cost;
+};
+
 struct paged_state {
     ak_attn_config cfg;
     ak_limits lim;
     decode_engine engine;
-    int pdl;          /* sm_90+: the merge is a programmatic dependent launch */
-    int row_tiles;    /* 16-head tiles per KV head (tensor cores, group > 16) */
-    int target_items; /* work items that fill one wave of the GPU */
+    int pdl;          /* sm_90+: programmatic dependent launches */
+    int row_tiles;    /* decode: 16-head tiles per KV head (tensor cores, group > 16) */
+    int decode_ctas;  /* decode grid.x: one wave of the GPU */
     int max_splits;
-    int max_items;
-    size_t fixed_bytes; /* bytes of the contiguous fixed part */
+    int max_items;    /* decode items */
+    /* prefill (workload ANY only) */
+    int prefill;      /* this instance serves prefill */
+    int prefill_ctas; /* prefill grid.x: one wave */
+    int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
+    int max_pitems;
+    int pf_slots;     /* partial slots reserved for prefill splits */
+    int max_tasks;
+    int merge_ctas;
+    size_t fixed_bytes; /* bytes from counts to the end of the decode items */
     char *dev;          /* one device allocation: metadata, then partials */
     paged_meta d;
     float *o_tmp, *lse_tmp;
     staging stg[NUM_STAGING];
     int next_stg;
+    pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
     /* the current plan */
-    int num_reqs, num_items;
+    int num_reqs, num_items, num_pitems, num_tasks;
+    int slot_hw; /* device slot_mapping entries past it are -1 */
 };
 
 /* Lays out a metadata block (host or device) starting at base; returns its
- * total size. The fixed part comes first. */
-static size_t layout_meta(const ak_limits *lim, int max_items, char *base, paged_meta *m, size_t *fixed)
+ * total size. */
+static size_t layout_meta(const paged_state *s, char *base, paged_meta *m, size_t *fixed)
 {
+    const ak_limits *lim = &s->lim;
     size_t off = 0;
 #define AK_CARVE_(field, type, count)                                          \
     do {                                                                       \
@@ -77,12 +107,14 @@ static size_t layout_meta(const ak_limits *lim, int max_items, char *base, paged
         if (m) m->field = (type *)(base + off);                                \
         off += sizeof(type) * (size_t)(count);                                 \
     } while (0)
-    AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
-    AK_CARVE_(merge_indptr, int32_t, lim->max_reqs + 1);
-    AK_CARVE_(items, decode_item, max_items);
+    AK_CARVE_(counts, int32_t, NUM_COUNTS);
+    AK_CARVE_(items, decode_item, s->max_items);
     *fixed = off;
+    AK_CARVE_(tasks, merge_task, s->max_tasks);
+    AK_CARVE_(pitems, prefill_item, s->max_pitems);
     AK_CARVE_(kv_indices, int32_t, (int64_t)lim->max_reqs * lim->max_blocks_per_req);
     AK_CARVE_(slot_mapping, int64_t, lim->max_tokens);
+    AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
     AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
 #undef AK_CARVE_
     return (off + 255) / 256 * 256;
@@ -105,29 +137,43 @@ static int paged_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_
         ak_reason_add(why, "head dims %d/%d: needs head_dim_qk == head_dim_vo in {64, 128, 256}", cfg->head_dim_qk,
                       cfg->head_dim_vo);
     if (cfg->kv_storage != AK_KV_PAGED) ak_reason_add(why, "reads a paged cache only (kv_storage is ragged)");
-    if (cfg->workload != AK_WORKLOAD_DECODE)
-        ak_reason_add(why, "prefill/extend is not supported yet: only decode instances "
-                           "(cfg.workload = AK_WORKLOAD_DECODE)");
     return why->count;
 }
 
-/* Tensor cores from a GQA group of 2 up, CUDA cores for MHA. Measured on an
- * H200, bf16, batch 64 x kv_len 4096, fraction of copy bandwidth (CUDA cores
- * / tensor cores): group 1 d64 0.95 / 0.94, d128 1.02 / 0.99, d256 0.83 /
- * 0.80; group 2 d128 0.96 / 0.98, d256 0.61 / 0.80; group 3 d128 0.79 / 0.96.
- * The FMA path pays per query head; the mma tile costs the same for 1 or 16. */
+/* Decode on tensor cores from a GQA group of 2 up, CUDA cores for MHA.
+ * Measured on an H200, bf16, batch 64 x kv_len 4096, fraction of copy
+ * bandwidth (CUDA cores / tensor cores): group 1 d64 0.95 / 0.94, d128 1.02 /
+ * 0.99, d256 0.83 / 0.80; group 2 d128 0.96 / 0.98, d256 0.61 / 0.80; group 3
+ * d128 0.79 / 0.96. The FMA path pays per query head; the mma tile costs the
+ * same for 1 or 16. */
 static decode_engine choose_engine(const ak_attn_config *cfg)
 {
     return cfg->num_qo_heads / cfg->num_kv_heads > AK_DECODE_CC_MAX_GROUP ? DECODE_TENSOR_CORES : DECODE_CUDA_CORES;
+}
+
+/* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
+ * equal in size, and whole tokens per tile when a group fits in one. */
+static void prefill_rows(const ak_attn_config *cfg, int *row_tiles, int *heads, int *tokens)
+{
+    const int rows = ak_cuda_prefill_rows(cfg->head_dim_qk);
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    *row_tiles = (group + rows - 1) / rows;
+    *heads = (group + *row_tiles - 1) / *row_tiles;
+    *tokens = rows / *heads;
 }
 
 static void paged_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
     (void)dev;
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
-    snprintf(buf, cap, "decode on %s (GQA group %d %s %d)",
-             choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
-             group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
+    int n = snprintf(buf, cap, "decode on %s (GQA group %d %s %d)",
+                     choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
+                     group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
+    if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) return;
+    int row_tiles, heads, tokens;
+    prefill_rows(cfg, &row_tiles, &heads, &tokens);
+    snprintf(buf + n, cap - n, "; prefill on tensor cores, %d query rows a tile (%d tokens x %d heads)",
+             ak_cuda_prefill_rows(cfg->head_dim_qk), tokens, heads);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -144,12 +190,14 @@ static void paged_destroy(void *state)
         if (s->stg[i].host) cudaFreeHost(s->stg[i].host);
     }
     if (s->dev) cudaFree(s->dev);
+    free(s->tiles);
     free(s);
 }
 
 static ak_status paged_create_inner(paged_state *s)
 {
     const ak_attn_config *cfg = &s->cfg;
+    const ak_limits *lim = &s->lim;
     AK_CUDA_TRY(cudaSetDevice(cfg->device.index));
     ak_device_info info;
     AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
@@ -161,26 +209,51 @@ static ak_status paged_create_inner(paged_state *s)
     AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
     if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "decode kernel cannot be resident on this GPU");
     const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
-    s->target_items = (info.num_sms * ctas_per_sm + ctas_per_item - 1) / ctas_per_item;
-    s->max_splits = s->lim.max_splits > 0 ? s->lim.max_splits : DEFAULT_MAX_SPLITS;
+    s->decode_ctas = (info.num_sms * ctas_per_sm + ctas_per_item - 1) / ctas_per_item;
+    s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
     if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
-    s->max_items = s->lim.max_reqs > s->target_items ? s->lim.max_reqs : s->target_items;
+    s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+    s->max_tasks = lim->max_reqs;
+
+    s->prefill = cfg->workload != AK_WORKLOAD_DECODE;
+    if (s->prefill) {
+        prefill_rows(cfg, &s->prow_tiles, &s->prow_heads, &s->ptok);
+        AK_TRY(ak_cuda_prefill_occupancy(cfg->head_dim_qk, cfg->kv_dtype, &ctas_per_sm));
+        if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
+        const int per_item = cfg->num_kv_heads * s->prow_tiles;
+        const int P = (info.num_sms * ctas_per_sm + per_item - 1) / per_item;
+        s->prefill_ctas = P;
+        /* tiles: at most ceil(q_len / ptok) per request of two or more
+         * tokens; splitting adds at most P items (every split tile costs more
+         * than 1/P of the whole), and the snake order pads the last round */
+        const int multi = lim->max_reqs < lim->max_tokens / 2 ? lim->max_reqs : lim->max_tokens / 2;
+        s->max_pitems = lim->max_tokens / s->ptok + multi + 2 * P + 1;
+        /* split tiles hold ptok tokens each and at most P + (split tiles <= P) chunks */
+        s->pf_slots = 2 * P * s->ptok;
+        s->max_tasks += P * s->ptok;
+        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
+        if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cuda_paged plan scratch");
+    }
+    const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
+    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
+    if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
 
     size_t fixed = 0;
-    const size_t meta_bytes = layout_meta(&s->lim, s->max_items, NULL, NULL, &fixed);
+    const size_t meta_bytes = layout_meta(s, NULL, NULL, &fixed);
     s->fixed_bytes = fixed;
-    const size_t partial = (size_t)s->max_items * cfg->num_qo_heads;
+    const size_t partial = ((size_t)s->max_items + s->pf_slots) * cfg->num_qo_heads;
     const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float);
     AK_CUDA_TRY(cudaMalloc((void **)&s->dev, dev_bytes));
     /* zeroed once: no kernel can ever read garbage metadata */
     AK_CUDA_TRY(cudaMemset(s->dev, 0, dev_bytes));
-    layout_meta(&s->lim, s->max_items, s->dev, &s->d, &fixed);
+    layout_meta(s, s->dev, &s->d, &fixed);
+    AK_CUDA_TRY(cudaMemset(s->d.slot_mapping, 0xff, sizeof(int64_t) * (size_t)lim->max_tokens)); /* all -1 */
     s->o_tmp = (float *)(s->dev + meta_bytes);
     s->lse_tmp = s->o_tmp + partial * cfg->head_dim_vo;
     for (int i = 0; i < NUM_STAGING; i++) {
         AK_CUDA_TRY(cudaMallocHost((void **)&s->stg[i].host, meta_bytes));
         memset(s->stg[i].host, 0, meta_bytes);
-        layout_meta(&s->lim, s->max_items, s->stg[i].host, &s->stg[i].m, &fixed);
+        layout_meta(s, s->stg[i].host, &s->stg[i].m, &fixed);
         AK_CUDA_TRY(cudaEventCreateWithFlags(&s->stg[i].copied, cudaEventDisableTiming));
     }
     return AK_OK;
@@ -201,16 +274,17 @@ static ak_status paged_create(const ak_attn_config *cfg, const ak_limits *lim, v
     return AK_OK;
 }
 
-/* ---- plan: split-KV on the host ------------------------------------------------- */
+/* ---- plan: decode items, split-KV on the host ---------------------------------- */
 
-/* Work items for a batch of num_reqs requests: enough to fill one wave, at
- * least one per request, at most max_splits per request. A function of
- * num_reqs alone, so the decode grid of a captured graph stays valid. */
-static int items_for(const paged_state *s, int num_reqs)
+static int is_decode_req(const ak_batch *b, int r) { return b->qo_indptr[r + 1] - b->qo_indptr[r] == 1; }
+
+/* Work items for num_dec decode requests: enough to fill one wave, at least
+ * one per request, at most max_splits per request. */
+static int items_for(const paged_state *s, int num_dec)
 {
-    const int64_t cap = (int64_t)num_reqs * s->max_splits;
-    const int64_t want = s->target_items < cap ? s->target_items : cap;
-    return num_reqs > want ? num_reqs : (int)want;
+    const int64_t cap = (int64_t)num_dec * s->max_splits;
+    const int64_t want = s->decode_ctas < cap ? s->decode_ctas : cap;
+    return num_dec > want ? num_dec : (int)want;
 }
 
 /* Visible keys of a decode request: [lo, kv_len). */
@@ -221,25 +295,169 @@ static int visible_lo(const ak_attn_config *cfg, int kv_len)
 
 static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
 
+static int round_up(int x, int q) { return (x + q - 1) / q * q; }
+
 /* The smallest chunk (a multiple of CHUNK_QUANTUM) whose chunk count over
  * every decode request fits the item budget. */
 static int pick_chunk(const paged_state *s, const ak_batch *b, int budget, int max_len)
 {
-    int lo = CHUNK_QUANTUM, hi = (max_len + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM * CHUNK_QUANTUM;
+    int lo = CHUNK_QUANTUM, hi = round_up(max_len, CHUNK_QUANTUM);
     const int floor_split = (max_len + s->max_splits - 1) / s->max_splits;
-    if (floor_split > lo) lo = (floor_split + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM * CHUNK_QUANTUM;
+    if (floor_split > lo) lo = round_up(floor_split, CHUNK_QUANTUM);
     if (hi < lo) hi = lo;
     while (lo < hi) {
         const int mid = (lo + hi) / 2 / CHUNK_QUANTUM * CHUNK_QUANTUM;
         int64_t n = 0;
         for (int r = 0; r < b->num_reqs; r++)
-            if (b->qo_indptr[r + 1] > b->qo_indptr[r]) n += chunks_of(b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]), mid);
+            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]), mid);
         if (n <= budget)
             hi = mid;
         else
             lo = mid + CHUNK_QUANTUM;
     }
     return lo;
+}
+
+/* Decode items and their merge tasks into m; returns the item count. */
+static int plan_decode(paged_state *s, const ak_batch *b, const ak_batch_meta *bm, paged_meta *m, int *num_tasks)
+{
+    int num_dec = 0, max_len = 1;
+    for (int r = 0; r < b->num_reqs; r++) {
+        if (!is_decode_req(b, r)) continue;
+        num_dec++;
+        const int len = b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]);
+        if (len > max_len) max_len = len;
+    }
+    if (num_dec == 0) return 0;
+    const int budget = items_for(s, num_dec);
+    /* with no spare items nothing is split, so no merge is needed */
+    const int chunk = budget > num_dec ? pick_chunk(s, b, budget, max_len) : INT32_MAX;
+    int n = 0, partials = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        if (!is_decode_req(b, r)) continue;
+        const int lo = visible_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
+        const int k = chunks_of(len, chunk);
+        for (int i = 0; i < k; i++) {
+            decode_item it;
+            it.req = r;
+            it.tok = bm->qo_indptr[r];
+            it.page_base = bm->kv_indptr[r];
+            it.lo = lo;
+            it.unused = 0;
+            it.kv_begin = lo + i * (k > 1 ? chunk : 0);
+            it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : b->kv_lens[r];
+            it.out = k > 1 ? partials + i : -1;
+            m->items[n++] = it;
+        }
+        if (k > 1) {
+            merge_task t = {bm->qo_indptr[r], partials, k, 1};
+            m->tasks[(*num_tasks)++] = t;
+            partials += k;
+        }
+    }
+    return n;
+}
+
+/* ---- plan: prefill items ------------------------------------------------------- */
+
+static int by_cost_desc(const void *a, const void *b)
+{
+    const int ca = ((const pf_tile *)a)->cost, cb = ((const pf_tile *)b)->cost;
+    return ca > cb ? -1 : ca < cb;
+}
+
+/* Prefill items of every request with two or more query tokens, in the
+ * order the fixed grid takes them, and the merge tasks of split tiles;
+ * returns the item count (padding included). Partial slots of prefill splits
+ * start after the decode ones (max_items). */
+static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_meta *bm, paged_meta *m,
+                              int *num_tasks, int *num_pitems)
+{
+    const ak_attn_config *c = &s->cfg;
+    const int P = s->prefill_ctas, nt = s->ptok;
+    int n = 0;
+    int64_t total = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
+        if (q_len < 2) continue;
+        const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
+        for (int j = 0; j < q_len; j += nt) {
+            prefill_item it;
+            it.tok0 = q0 + j;
+            it.ntok = q_len - j < nt ? q_len - j : nt;
+            it.pos0 = prefix + j;
+            it.page_base = bm->kv_indptr[r];
+            const int pos_last = it.pos0 + it.ntok - 1;
+            const int lo = c->window_left >= 0 && it.pos0 - c->window_left > 0 ? it.pos0 - c->window_left : 0;
+            const int hi = c->causal && pos_last < kv_len - 1 ? pos_last : kv_len - 1; /* last visible key */
+            it.kv_begin = lo;
+            it.kv_end = hi + 1 > lo ? hi + 1 : lo;
+            it.out = -1;
+            it.unused = 0;
+            if (n >= s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+            s->tiles[n].it = it;
+            /* cost: key tiles, plus one for the q load and the epilogue */
+            s->tiles[n].cost = (it.kv_end - it.kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1;
+            total += s->tiles[n].cost;
+            n++;
+        }
+    }
+    if (n == 0) {
+        *num_pitems = 0;
+        return AK_OK;
+    }
+    /* split-KV: a tile costing more than a fair share of the wave (total / P)
+     * would finish last alone; cut its keys into chunks of about that share */
+    const int64_t share = (total + P - 1) / P;
+    const int min_chunk = MIN_PREFILL_CHUNK;
+    int slots = 0;
+    const int n_tiles = n;
+    for (int i = 0; i < n_tiles; i++) {
+        prefill_item it = s->tiles[i].it;
+        const int len = it.kv_end - it.kv_begin;
+        if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
+        int chunk = (int)(share - 1) * CHUNK_QUANTUM;
+        if (chunk < min_chunk) chunk = min_chunk;
+        if (len > (int64_t)chunk * s->max_splits) chunk = round_up((len + s->max_splits - 1) / s->max_splits,
+                                                                   CHUNK_QUANTUM);
+        const int k = chunks_of(len, chunk);
+        if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_pitems ||
+            *num_tasks + it.ntok > s->max_tasks)
+            continue; /* out of scratch: leave it whole (never reached within the bounds) */
+        const int base = s->max_items + slots;
+        for (int x = 0; x < k; x++) {
+            prefill_item part = it;
+            part.kv_begin = it.kv_begin + x * chunk;
+            part.kv_end = x < k - 1 ? part.kv_begin + chunk : it.kv_end;
+            part.out = base + x * it.ntok;
+            pf_tile *dst = x == 0 ? &s->tiles[i] : &s->tiles[n++];
+            dst->it = part;
+            dst->cost = (part.kv_end - part.kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1;
+        }
+        for (int t = 0; t < it.ntok; t++) {
+            merge_task task = {it.tok0 + t, base + t, k, it.ntok};
+            m->tasks[(*num_tasks)++] = task;
+        }
+        slots += k * it.ntok;
+    }
+    /* heaviest first, dealt to the P blocks of each KV head in a snake order
+     * (round j goes left to right when even, right to left when odd), so each
+     * block's total is close to total / P; holes in the last round are padding */
+    qsort(s->tiles, n, sizeof *s->tiles, by_cost_desc);
+    const int rounds = (n + P - 1) / P;
+    if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+    for (int j = 0; j < rounds; j++)
+        for (int x = 0; x < P; x++) {
+            const int src = j * P + (j % 2 ? P - 1 - x : x);
+            prefill_item *dst = &m->pitems[j * P + x];
+            if (src < n) {
+                *dst = s->tiles[src].it;
+            } else {
+                memset(dst, 0, sizeof *dst);
+            }
+        }
+    *num_pitems = rounds * P;
+    return AK_OK;
 }
 
 static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak_plan_info *info)
@@ -260,57 +478,53 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     AK_TRY(ak_batch_build_meta(b, &s->cfg, &s->lim, &bm));
 
     const int R = b->num_reqs;
-    int max_len = 1;
     int64_t kv_total = 0;
-    for (int r = 0; r < R; r++) {
-        kv_total += b->kv_lens[r];
-        const int len = b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]);
-        if (len > max_len) max_len = len;
+    for (int r = 0; r < R; r++) kv_total += b->kv_lens[r];
+    int num_tasks = 0, num_pitems = 0;
+    const int num_items = plan_decode(s, b, &bm, &st->m, &num_tasks);
+    if (s->prefill) {
+        AK_TRY(plan_prefill(s, b, &bm, &st->m, &num_tasks, &num_pitems));
+    } else {
+        for (int r = 0; r < R; r++)
+            if (bm.qo_indptr[r + 1] - bm.qo_indptr[r] > 1)
+                return ak_set_error(AK_ERR_INTERNAL, "request %d has several query tokens on a decode instance", r);
     }
-    const int budget = items_for(s, R);
-    /* with no spare items nothing is split, so no merge is needed */
-    const int chunk = budget > R ? pick_chunk(s, b, budget, max_len) : INT32_MAX;
-    int n = 0, partials = 0;
-    st->m.merge_indptr[0] = 0;
-    for (int r = 0; r < R; r++) {
-        if (b->qo_indptr[r + 1] > b->qo_indptr[r]) {
-            const int lo = visible_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
-            const int k = chunks_of(len, chunk);
-            for (int i = 0; i < k; i++) {
-                decode_item it;
-                it.req = r;
-                it.tok = bm.qo_indptr[r];
-                it.page_base = bm.kv_indptr[r];
-                it.lo = lo;
-                it.unused = 0;
-                it.kv_begin = lo + i * (k > 1 ? chunk : 0);
-                it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : b->kv_lens[r];
-                it.out = k > 1 ? partials + i : -1;
-                st->m.items[n++] = it;
-            }
-            if (k > 1) partials += k;
-        }
-        st->m.merge_indptr[r + 1] = partials;
-    }
-    for (int i = n; i < budget; i++) st->m.items[i].req = -1; /* padding items exit at once */
+    st->m.counts[COUNT_DECODE] = num_items;
+    st->m.counts[COUNT_PREFILL] = num_pitems;
+    st->m.counts[COUNT_MERGE] = num_tasks;
 
-    /* three async copies into the fixed device buffers */
+    /* asynchronous copies into the fixed device buffers, used lengths only */
     cudaStream_t cs = ak_cuda_stream(stream);
     const int num_tokens = bm.qo_indptr[R];
     const int num_indices = bm.kv_indptr[R];
-    AK_CUDA_TRY(cudaMemcpyAsync(s->d.qo_indptr, st->m.qo_indptr, s->fixed_bytes, cudaMemcpyHostToDevice, cs));
+    const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.counts) + sizeof(decode_item) * num_items;
+    AK_CUDA_TRY(cudaMemcpyAsync(s->d.counts, st->m.counts, head_bytes, cudaMemcpyHostToDevice, cs));
+    if (num_tasks > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.tasks, st->m.tasks, sizeof(merge_task) * num_tasks, cudaMemcpyHostToDevice,
+                                    cs));
+    if (num_pitems > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.pitems, st->m.pitems, sizeof(prefill_item) * num_pitems,
+                                    cudaMemcpyHostToDevice, cs));
     if (num_indices > 0)
         AK_CUDA_TRY(cudaMemcpyAsync(s->d.kv_indices, st->m.kv_indices, sizeof(int32_t) * num_indices,
                                     cudaMemcpyHostToDevice, cs));
-    if (num_tokens > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * num_tokens,
+    /* Slots past this plan's tokens become -1 on the device (only those a
+     * larger earlier plan left behind need writing): a kv_update captured
+     * with more tokens than this plan has then skips the extra rows. */
+    const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
+    for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
+    if (slots > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
                                     cudaMemcpyHostToDevice, cs));
+    s->slot_hw = num_tokens;
     AK_CUDA_TRY(cudaEventRecord(st->copied, cs));
     st->in_flight = 1;
     s->next_stg = (s->next_stg + 1) % NUM_STAGING;
 
     s->num_reqs = R;
-    s->num_items = budget;
+    s->num_items = num_items;
+    s->num_pitems = num_pitems;
+    s->num_tasks = num_tasks;
     info->num_reqs = R;
     info->num_tokens = num_tokens;
     info->num_kv_tokens = kv_total;
@@ -340,8 +554,11 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
     AK_TRY(check_aligned("args.kv->k_data", kv->k_data, kbs, 0));
     AK_TRY(check_aligned("args.kv->v_data", kv->v_data, vbs, 0));
+    if (a->lse && a->lse->stride[1] != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.lse->stride[1] = %lld, cuda_paged needs 1",
+                            (long long)a->lse->stride[1]);
 
-    decode_params p;
+    attn_params p;
     memset(&p, 0, sizeof p);
     p.q = a->q->data;
     p.q_stride_tok = a->q->stride[0];
@@ -357,21 +574,21 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.o_stride_head = a->o->stride[1];
     p.lse = a->lse ? (float *)a->lse->data : NULL;
     p.lse_stride_tok = a->lse ? a->lse->stride[0] : 0;
-    if (a->lse && a->lse->stride[1] != 1)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.lse->stride[1] = %lld, cuda_paged needs 1",
-                            (long long)a->lse->stride[1]);
     p.o_tmp = s->o_tmp;
     p.lse_tmp = s->lse_tmp;
+    p.counts = s->d.counts;
     p.items = s->d.items;
-    p.qo_indptr = s->d.qo_indptr;
+    p.pitems = s->d.pitems;
+    p.tasks = s->d.tasks;
     p.kv_indices = s->d.kv_indices;
-    p.merge_indptr = s->d.merge_indptr;
-    p.num_reqs = s->num_reqs;
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
     p.row_tiles = s->row_tiles;
+    p.prow_tiles = s->prow_tiles;
+    p.prow_heads = s->prow_heads;
     p.page_size = c->page_size;
+    p.causal = c->causal;
     p.window_left = c->window_left;
     const float log2e = 1.4426950408889634f;
     p.scale_log2 = c->sm_scale * log2e;
@@ -381,9 +598,21 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.max_splits = s->max_splits;
     p.page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
 
+    /* Outside a capture, kernels with nothing to do are not launched. Under
+     * capture every kernel is, since the graph must serve any later plan. */
     cudaStream_t cs = ak_cuda_stream(stream);
-    AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->num_items, cs));
-    if (s->num_items > s->num_reqs) AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->pdl, cs));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    AK_CUDA_TRY(cudaStreamIsCapturing(cs, &capture));
+    const int all = capture != cudaStreamCaptureStatusNone;
+    const int decode = all || s->num_items > 0;
+    const int prefill = s->prefill && (all || s->num_pitems > 0);
+    const int merge = all || s->num_tasks > 0;
+    if (decode) AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->decode_ctas, cs));
+    if (prefill)
+        AK_TRY(ak_cuda_prefill_launch(&p, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
+    if (merge)
+        AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->merge_ctas, s->pdl && (decode || prefill),
+                                    cs));
     return AK_OK;
 }
 
@@ -394,7 +623,7 @@ extern "C" const ak_backend_vtbl ak_backend_cuda_paged = {
     /* .name = */ "cuda_paged",
     /* .device = */ AK_DEVICE_CUDA,
     /* .forward_includes_kv_update = */ 0,
-    /* .graph_support = */ AK_GRAPH_DECODE_ONLY,
+    /* .graph_support = */ AK_GRAPH_ALWAYS,
     /* .check = */ paged_check,
     /* .create = */ paged_create,
     /* .plan = */ paged_plan,

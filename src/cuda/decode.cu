@@ -16,7 +16,7 @@
  * Decode is memory-bound either way (~2 FLOP per byte of KV for small
  * groups); what matters is keeping enough bytes in flight.
  */
-#include "decode.cuh"
+#include "attn.cuh"
 #include "softmax_state.h"
 
 /* ---- tile traits ------------------------------------------------------------ */
@@ -45,50 +45,7 @@ template <int D> struct decode_traits {
     static_assert((TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
 };
 
-#define LN2 0.6931471805599453f
-
 /* ---- device helpers --------------------------------------------------------- */
-
-/* Cooperative cp.async of keys [t0, t0 + TILE) of K and V into one stage;
- * keys at or past kv_end are zero-filled (never read). This is the hot
- * integer path: a profile of the first version showed ~1000 instructions per
- * tile, mostly an emulated division per row (key / page_size) and 64-bit
- * offsets, leaving the SM issue-bound at 62% of DRAM bandwidth. Power-of-two
- * pages use shift and mask, the per-CTA part of the offset (head, chunk) is
- * hoisted by the caller, and rows past the end are clamped, not branched. */
-template <int D, typename T>
-__device__ __forceinline__ void load_kv_tile(const decode_params &p, const int32_t *pages, int64_t lane_off, int t0,
-                                             int kv_end, T *ks, T *vs)
-{
-    typedef decode_traits<D> tr;
-    const int chunk = threadIdx.x % tr::CHUNKS;
-    const int row0 = threadIdx.x / tr::CHUNKS;
-#pragma unroll
-    for (int i = 0; i < tr::TILE * tr::CHUNKS / tr::THREADS; i++) {
-        const int row = row0 + i * (tr::THREADS / tr::CHUNKS);
-        const int key = min(t0 + row, kv_end - 1);
-        int page, slot;
-        if (p.page_shift >= 0) {
-            page = key >> p.page_shift;
-            slot = key & ((1 << p.page_shift) - 1);
-        } else {
-            page = key / p.page_size;
-            slot = key - page * p.page_size;
-        }
-        const int64_t block = __ldg(pages + page);
-        const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
-        const int bytes = t0 + row < kv_end ? 16 : 0;
-        cp_async_16(ks + swz<D>(row, chunk), (const T *)p.k_pool + block * p.k_block_stride + off, bytes);
-        cp_async_16(vs + swz<D>(row, chunk), (const T *)p.v_pool + block * p.v_block_stride + off, bytes);
-    }
-}
-
-/* The logit of a key in base 2, soft-capped when asked. */
-__device__ __forceinline__ float to_logit2(const decode_params &p, float dot)
-{
-    if (p.soft_cap > 0.0f) return p.cap_log2 * tanhf(dot * p.cap_scale);
-    return dot * p.scale_log2;
-}
 
 /* Online-softmax step for one row: folds a tile's max in, returns the factor
  * that rescales the old d and o (ak_rescale_factor, base 2). */
@@ -135,7 +92,7 @@ template <int D, typename T> struct mma_engine {
     }
 
     /* q tile [16][D] of T, swizzled; rows past the group are zero */
-    static __device__ __forceinline__ void load_q(const decode_params &p, int tok, int head0, int rows, void *qs_raw)
+    static __device__ __forceinline__ void load_q(const attn_params &p, int tok, int head0, int rows, void *qs_raw)
     {
         T *qs = (T *)qs_raw;
         for (int i = threadIdx.x; i < tr::ROWS * tr::CHUNKS; i += tr::THREADS) {
@@ -147,7 +104,7 @@ template <int D, typename T> struct mma_engine {
         }
     }
 
-    __device__ __forceinline__ void tile(const decode_params &p, const void *qs_raw, const T *ks, const T *vs,
+    __device__ __forceinline__ void tile(const attn_params &p, const void *qs_raw, const T *ks, const T *vs,
                                          int t0, int lo, int kv_end)
     {
         const T *qs = (const T *)qs_raw;
@@ -257,7 +214,7 @@ template <int D, typename T, int G> struct cc_engine {
     }
 
     /* q rows as f32 [G][D] */
-    static __device__ __forceinline__ void load_q(const decode_params &p, int tok, int head0, int rows, void *qs_raw)
+    static __device__ __forceinline__ void load_q(const attn_params &p, int tok, int head0, int rows, void *qs_raw)
     {
         float *qs = (float *)qs_raw;
         for (int i = threadIdx.x; i < G * D; i += tr::THREADS) {
@@ -268,7 +225,7 @@ template <int D, typename T, int G> struct cc_engine {
         }
     }
 
-    __device__ __forceinline__ void tile(const decode_params &p, const void *qs_raw, const T *ks, const T *vs,
+    __device__ __forceinline__ void tile(const attn_params &p, const void *qs_raw, const T *ks, const T *vs,
                                          int t0, int lo, int kv_end)
     {
         const float *qs = (const float *)qs_raw;
@@ -352,99 +309,106 @@ template <int D, typename T, int G> struct cc_engine {
 /* ---- the kernel --------------------------------------------------------------- */
 
 template <int D, typename T, typename ENGINE>
-__global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const decode_params p)
+__global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const attn_params p)
 {
     typedef decode_traits<D> tr;
     extern __shared__ uint4 smem[];
-    const decode_item it = p.items[blockIdx.x];
-    if (it.req < 0) return; /* padding item */
+#if __CUDA_ARCH__ >= 900
+    /* the kernel after this one (prefill or merge, a programmatic dependent)
+     * may start launching now; the merge waits for this grid's completion
+     * before reading anything */
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
-    const int tok = it.tok, lo = it.lo;
-    const int32_t *pages = p.kv_indices + it.page_base;
-
     /* this thread's fixed part of every K/V address: its head and chunk */
     const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
     T *kv_stages = (T *)smem;
     void *qs = (char *)smem + tr::KV_BYTES;
+    const int num_items = p.counts[COUNT_DECODE];
 
-    /* pipeline: STAGES - 1 tiles in flight ahead of the one computed; the
-     * first tiles are issued before q is read, so the two latencies overlap */
-    const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
-#pragma unroll
-    for (int s = 0; s < tr::STAGES - 1; s++) {
-        if (s < n_tiles)
-            load_kv_tile<D, T>(p, pages, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
-                               kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
-        cp_async_commit();
-    }
-#if __CUDA_ARCH__ >= 900
-    /* the merge (a programmatic dependent) may start launching now; it waits
-     * for this grid's completion before reading anything */
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-    ENGINE::load_q(p, tok, head0, rows, qs);
-    ENGINE eng;
-    eng.init();
-    for (int t = 0; t < n_tiles; t++) {
-        cp_async_wait<tr::STAGES - 2>();
-        __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
-        const int next = t + tr::STAGES - 1;
-        if (next < n_tiles) {
-            const int s = next % tr::STAGES;
-            load_kv_tile<D, T>(p, pages, lane_off, it.kv_begin + next * tr::TILE, it.kv_end,
-                               kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D);
-        }
-        cp_async_commit();
-        const int s = t % tr::STAGES;
-        eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D,
-                 it.kv_begin + t * tr::TILE, lo, it.kv_end);
-    }
-    cp_async_wait<0>();
-    __syncthreads(); /* the stages become epilogue scratch */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const decode_item it = p.items[w];
+        if (it.req < 0) continue; /* padding item */
+        const int tok = it.tok, lo = it.lo;
+        const int32_t *pages = p.kv_indices + it.page_base;
+        __syncthreads(); /* the previous item's epilogue is done with shared memory */
 
-    /* merge the warps' states row by row; write o and lse (or the partial) */
-    const epi_smem e = epilogue_smem<D>(smem);
-    eng.spill(e);
-    __syncthreads();
-    for (int i = threadIdx.x; i < rows * tr::CHUNKS; i += tr::THREADS) {
-        const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
-        float mx = -INFINITY;
+        /* pipeline: STAGES - 1 tiles in flight ahead of the one computed; the
+         * first tiles are issued before q is read, so the two latencies overlap */
+        const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
 #pragma unroll
-        for (int w = 0; w < tr::WARPS; w++) mx = fmaxf(mx, e.m[w * tr::ROWS + row]);
-        float wsum = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-        for (int w = 0; w < tr::WARPS; w++) {
-            const float mw = e.m[w * tr::ROWS + row];
-            const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
-            wsum += f * e.d[w * tr::ROWS + row];
-            const float *ow = e.o + (w * tr::ROWS + row) * D + c * 8;
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[j] += f * ow[j];
+        for (int s = 0; s < tr::STAGES - 1; s++) {
+            if (s < n_tiles)
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
+                                                          kv_stages + (2 * s) * tr::TILE * D,
+                                                          kv_stages + (2 * s + 1) * tr::TILE * D);
+            cp_async_commit();
         }
-        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-        const float lse = wsum > 0.0f ? (mx + log2f(wsum)) * LN2 : -INFINITY;
-        const int head = head0 + row;
-        if (it.out < 0) {
-            uint32_t packed[4];
+        ENGINE::load_q(p, tok, head0, rows, qs);
+        ENGINE eng;
+        eng.init();
+        for (int t = 0; t < n_tiles; t++) {
+            cp_async_wait<tr::STAGES - 2>();
+            __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
+            const int next = t + tr::STAGES - 1;
+            if (next < n_tiles) {
+                const int s = next % tr::STAGES;
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + next * tr::TILE,
+                                                          it.kv_end, kv_stages + (2 * s) * tr::TILE * D,
+                                                          kv_stages + (2 * s + 1) * tr::TILE * D);
+            }
+            cp_async_commit();
+            const int s = t % tr::STAGES;
+            eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D,
+                     it.kv_begin + t * tr::TILE, lo, it.kv_end);
+        }
+        cp_async_wait<0>();
+        __syncthreads(); /* the stages become epilogue scratch */
+
+        /* merge the warps' states row by row; write o and lse (or the partial) */
+        const epi_smem e = epilogue_smem<D>(smem);
+        eng.spill(e);
+        __syncthreads();
+        for (int i = threadIdx.x; i < rows * tr::CHUNKS; i += tr::THREADS) {
+            const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
+            float mx = -INFINITY;
 #pragma unroll
-            for (int j = 0; j < 4; j++) packed[j] = dtype_traits<T>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
-            *(uint4 *)((T *)p.o + tok * p.o_stride_tok + head * p.o_stride_head + c * 8) =
-                make_uint4(packed[0], packed[1], packed[2], packed[3]);
-            if (p.lse && c == 0) p.lse[tok * p.lse_stride_tok + head] = lse;
-        } else {
-            float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * D + c * 8;
-            *(float4 *)dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-            *(float4 *)(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-            if (c == 0) p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head] = lse;
+            for (int w2 = 0; w2 < tr::WARPS; w2++) mx = fmaxf(mx, e.m[w2 * tr::ROWS + row]);
+            float wsum = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+            for (int w2 = 0; w2 < tr::WARPS; w2++) {
+                const float mw = e.m[w2 * tr::ROWS + row];
+                const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
+                wsum += f * e.d[w2 * tr::ROWS + row];
+                const float *ow = e.o + (w2 * tr::ROWS + row) * D + c * 8;
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] += f * ow[j];
+            }
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            const float lse = wsum > 0.0f ? (mx + log2f(wsum)) * LN2 : -INFINITY;
+            const int head = head0 + row;
+            if (it.out < 0) {
+                uint32_t packed[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) packed[j] = dtype_traits<T>::pack(acc[2 * j] * inv, acc[2 * j + 1] * inv);
+                *(uint4 *)((T *)p.o + tok * p.o_stride_tok + head * p.o_stride_head + c * 8) =
+                    make_uint4(packed[0], packed[1], packed[2], packed[3]);
+                if (p.lse && c == 0) p.lse[tok * p.lse_stride_tok + head] = lse;
+            } else {
+                float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * D + c * 8;
+                *(float4 *)dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+                *(float4 *)(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+                if (c == 0) p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head] = lse;
+            }
         }
     }
 }
 
 /* ---- the launcher ------------------------------------------------------------- */
 
-typedef void (*decode_fn)(const decode_params);
+typedef void (*decode_fn)(const attn_params);
 
 /* The kernel instance for a config, with its launch shape. */
 struct decode_kernel_info {
@@ -490,13 +454,12 @@ ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine e
     return AK_OK;
 }
 
-ak_status ak_cuda_decode_launch(const decode_params *p, int head_dim, ak_dtype dtype, decode_engine engine,
-                                int num_items, cudaStream_t stream)
+ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dtype, decode_engine engine, int ctas,
+                                cudaStream_t stream)
 {
     const decode_kernel_info k = pick(head_dim, dtype, engine);
     if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
-    if (num_items == 0) return AK_OK;
-    const dim3 grid(num_items, p->num_kv_heads * p->row_tiles);
+    const dim3 grid(ctas, p->num_kv_heads * p->row_tiles);
     k.fn<<<grid, k.threads, k.smem, stream>>>(*p);
     AK_CUDA_CHECK_LAUNCH();
     return AK_OK;

@@ -1,0 +1,181 @@
+/*
+ * attn.cuh - what the paged attention kernels (decode.cu, prefill.cu,
+ * merge.cu) take, shared with the backend that plans them (backend_paged.cu).
+ *
+ * Every kernel runs on a grid fixed when the backend is created and loops
+ * over a work list that plan() fills; the list lengths are read from device
+ * memory (attn_params.counts). So no launch depends on the plan, and a graph
+ * captured once replays after any later plan within the limits.
+ */
+#ifndef AK_CUDA_ATTN_CUH
+#define AK_CUDA_ATTN_CUH
+
+#include "common.cuh"
+
+/* One unit of decode work: request `req`'s keys [kv_begin, kv_end) for one KV
+ * head (grid.y). out >= 0: a partial state written to o_tmp/lse_tmp slot
+ * `out` and merged later; out < 0: the whole request, written to o/lse
+ * directly. req < 0: padding. The item also carries what the kernel would
+ * otherwise look up per request (token, page-list start, first visible key):
+ * one 32-byte load instead of a chain of dependent ones at the start. */
+struct __align__(16) decode_item {
+    int req, kv_begin, kv_end, out;
+    int tok;       /* the request's query token: qo_indptr[req] */
+    int page_base; /* kv_indptr[req] */
+    int lo;        /* first key inside the window */
+    int unused;
+};
+
+/* One unit of prefill work: query tokens [tok0, tok0 + ntok) of one request
+ * (a tile of rows packed as (token, query head of the group)) against keys
+ * [kv_begin, kv_end), for one KV head and row tile (grid.y). pos0 is the
+ * position of token tok0 in its request's KV (kv_len - q_len + its index):
+ * token tok0 + i sees keys up to pos0 + i when causal. out >= 0: partial
+ * states of token tok0 + i go to slot out + i. ntok == 0: padding. */
+struct __align__(16) prefill_item {
+    int tok0, ntok, pos0, page_base;
+    int kv_begin, kv_end, out;
+    int unused;
+};
+
+/* One merge: the partial states of token `tok` in slots first, first +
+ * stride, ..., (n of them) combine into its output row. */
+struct __align__(16) merge_task {
+    int tok, first, n, stride;
+};
+
+/* Lengths of the work lists of the current plan, on the device. */
+enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 };
+
+/* Everything the kernels read, by value. Strides in elements. */
+struct attn_params {
+    const void *q;          /* [num_tokens, num_qo_heads, head_dim] */
+    int64_t q_stride_tok, q_stride_head;
+    const void *k_pool, *v_pool;
+    int64_t k_block_stride, v_block_stride;
+    int64_t kv_stride_slot, kv_stride_head; /* row of (slot, head) inside a block */
+    void *o;                /* [num_tokens, num_qo_heads, head_dim] */
+    int64_t o_stride_tok, o_stride_head;
+    float *lse;             /* [num_tokens, num_qo_heads], may be NULL */
+    int64_t lse_stride_tok;
+    float *o_tmp;           /* [partial slots, num_qo_heads, head_dim] partial outputs */
+    float *lse_tmp;         /* [partial slots, num_qo_heads] partial LSEs (natural log) */
+    const int32_t *counts;        /* [NUM_COUNTS] work-list lengths */
+    const decode_item *items;     /* decode work list */
+    const prefill_item *pitems;   /* prefill work list */
+    const merge_task *tasks;      /* merge work list */
+    const int32_t *kv_indices;    /* block ids, each request's from its item's page_base */
+    int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
+    int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
+    int prow_tiles;         /* prefill: row tiles per KV head (group > the tile's rows only) */
+    int prow_heads;         /* prefill: query heads per row tile */
+    int page_size;
+    int causal;
+    int window_left;        /* -1: full */
+    float scale_log2;       /* sm_scale * log2(e): logits live in base 2 */
+    float soft_cap;         /* 0: off */
+    float cap_scale;        /* sm_scale / soft_cap */
+    float cap_log2;         /* soft_cap * log2(e) */
+    int page_shift;         /* log2(page_size) when a power of two, else -1 */
+    int max_splits;         /* most partial slots of one merge (merge scratch) */
+};
+
+#define LN2 0.6931471805599453f
+
+/* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
+ * into one stage of two swizzled [TILE][D] tiles; keys at or past kv_end are
+ * zero-filled (and masked by the caller). This is the hot integer path: a
+ * profile of the first decode kernel showed ~1000 instructions per tile,
+ * mostly an emulated division per row (key / page_size) and 64-bit offsets,
+ * leaving the SM issue-bound at 62% of DRAM bandwidth. Power-of-two pages use
+ * shift and mask, the per-CTA part of the offset (head, chunk) is hoisted by
+ * the caller into lane_off, and rows past the end are clamped, not branched. */
+template <int D, int TILE, int THREADS, typename T>
+__device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *pages, int64_t lane_off, int t0,
+                                             int kv_end, T *ks, T *vs)
+{
+    constexpr int CHUNKS = D / 8;
+    static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
+    const int chunk = threadIdx.x % CHUNKS;
+    const int row0 = threadIdx.x / CHUNKS;
+#pragma unroll
+    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+        const int row = row0 + i * (THREADS / CHUNKS);
+        const int key = min(t0 + row, kv_end - 1);
+        int page, slot;
+        if (p.page_shift >= 0) {
+            page = key >> p.page_shift;
+            slot = key & ((1 << p.page_shift) - 1);
+        } else {
+            page = key / p.page_size;
+            slot = key - page * p.page_size;
+        }
+        const int64_t block = __ldg(pages + page);
+        const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
+        const int bytes = t0 + row < kv_end ? 16 : 0;
+        cp_async_16(ks + swz<D>(row, chunk), (const T *)p.k_pool + block * p.k_block_stride + off, bytes);
+        cp_async_16(vs + swz<D>(row, chunk), (const T *)p.v_pool + block * p.v_block_stride + off, bytes);
+    }
+}
+
+/* The logit of a key in base 2, soft-capped when asked. */
+__device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
+{
+    if (p.soft_cap > 0.0f) return p.cap_log2 * tanhf(dot * p.cap_scale);
+    return dot * p.scale_log2;
+}
+
+/* Which kernel serves decode: tensor cores (mma) or CUDA cores. */
+typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1 } decode_engine;
+
+/* The largest GQA group the CUDA-core engine serves (MHA); bigger groups use
+ * tensor cores, one 16-row tile per 16 query heads (backend_paged.cu has the
+ * measurements behind the threshold). */
+#define AK_DECODE_CC_MAX_GROUP 1
+
+/* Launches decode over grid (ctas, num_kv_heads * row_tiles); each thread
+ * block loops over decode items blockIdx.x, + ctas, ... */
+ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dtype, decode_engine engine, int ctas,
+                                cudaStream_t stream);
+/* CTAs per SM the decode kernel reaches. */
+ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm);
+
+/* The prefill tile: query rows per thread block (tokens x heads packed). */
+int ak_cuda_prefill_rows(int head_dim);
+/* CTAs per SM the prefill kernel reaches. */
+ak_status ak_cuda_prefill_occupancy(int head_dim, ak_dtype dtype, int *ctas_per_sm);
+/* Launches prefill over grid (ctas, num_kv_heads * prow_tiles). after_decode:
+ * the decode kernel was launched just before on the stream; then prefill is
+ * its programmatic dependent (sm_90+) and the two overlap (they touch
+ * disjoint outputs; prefill waits for decode only before it exits, so the
+ * merge after it sees both). */
+ak_status ak_cuda_prefill_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int after_decode,
+                                 cudaStream_t stream);
+
+/* Merges the partial slots of every merge task into o / lse: grid (ctas,
+ * num_qo_heads). pdl: launch as a programmatic dependent of the kernel before
+ * it on the stream (sm_90+), so its launch overlaps that kernel's tail. */
+ak_status ak_cuda_merge_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int pdl,
+                               cudaStream_t stream);
+
+/* Launches k on `stream`, as a programmatic dependent of the kernel before it
+ * when pdl is set (sm_90+). */
+template <typename... Args>
+static inline ak_status launch_kernel(void (*k)(Args...), dim3 grid, int threads, int smem, int pdl,
+                                      cudaStream_t stream, const attn_params &p)
+{
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = dim3(threads);
+    lc.dynamicSmemBytes = smem;
+    lc.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = &attr;
+    lc.numAttrs = pdl ? 1 : 0;
+    AK_CUDA_TRY(cudaLaunchKernelEx(&lc, k, p));
+    return AK_OK;
+}
+
+#endif /* AK_CUDA_ATTN_CUH */
