@@ -420,6 +420,13 @@ class Backend:
         """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the
         planned batch. Paged storage: k_cache / v_cache are the layer's 4-D
         pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors."""
+        self.prepare_run(q, k_cache, v_cache, o, lse)(stream)
+
+    def prepare_run(self, q, k_cache, v_cache, o, lse=None):
+        """run()'s argument conversion done once: returns call(stream=None),
+        which only calls ak_backend_run (a few microseconds of Python, for
+        timing loops and engines that reuse their buffers). The tensors must
+        stay where they are; the stream is resolved at each call."""
         qa, oa = _as_arg(q, "q"), _as_arg(o, "o")
         la = _as_arg(lse, "lse") if lse is not None else None
         kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
@@ -437,8 +444,12 @@ class Backend:
         else:
             tk, tv = kc.to_ak_tensor(), vc.to_ak_tensor()
             args.k, args.v = ctypes.pointer(tk), ctypes.pointer(tv)
-        _check(_lib.ak_backend_run(self._handle(), ctypes.byref(args),
-                                   _stream_handle(stream, self._device)))
+        args_ref, run, device = ctypes.byref(args), _lib.ak_backend_run, self._device
+
+        def call(stream=None):
+            _check(run(self._handle(), args_ref, _stream_handle(stream, device)))
+        call.keep = (qa, oa, la, kc, vc, args)  # the memory and the structs that point at it
+        return call
 
     def kv_update(self, k_cache, v_cache, k, v, stream=None):
         """ak_kv_update with this backend's planned slot mapping (capturable in
