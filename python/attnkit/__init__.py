@@ -228,9 +228,12 @@ def _stream_handle(stream, device):
         return None
     if stream is None:
         torch = sys.modules.get("torch")
-        if torch is None or not torch.cuda.is_available():
+        if torch is None:
             return None
-        return torch.cuda.current_stream(index).cuda_stream or None
+        try:  # no is_available() here: this runs inside graph captures too
+            return torch.cuda.current_stream(index).cuda_stream or None
+        except (RuntimeError, AssertionError, AttributeError):  # torch without CUDA
+            return None
     if hasattr(stream, "cuda_stream"):
         return stream.cuda_stream or None
     return int(stream) or None
