@@ -12,8 +12,10 @@
  *         query tokens x one KV head; each against a chunk of its keys. It
  *         splits the largest items' keys into chunks when the threads would
  *         otherwise idle, and orders the list largest first.
- * run()   one OpenMP parallel region: the work list with dynamic scheduling,
- *         then the merge of split items through the shared softmax state.
+ * run()   one OpenMP parallel region: with the AMX kernel, first the K/V
+ *         tiles of prefill requests packed once into the tile unit's layout
+ *         (plan_pack), then the work list with dynamic scheduling, then the
+ *         merge of split items through the shared softmax state.
  * Every buffer is allocated at create() from ak_limits; run() allocates nothing.
  */
 #define _DEFAULT_SOURCE /* syscall() for the AMX permission request */
@@ -67,6 +69,12 @@
 #define AK_CPU_SPLIT_ROWS 64
 /* Fixed cost of a work item, in row x key units (setup, Q load, store). */
 #define AK_CPU_ITEM_OVERHEAD 256
+/* The AMX kernel's packed K/V pool holds, per KV head, the key tiles of
+ * limits.max_tokens keys plus this many: a batch of fresh prompts (kv_len =
+ * q_len) always fits, with room for the partial last tile of 16 of them.
+ * Requests that do not fit (long cached prefixes) convert their tiles per
+ * item instead. */
+#define AK_CPU_PACK_EXTRA_TILES 16
 
 /* ---- state --------------------------------------------------------------------- */
 
@@ -105,6 +113,14 @@ typedef struct cpu_state {
     int part_rows;         /* rows of the partial pool */
     float *part_o;         /* [part_rows, dvo_pad] normalised partial outputs */
     float *part_lse;       /* [part_rows] */
+
+    /* AMX kernel: K/V tiles packed once per run for every item of a request
+     * (plan_pack), instead of converted by each item that reads them */
+    ak_cpu_pack *pack;          /* [max_reqs] */
+    uint16_t *kv_pack;          /* [pack_cap, pack_tile_elems] */
+    int64_t pack_cap;           /* tiles */
+    int64_t pack_tile_elems;
+    int num_packed;             /* requests packed by the current plan */
 
     ak_cpu_scratch *scratch;    /* [threads] */
     float *scratch_mem;         /* the floats of every thread's scratch */
@@ -211,6 +227,8 @@ static void cpu_destroy(void *state)
     free(s->merges);
     free(s->part_o);
     free(s->part_lse);
+    free(s->pack);
+    free(s->kv_pack);
     free(s->scratch);
     free(s->scratch_mem);
     free(s->scratch_ptrs);
@@ -297,6 +315,23 @@ static ak_status alloc_scratch(cpu_state *s)
     return AK_OK;
 }
 
+/* The packed K/V pool of the AMX kernel (see AK_CPU_PACK_EXTRA_TILES). Not
+ * zeroed: packing writes every byte an item reads, and untouched pages cost
+ * no memory. */
+static ak_status alloc_pack(cpu_state *s)
+{
+    const int tile = AK_CPU_TILE_KEYS_AMX;
+    s->pack_tile_elems = (int64_t)round_up(s->cfg.head_dim_qk, 32) * tile + (int64_t)tile * s->dvo_pad;
+    s->pack_cap = ((int64_t)ak_ceil_div(s->lim.max_tokens, tile) + AK_CPU_PACK_EXTRA_TILES) * s->cfg.num_kv_heads;
+    const size_t bytes = (size_t)(s->pack_cap * s->pack_tile_elems) * sizeof(uint16_t);
+    s->pack = malloc(sizeof(ak_cpu_pack) * (size_t)s->lim.max_reqs);
+    s->kv_pack = aligned_alloc(64, bytes);
+    if (!s->pack || !s->kv_pack)
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu K/V pack of %lld tiles (%zu bytes)",
+                            (long long)s->pack_cap, bytes);
+    return AK_OK;
+}
+
 static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
 {
     cpu_state *s = calloc(1, sizeof *s);
@@ -354,6 +389,7 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
                               s->work_cap);
     }
     if (st == AK_OK) st = alloc_scratch(s);
+    if (st == AK_OK && s->kern->pack_tile) st = alloc_pack(s);
     if (st != AK_OK) {
         cpu_destroy(s);
         return st;
@@ -464,6 +500,32 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
     s->num_work = nw;
 }
 
+/* AMX kernel: which requests get their K/V packed by run() before the items
+ * start. A request of more query tokens than an all-heads item (so that its
+ * items run on AMX) has its key tiles from the first one its first query
+ * sees to kv_len packed for every KV head, if the pool has room left; every
+ * query tile of the request then reads them instead of converting its own
+ * copy (llama3-8b prefill 2048: 32 query tiles per KV head, each of which
+ * converted on average half of the keys). */
+static void plan_pack(cpu_state *s)
+{
+    const int tile = AK_CPU_TILE_KEYS_AMX, heads = s->cfg.num_kv_heads;
+    int64_t used = 0;
+    s->num_packed = 0;
+    for (int r = 0; r < s->num_reqs && s->kv_pack; r++) {
+        const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r], kv_len = s->kv_lens[r];
+        ak_cpu_pack *pk = &s->pack[r];
+        pk->first = -1;
+        if (q_len <= s->max_tokens_all_heads || kv_len == 0) continue;
+        pk->t0 = ak_cpu_visible_lo(kv_len - q_len, s->cfg.window_left) / tile;
+        pk->tiles = ak_ceil_div(kv_len, tile) - pk->t0;
+        if (used + (int64_t)pk->tiles * heads > s->pack_cap) continue;
+        pk->first = (int32_t)used;
+        used += (int64_t)pk->tiles * heads;
+        s->num_packed++;
+    }
+}
+
 /* Largest cost first (heap sort: in place, no allocation), so that dynamic
  * scheduling ends with the small items and the threads finish together. */
 static void sift_down(ak_cpu_work *a, int i, int n)
@@ -509,6 +571,7 @@ static ak_status cpu_plan(void *state, const ak_batch *batch, ak_stream stream, 
     const int num_natural = plan_natural(s, &total);
     plan_split(s, num_natural, total);
     sort_largest_first(s->work, s->num_work);
+    plan_pack(s);
 
     info->num_reqs = batch->num_reqs;
     info->num_tokens = s->num_tokens;
@@ -608,6 +671,11 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     }
     c->part_o = s->part_o;
     c->part_lse = s->part_lse;
+    if (s->num_packed > 0) {
+        c->pack = s->pack;
+        c->kv_pack = s->kv_pack;
+        c->pack_tile_elems = s->pack_tile_elems;
+    }
 }
 
 static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
@@ -624,6 +692,17 @@ static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
         tid = omp_get_thread_num();
 #endif
         const ak_cpu_scratch *sc = &s->scratch[tid];
+        /* the packed requests' K/V tiles, every thread a share of each */
+        for (int r = 0; r < s->num_reqs && s->num_packed > 0; r++) {
+            const ak_cpu_pack *pk = &s->pack[r];
+            if (pk->first < 0) continue;
+#pragma omp for schedule(static) nowait
+            for (int i = 0; i < pk->tiles * s->cfg.num_kv_heads; i++)
+                kern->pack_tile(&c, r, i / pk->tiles, pk->t0 + i % pk->tiles, sc);
+        }
+        if (s->num_packed > 0) {
+#pragma omp barrier
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < s->num_work; i++) kern->run_item(&c, &s->work[i], sc);
         /* the implied barrier: every partial state is written before a merge */

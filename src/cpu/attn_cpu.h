@@ -50,6 +50,16 @@ typedef struct ak_cpu_work {
     int64_t cost;     /* plan's estimate in row x key units, orders the list */
 } ak_cpu_work;
 
+/* Where plan() put request r's K/V in the packed pool of the AMX kernel:
+ * key tiles [t0, t0 + tiles) of TILE_KEYS_AMX keys (tile t: keys from
+ * t * TILE_KEYS_AMX) of each KV head g are pool tiles first + g * tiles +
+ * (t - t0), each K then V in the B layouts of the tile unit. */
+typedef struct ak_cpu_pack {
+    int32_t first; /* -1: not packed, the items convert their tiles themselves */
+    int32_t t0;
+    int32_t tiles;
+} ak_cpu_pack;
+
 /* Everything one run() reads, flattened: config, plan, tensors, storage. */
 typedef struct ak_cpu_ctx {
     int group;                    /* num_qo_heads / num_kv_heads */
@@ -85,6 +95,11 @@ typedef struct ak_cpu_ctx {
 
     float *part_o;                /* [pool rows, dvo_pad] normalised partial outputs */
     float *part_lse;              /* [pool rows] */
+
+    /* AMX kernel only (NULL otherwise) */
+    const ak_cpu_pack *pack;      /* [num_reqs] */
+    uint16_t *kv_pack;            /* [pool tiles, pack_tile_elems] packed K/V tiles */
+    int64_t pack_tile_elems;      /* bf16 of a tile: dq32 * TILE_KEYS_AMX (K) + TILE_KEYS_AMX * dvo_pad (V) */
 } ak_cpu_ctx;
 
 /* One thread's working memory, carved at create() from one allocation. */
@@ -119,6 +134,9 @@ typedef struct ak_cpu_kernels {
     int amx;           /* uses AMX tiles for bf16 prefill: needs the scratch's amx_* buffers */
     /* Computes one work item; writes o/lse or its partial slot. */
     void (*run_item)(const ak_cpu_ctx *ctx, const ak_cpu_work *w, const ak_cpu_scratch *scr);
+    /* (AMX kernel only, else NULL) Packs key tile t of KV head g of request r
+     * into ctx->kv_pack where ctx->pack[r] says. */
+    void (*pack_tile)(const ak_cpu_ctx *ctx, int r, int g, int t, const ak_cpu_scratch *scr);
 } ak_cpu_kernels;
 
 /* The keys [lo, hi] a query at position p sees among kv_len (as cpu_ref):

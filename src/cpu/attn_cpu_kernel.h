@@ -681,6 +681,73 @@ static void amx_pv(const uint16_t *hi, const uint16_t *lo, int rows, int n, cons
             }
         }
 }
+
+/* One tile of keys [j0, j0 + n) of an AMX item: S = Q K^T, the fused
+ * softmax, O += P V; kt and vv are the tile in the B layouts of
+ * amx_load_kt / amx_load_v. */
+static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, const uint32_t *kt,
+                     const uint16_t *vv, uint16_t *p_lo)
+{
+    const int rows1 = ntok * c->group, dq32 = (c->head_dim_qk + 31) / 32 * 32;
+    /* every row sees the whole tile unless it starts before the last row's
+     * first key or ends after the first row's last key */
+    const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+    amx_qk(sc->amx_q, dq32, rows1, kt, n, sc->s, sc->s_stride);
+    amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
+    amx_pv(sc->amx_p, p_lo, rows1, n, vv, 2 * c->dvo_pad, sc->o, c->dvo_pad);
+}
+
+/* The key tiles of a single-head item with bf16 q and K/V, on the AMX unit.
+ * A request that plan() packed (c->pack) has its K/V tiles in the B layouts
+ * already, on the grid of whole TILE_KEYS_AMX tiles from key 0 (the masks
+ * hide the keys of a grid tile this item does not see); any other converts
+ * each tile from the cache here. */
+static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc, int64_t tok0,
+                          int ntok)
+{
+    const int r = w->req, g = w->kv_head, tile = AK_CPU_TILE_KEYS_AMX;
+    const int rows1 = ntok * c->group, dvo = c->dvo_pad, dq32 = (c->head_dim_qk + 31) / 32 * 32;
+    const int rows_pad = (rows1 + 2 * AK_AMX_ROWS - 1) / (2 * AK_AMX_ROWS) * (2 * AK_AMX_ROWS);
+    uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * tile : NULL;
+    const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
+    const ak_cpu_pack *pk = c->pack ? &c->pack[r] : NULL;
+    amx_configure();
+    amx_load_q(c, sc, tok0, g, ntok, dq32);
+    if (pk && pk->first >= 0) {
+        for (int j0 = k_lo / tile * tile; j0 <= k_hi; j0 += tile) {
+            const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+            const uint16_t *kt = c->kv_pack + (pk->first + (int64_t)g * pk->tiles + j0 / tile - pk->t0) * c->pack_tile_elems;
+            amx_tile(c, sc, ntok, j0, n, (const uint32_t *)kt, kt + (int64_t)dq32 * tile, p_lo);
+        }
+    } else {
+        for (int j0 = k_lo; j0 <= k_hi; j0 += tile) {
+            const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+            key_offsets(c, r, j0, n, sc->koff[0], sc->voff[0]);
+            load_kv_tile(c, g, n, 0, 1, sc->koff[0], NULL, sc->kp);
+            load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
+            amx_load_kt(sc->amx_kt, sc->kp, n, c->head_dim_qk, dq32);
+            amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
+            amx_tile(c, sc, ntok, j0, n, sc->amx_kt, sc->amx_v, p_lo);
+        }
+    }
+    _tile_release();
+}
+
+/* Key tile t (keys [t * TILE_KEYS_AMX, ...) up to kv_len) of KV head g of a
+ * packed request r into its place in c->kv_pack: K then V in the B layouts,
+ * keys past kv_len zero up to the next 32. */
+static void amx_pack_tile(const ak_cpu_ctx *c, int r, int g, int t, const ak_cpu_scratch *sc)
+{
+    const ak_cpu_pack *pk = &c->pack[r];
+    const int tile = AK_CPU_TILE_KEYS_AMX, dq32 = (c->head_dim_qk + 31) / 32 * 32;
+    const int j0 = t * tile, n = c->kv_lens[r] - j0 < tile ? c->kv_lens[r] - j0 : tile;
+    uint16_t *dst = c->kv_pack + (pk->first + (int64_t)g * pk->tiles + t - pk->t0) * c->pack_tile_elems;
+    key_offsets(c, r, j0, n, sc->koff[0], sc->voff[0]);
+    load_kv_tile(c, g, n, 0, 1, sc->koff[0], NULL, sc->kp);
+    load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
+    amx_load_kt((uint32_t *)dst, sc->kp, n, c->head_dim_qk, dq32);
+    amx_load_v(dst + (int64_t)dq32 * tile, 2 * c->dvo_pad, sc->vp, n, c->head_dim_vo, c->dvo_pad);
+}
 #endif /* AK_CPU_AMX */
 
 /* ---- online_softmax ------------------------------------------------------------ */
@@ -746,64 +813,20 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
 
 /* ---- the work item ------------------------------------------------------------ */
 
-static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc)
+/* The key tiles of an item on the vector units (see the top of the file):
+ * K/V rows are read in place (converted as loaded) when they are whole
+ * vectors and either need no conversion or serve a single block of rows
+ * (decode: the group); otherwise each tile is converted once into f32
+ * scratch and then serves every row block. */
+static void run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc, int ntok)
 {
-    const int group = c->group, r = w->req, g0 = w->kv_head, nheads = w->kv_heads;
-    const int kv_len = c->kv_lens[r];
-    const int q_len = c->qo_indptr[r + 1] - c->qo_indptr[r];
-    const int ntok = w->q_count;
-    const int rows1 = ntok * group, rows = rows1 * nheads; /* rows of one KV head, of all */
-    const int64_t tok0 = (int64_t)c->qo_indptr[r] + w->q_begin;
+    const int r = w->req, g0 = w->kv_head, nheads = w->kv_heads;
+    const int rows1 = ntok * c->group;
     const int dqk = c->dqk_pad, dvo = c->dvo_pad, lds = sc->s_stride;
-
-    /* visible keys of each token, cut to this chunk; lo and hi both grow
-     * with t, so the tile's keys are [lo[0], hi[ntok - 1]] */
-    for (int t = 0; t < ntok; t++) {
-        const int p = kv_len - q_len + w->q_begin + t;
-        int lo = ak_cpu_visible_lo(p, c->window_left);
-        int hi = ak_cpu_visible_hi(p, kv_len, c->causal);
-        if (lo < w->kv_begin) lo = w->kv_begin;
-        if (hi > w->kv_end - 1) hi = w->kv_end - 1;
-        sc->lo[t] = lo;
-        sc->hi[t] = hi;
-    }
-
-    /* K/V rows are read in place (converted as loaded) when they are whole
-     * vectors and either need no conversion or serve a single block of rows
-     * (decode: the group); otherwise each tile is converted once into f32
-     * scratch and then serves every row block. */
     const int k_in_place = c->whole_k && rows1 <= AK_IN_PLACE_ROWS;
     const int v_in_place = c->whole_v && rows1 <= AK_IN_PLACE_ROWS;
     const ak_dtype vt = v_in_place ? c->kv_dtype : AK_F32;
-#if defined(AK_CPU_AMX)
-    const int amx = nheads == 1 && !k_in_place && c->q_dtype == AK_BF16 && c->kv_dtype == AK_BF16;
-    const int dq32 = (c->head_dim_qk + 31) / 32 * 32;
-    const int rows_pad = (rows1 + 2 * AK_AMX_ROWS - 1) / (2 * AK_AMX_ROWS) * (2 * AK_AMX_ROWS);
-    if (amx) {
-        amx_configure();
-        amx_load_q(c, sc, tok0, g0, ntok, dq32);
-    }
-#else
-    const int amx = 0;
-#endif
-
-    /* load_q: row m = (head i of the item, token t, query head h of the group)
-     * = (i * ntok + t) * group + h, so each KV head's rows are one block */
-    const size_t qesz = ak_dtype_size(c->q_dtype);
-    for (int gt = 0; gt < nheads * ntok && !amx; gt++)
-        for (int h = 0; h < group; h++) {
-            const int t = gt % ntok;
-            const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
-            const char *src = c->q + ((tok0 + t) * c->q_stride0 + head * c->q_stride1) * (int64_t)qesz;
-            load_row(sc->q + (int64_t)(gt * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
-        }
-    for (int m = 0; m < rows; m++) {
-        sc->row_max[m] = -INFINITY;
-        sc->row_sum[m] = 0.0f;
-    }
-    memset(sc->o, 0, sizeof(float) * (size_t)rows * (size_t)dvo);
-
-    const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS;
+    const int tile = nheads > 1 ? AK_CPU_TILE_KEYS_ALL_HEADS : AK_CPU_TILE_KEYS;
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     int cur = 0; /* which of the two offset lists holds this tile's */
     if (k_lo <= k_hi)
@@ -837,13 +860,6 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
             const float *qi = sc->q + (int64_t)i * rows1 * dqk;
             float *si = sc->s + (int64_t)i * rows1 * lds;
             load_kv_tile(c, g0 + i, n, 0, 1, sc->koff[cur], NULL, sc->kp);
-#if defined(AK_CPU_AMX)
-            if (amx) {
-                amx_load_kt(sc->amx_kt, sc->kp, n, c->head_dim_qk, dq32);
-                amx_qk(sc->amx_q, dq32, rows1, sc->amx_kt, n, si, lds);
-                continue;
-            }
-#endif
             if (k_in_place) {
                 for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
                 qk(qi, dqk, rows1, sc->kp, c->kv_dtype, n4, dqk, si, lds, &pf);
@@ -852,16 +868,6 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
                 qk_nn(qi, dqk, rows1, sc->ktp, c->head_dim_qk, si, lds, (n + AK_VW - 1) / AK_VW * AK_VW);
             }
         }
-#if defined(AK_CPU_AMX)
-        if (amx) {
-            uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * AK_CPU_TILE_KEYS_AMX : NULL;
-            amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
-            load_kv_tile(c, g0, n, 1, 1, sc->voff[cur], NULL, sc->vp);
-            amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
-            amx_pv(sc->amx_p, p_lo, rows1, n, sc->amx_v, 2 * dvo, sc->o, dvo);
-            continue;
-        }
-#endif
         online_softmax(c, sc, nheads, ntok, j0, n, masked);
         for (int i = 0; i < nheads; i++) {
             load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
@@ -870,10 +876,61 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         }
         while (pf.next < pf.end) __builtin_prefetch(*pf.next++, 0, AK_PREFETCH_LOCALITY);
     }
+}
+
+static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc)
+{
+    const int group = c->group, r = w->req, g0 = w->kv_head, nheads = w->kv_heads;
+    const int kv_len = c->kv_lens[r];
+    const int q_len = c->qo_indptr[r + 1] - c->qo_indptr[r];
+    const int ntok = w->q_count;
+    const int rows1 = ntok * group, rows = rows1 * nheads; /* rows of one KV head, of all */
+    const int64_t tok0 = (int64_t)c->qo_indptr[r] + w->q_begin;
+    const int dqk = c->dqk_pad, dvo = c->dvo_pad;
+
+    /* visible keys of each token, cut to this chunk; lo and hi both grow
+     * with t, so the tile's keys are [lo[0], hi[ntok - 1]] */
+    for (int t = 0; t < ntok; t++) {
+        const int p = kv_len - q_len + w->q_begin + t;
+        int lo = ak_cpu_visible_lo(p, c->window_left);
+        int hi = ak_cpu_visible_hi(p, kv_len, c->causal);
+        if (lo < w->kv_begin) lo = w->kv_begin;
+        if (hi > w->kv_end - 1) hi = w->kv_end - 1;
+        sc->lo[t] = lo;
+        sc->hi[t] = hi;
+    }
+
+    /* bf16 prefill tiles go to the AMX unit; decode-sized rows stay on the
+     * vector path (run_tiles reads their K/V in place) */
+#if defined(AK_CPU_AMX)
+    const int amx = nheads == 1 && !(c->whole_k && rows1 <= AK_IN_PLACE_ROWS) && c->q_dtype == AK_BF16 &&
+                    c->kv_dtype == AK_BF16;
+#else
+    const int amx = 0;
+#endif
+
+    /* load_q: row m = (head i of the item, token t, query head h of the group)
+     * = (i * ntok + t) * group + h, so each KV head's rows are one block */
+    const size_t qesz = ak_dtype_size(c->q_dtype);
+    for (int gt = 0; gt < nheads * ntok && !amx; gt++)
+        for (int h = 0; h < group; h++) {
+            const int t = gt % ntok;
+            const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
+            const char *src = c->q + ((tok0 + t) * c->q_stride0 + head * c->q_stride1) * (int64_t)qesz;
+            load_row(sc->q + (int64_t)(gt * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
+        }
+    for (int m = 0; m < rows; m++) {
+        sc->row_max[m] = -INFINITY;
+        sc->row_sum[m] = 0.0f;
+    }
+    memset(sc->o, 0, sizeof(float) * (size_t)rows * (size_t)dvo);
 
 #if defined(AK_CPU_AMX)
-    if (amx) _tile_release();
+    if (amx)
+        amx_run_tiles(c, w, sc, tok0, ntok);
+    else
 #endif
+        run_tiles(c, w, sc, ntok);
 
     /* store: o = O / d; a row that saw no key has d = 0, O = 0 -> o = 0 */
     const size_t oesz = ak_dtype_size(c->o_dtype);
@@ -907,4 +964,9 @@ const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
     /* .amx = */ 0,
 #endif
     /* .run_item = */ run_item,
+#if defined(AK_CPU_AMX)
+    /* .pack_tile = */ amx_pack_tile,
+#else
+    /* .pack_tile = */ NULL,
+#endif
 };
