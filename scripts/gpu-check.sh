@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
-# (memcheck + racecheck) on them, then the decode benchmark; a short table last.
-#   scripts/gpu-check.sh [all|test|sanitize|bench|cpu] [extra bench args...]
+# (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
+# short table last.
+#   scripts/gpu-check.sh [all|test|sanitize|bench|prefill|cpu] [extra bench args...]
 # Logs go to $OUT (or ./gpu-check-logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +38,8 @@ if [[ $what == all || $what == sanitize ]]; then
     # the GPU suite under memcheck is slow on the big sweeps: run the fixed
     # cases, properties, bad input and graphs, plus one sweep slice
     for tool in memcheck racecheck; do
-        for f in "decode" "merge of" "graph replay" "invariance" "bad" "slot" "sweep decode d128 g4"; do
+        for f in "decode" "merge of" "graph replay" "invariance" "bad" "slot" "sweep decode d128 g4" \
+                 "prefill" "chunk" "mixed" "verify" "window" "soft-cap" "encoder" "cross" "gqa" "sweep extend d128 g4"; do
             compute-sanitizer --tool $tool --error-exitcode 99 ./$BUILD/attnkit-test --device cuda --filter "$f" \
                 >>"$LOG/sanitize-$tool.log" 2>&1
             rc=$?
@@ -81,6 +83,36 @@ for r in rows:
           f"{r.get('plan_us', 0):>7.1f}")
 PY
     note bench "$(grep -c . "$LOG/bench-decode.jsonl") rows in bench-decode.jsonl"
+fi
+
+if [[ $what == all || $what == prefill ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
+    # issue 5: prefill beside PyTorch SDPA flash / cuDNN (same shapes, same
+    # run), then the mixed batch against the sum of its parts
+    timeout 300 python3 bench/gpu_sdpa.py --bench ./$BUILD/attnkit-bench --shapes 16x1024,4x4096,1x16384 \
+        --head-dims 128 2>&1 | tee "$LOG/prefill-sdpa.txt"
+    timeout 200 python3 bench/gpu_sdpa.py --bench ./$BUILD/attnkit-bench --shapes 4x4096 --head-dims 64,256 \
+        2>&1 | grep -v "^#" | tee -a "$LOG/prefill-sdpa.txt"
+    pb() { ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
+    {
+        pb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096
+        pb --workload extend --batch 1 --q-len 2048 --kv-len 6144
+        pb --workload decode --batch 63 --kv-len 4096
+        pb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096 --graph
+        pb --workload verify --batch 32 --q-len 4 --kv-len 4096
+        pb --workload prefill --batch 4 --q-len 4096 --heads 32/32 --check
+    } >"$LOG/bench-mixed.jsonl"
+    python3 - "$LOG/bench-mixed.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+for r in rows:
+    print(f"{r['workload']:>7} {r['num_qo_heads']}/{r['num_kv_heads']} batch {r['batch']:>3} q {r['q_len']:>5} "
+          f"kv {r['kv_len']:>5} dec_kv {r.get('decode_kv_len', '-'):>5} graph {str(r.get('graph', False)):>5} "
+          f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOP/s check {r.get('max_rel_err', '-')}")
+if len(rows) >= 3:
+    m, p, d = rows[0]["median_ms"], rows[1]["median_ms"], rows[2]["median_ms"]
+    print(f"mixed {m:.4f} ms vs parts {p:.4f} + {d:.4f} = {p + d:.4f} ms: {m / (p + d):.2f} of the sum")
+PY
+    note prefill "see $LOG/prefill-sdpa.txt, bench-mixed.jsonl"
 fi
 
 if [[ $what == all || $what == cpu ]] && [[ -x ./$BUILD/attnkit-bench ]]; then

@@ -53,29 +53,29 @@
  * prefill 2048 is what bench/cpu_sdpa.py compares; the mixed step is the
  * default job. */
 static const bench_shape default_shapes[BW_COUNT] = {
-    [BW_DECODE] = {BW_DECODE, 64, 1, 4096, 0},
-    [BW_PREFILL] = {BW_PREFILL, 1, 2048, 2048, 0},
-    [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0},
-    [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2},
-    [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0},
+    [BW_DECODE] = {BW_DECODE, 64, 1, 4096, 0, 0},
+    [BW_PREFILL] = {BW_PREFILL, 1, 2048, 2048, 0, 0},
+    [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0, 0},
+    [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2, 0},
+    [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0, 0},
 };
 
 /* --sweep on a GPU: decode across batch and context (B=1 L=4096 is the
  * latency figure to take with --graph; B=256 the plan-time figure), then the
  * other workloads. */
 static const bench_shape sweep_gpu[] = {
-    {BW_DECODE, 1, 1, 4096, 0},     {BW_DECODE, 1, 1, 32768, 0},    {BW_DECODE, 16, 1, 4096, 0},
-    {BW_DECODE, 64, 1, 1024, 0},    {BW_DECODE, 64, 1, 4096, 0},    {BW_DECODE, 128, 1, 8192, 0},
-    {BW_DECODE, 256, 1, 1024, 0},   {BW_DECODE, 256, 1, 4096, 0},   {BW_VERIFY, 32, 4, 4096, 0},
-    {BW_VERIFY, 64, 8, 2048, 0},    {BW_EXTEND, 4, 512, 4096, 0},   {BW_EXTEND, 1, 2048, 16384, 0},
-    {BW_PREFILL, 1, 2048, 2048, 0}, {BW_PREFILL, 1, 8192, 8192, 0}, {BW_PREFILL, 1, 16384, 16384, 0},
-    {BW_PREFILL, 8, 1024, 1024, 0}, {BW_MIXED, 64, 256, 2048, 2},   {BW_MIXED, 128, 512, 4096, 2},
+    {BW_DECODE, 1, 1, 4096, 0, 0},     {BW_DECODE, 1, 1, 32768, 0, 0},    {BW_DECODE, 16, 1, 4096, 0, 0},
+    {BW_DECODE, 64, 1, 1024, 0, 0},    {BW_DECODE, 64, 1, 4096, 0, 0},    {BW_DECODE, 128, 1, 8192, 0, 0},
+    {BW_DECODE, 256, 1, 1024, 0, 0},   {BW_DECODE, 256, 1, 4096, 0, 0},   {BW_VERIFY, 32, 4, 4096, 0, 0},
+    {BW_VERIFY, 64, 8, 2048, 0, 0},    {BW_EXTEND, 4, 512, 4096, 0, 0},   {BW_EXTEND, 1, 2048, 16384, 0, 0},
+    {BW_PREFILL, 1, 2048, 2048, 0, 0}, {BW_PREFILL, 1, 8192, 8192, 0, 0}, {BW_PREFILL, 1, 16384, 16384, 0, 0},
+    {BW_PREFILL, 8, 1024, 1024, 0, 0}, {BW_MIXED, 64, 256, 2048, 2, 0},   {BW_MIXED, 128, 512, 4096, 2, 0},
 };
 /* --sweep on the CPU: the same kinds, sized for seconds per row. */
 static const bench_shape sweep_cpu[] = {
-    {BW_DECODE, 1, 1, 4096, 0},    {BW_DECODE, 16, 1, 1024, 0},    {BW_DECODE, 64, 1, 1024, 0},
-    {BW_DECODE, 256, 1, 256, 0},   {BW_VERIFY, 16, 4, 1024, 0},    {BW_EXTEND, 2, 128, 1024, 0},
-    {BW_PREFILL, 1, 512, 512, 0},  {BW_PREFILL, 1, 2048, 2048, 0}, {BW_MIXED, 16, 128, 1024, 2},
+    {BW_DECODE, 1, 1, 4096, 0, 0},    {BW_DECODE, 16, 1, 1024, 0, 0},    {BW_DECODE, 64, 1, 1024, 0, 0},
+    {BW_DECODE, 256, 1, 256, 0, 0},   {BW_VERIFY, 16, 4, 1024, 0, 0},    {BW_EXTEND, 2, 128, 1024, 0, 0},
+    {BW_PREFILL, 1, 512, 512, 0, 0},  {BW_PREFILL, 1, 2048, 2048, 0, 0}, {BW_MIXED, 16, 128, 1024, 2, 0},
 };
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -89,6 +89,7 @@ typedef struct options {
     ak_device_kind device;
     int device_set;
     int batch, q_len, kv_len, num_prefills; /* 0 / -1: the workload's default */
+    int decode_kv_len;                      /* mixed: keys of the decodes (0: kv_len) */
     int page_size;
     ak_kv_layout layout;
     bench_model custom; /* the preset with --heads / --head-dim applied */
@@ -111,6 +112,7 @@ static void usage(FILE *f)
         "                   verify:  B x q_len speculative tokens on kv_len keys (32 x 4 on 4096)\n"
         "                   mixed:   --prefills chunks of q_len on a prefix + decodes, kv_len each\n"
         "                            (64 requests: 62 decodes + 2 chunks of 256, kv_len 2048)\n"
+        "  --decode-kv-len N  mixed: the decodes' keys (default: --kv-len, the chunks' keys)\n"
         "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
         "                   | phi3-mini\n"
         "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
@@ -208,6 +210,8 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 1, &o->q_len)) return -1;
         } else if (!strcmp(a, "--kv-len")) {
             if (parse_int(a, v, 1, &o->kv_len)) return -1;
+        } else if (!strcmp(a, "--decode-kv-len")) {
+            if (parse_int(a, v, 1, &o->decode_kv_len)) return -1;
         } else if (!strcmp(a, "--prefills")) {
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
         } else if (!strcmp(a, "--heads")) {
@@ -306,6 +310,7 @@ static int single_shape(const options *o, bench_shape *s)
     }
     if (o->workload == BW_MIXED) {
         if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
+        s->decode_kv_len = o->decode_kv_len;
         if (s->num_prefills > s->batch) {
             if (o->num_prefills >= 0) {
                 fprintf(stderr, "attnkit-bench: --prefills %d > --batch %d\n", s->num_prefills, s->batch);
@@ -377,6 +382,8 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
     printf(",\"device\":\"%s\",\"workload\":\"%s\",\"model\":\"%s\",\"dtype\":\"%s\"",
            c->device.kind == AK_DEVICE_CUDA ? "cuda" : "cpu", bench_workload_name(sc->shape.workload),
            sc->model->name, ak_dtype_name(c->kv_dtype));
+    if (sc->shape.workload == BW_MIXED && sc->shape.decode_kv_len)
+        printf(",\"decode_kv_len\":%d", sc->shape.decode_kv_len);
     printf(",\"batch\":%d,\"q_len\":%d,\"kv_len\":%d,\"num_prefills\":%d,\"page_size\":%d", sc->shape.batch,
            sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
            sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);

@@ -198,13 +198,14 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
             return -1;
         }
         sc->qo_indptr[r + 1] = (int32_t)tokens;
-        sc->kv_lens[r] = s->kv_len;
-        sc->num_kv_tokens += s->kv_len;
+        sc->kv_lens[r] = q == 1 && s->workload == BW_MIXED && s->decode_kv_len ? s->decode_kv_len : s->kv_len;
+        sc->num_kv_tokens += sc->kv_lens[r];
     }
     sc->num_tokens = (int)tokens;
 
     /* blocks: every request's own, in shuffled order, plus spares */
-    const int blocks_per_req = (s->kv_len + page_size - 1) / page_size;
+    const int max_kv = s->decode_kv_len > s->kv_len ? s->decode_kv_len : s->kv_len;
+    const int blocks_per_req = (max_kv + page_size - 1) / page_size;
     const int64_t nblocks = (int64_t)R * blocks_per_req + SPARE_BLOCKS;
     if (nblocks > INT32_MAX) {
         fprintf(stderr, "attnkit-bench: %lld cache blocks are too many\n", (long long)nblocks);
@@ -288,7 +289,8 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
         break;
     case BW_MIXED:
         snprintf(what, sizeof what, "%d decodes on %d keys + %d prefill chunks of %d tokens on a %d-token prefix",
-                 s->batch - s->num_prefills, s->kv_len, s->num_prefills, s->q_len, s->kv_len - s->q_len);
+                 s->batch - s->num_prefills, s->decode_kv_len ? s->decode_kv_len : s->kv_len, s->num_prefills,
+                 s->q_len, s->kv_len - s->q_len);
         break;
     default: snprintf(what, sizeof what, "?"); break;
     }

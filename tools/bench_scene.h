@@ -47,6 +47,7 @@ typedef struct bench_shape {
     int q_len;        /* new tokens per request (mixed: per prefill chunk) */
     int kv_len;       /* keys per request, new tokens included */
     int num_prefills; /* mixed only: requests that are prefill chunks; the rest decode */
+    int decode_kv_len; /* mixed only: keys of each decode (0: kv_len) */
 } bench_shape;
 
 /* ---- the scene ---------------------------------------------------------------- */

@@ -100,16 +100,6 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
             cp_async_commit();
         }
 
-        /* the keys each of this thread's rows sees: [lo, hi] (mask) */
-        int row_lo[MT][2], row_hi[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int pos = it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb;
-                row_hi[mt][h] = p.causal ? pos : INT_MAX;
-                row_lo[mt][h] = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
-            }
         const int pos_last = it.pos0 + it.ntok - 1;
 
         float o[MT][D / 8][4];
@@ -161,24 +151,40 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                 }
             }
 
-            /* logits (base 2), masks only where some key of the tile is
-             * hidden from some row: the tile's end, the diagonal, the window */
+            /* soft-cap before the masks: tanh(-inf) would unmask */
+            if (p.soft_cap > 0.0f) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][n][e] = p.cap_log2 * tanhf(s[mt][n][e] * p.cap_scale);
+            }
+            /* masks only where some key of the tile is hidden from some row:
+             * the tile's end, the diagonal, the window */
             const bool masked = t0 + tr::TILE > it.kv_end || (p.causal && t0 + tr::TILE - 1 > it.pos0) ||
                                 (p.window_left >= 0 && t0 < pos_last - p.window_left);
+            if (masked) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int n = 0; n < NT; n++)
+                    for (int h = 0; h < 2; h++) {
+                        /* this row sees keys [lo, hi] */
+                        const int pos = it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb;
+                        const int hi = min(p.causal ? pos : INT_MAX, it.kv_end - 1);
+                        const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float x = to_logit2(p, s[mt][n][e]);
-                        if (masked) {
-                            const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                            if (key >= it.kv_end || key > row_hi[mt][e / 2] || key < row_lo[mt][e / 2])
-                                x = -INFINITY;
-                        }
-                        s[mt][n][e] = x;
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 2 * h; e < 2 * h + 2; e++) {
+                                const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                                if (key > hi || key < lo) s[mt][n][e] = -INFINITY;
+                            }
                     }
+            }
+            /* s is now a logit in base 2 (soft-capped) or a raw dot product
+             * whose logit is s * scale: exp2 takes one FFMA either way */
+            const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
 
             /* online softmax per row (rows lane/4 and lane/4 + 8 of each m tile);
              * a row with nothing visible yet keeps m = -inf and uses 0 as its
@@ -194,7 +200,7 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                     for (int n = 0; n < NT; n++) tmax = fmaxf(tmax, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
                     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
                     tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-                    const float m_new = fmaxf(m[mt][h], tmax);
+                    const float m_new = fmaxf(m[mt][h], tmax * sc); /* m in base-2 logits */
                     ref[h] = m_new == -INFINITY ? 0.0f : m_new;
                     const float f = exp2f(m[mt][h] - ref[h]);
                     m[mt][h] = m_new;
@@ -207,8 +213,8 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                 }
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
-                    const float p0 = exp2f(s[mt][n][0] - ref[0]), p1 = exp2f(s[mt][n][1] - ref[0]);
-                    const float p2 = exp2f(s[mt][n][2] - ref[1]), p3 = exp2f(s[mt][n][3] - ref[1]);
+                    const float p0 = exp2f(fmaf(s[mt][n][0], sc, -ref[0])), p1 = exp2f(fmaf(s[mt][n][1], sc, -ref[0]));
+                    const float p2 = exp2f(fmaf(s[mt][n][2], sc, -ref[1])), p3 = exp2f(fmaf(s[mt][n][3], sc, -ref[1]));
                     d[mt][0] += p0 + p1;
                     d[mt][1] += p2 + p3;
                     /* A fragment of P for k step n / 2: n even -> regs 0, 1; odd -> 2, 3 */

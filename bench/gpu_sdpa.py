@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""gpu_sdpa.py - attnkit's cuda_paged prefill beside PyTorch's SDPA flash and cuDNN backends.
+
+For each shape (batch x prompt tokens, heads, head_dim, causal, bf16) it times
+torch.nn.functional.scaled_dot_product_attention on the GPU with the
+FLASH_ATTENTION and the CUDNN_ATTENTION backends (dense [batch, heads, tokens,
+head_dim] tensors, GQA through enable_gqa), then runs
+
+    build-gpu/attnkit-bench --device cuda --backend cuda_paged --workload prefill
+        --heads H/KV --head-dim D --batch B --q-len N --dtype bf16 --page-size 16 --json
+
+in the same script run, and prints TFLOP/s of each and attnkit's ratio to each.
+attnkit reads K/V through its paged cache (page size 16, blocks shuffled);
+the peers read contiguous tensors. FLOPs are counted alike on both sides:
+4 * head_dim * num_qo_heads * (keys each query token sees), summed.
+
+Needs torch with CUDA; nothing else.
+Usage: python3 bench/gpu_sdpa.py [--shapes 16x1024,4x4096,1x16384] [--head-dims 128]
+                                 [--heads 32/8] [--iters 20] [--bench PATH]
+Exit status: 0 when every side ran, 1 otherwise, 2 without torch or a GPU.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_BENCH = os.path.join(REPO_ROOT, "build-gpu", "attnkit-bench")
+WARMUP = 3
+
+
+def causal_flops(batch, seq, heads, dim):
+    return 4.0 * dim * heads * batch * seq * (seq + 1) / 2
+
+
+def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters):
+    """Median ms of one causal SDPA call with the given backend, or (None, why)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    F = torch.nn.functional
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(h):
+        return (torch.rand(batch, h, seq, dim, generator=gen, device="cuda") * 2 - 1).to(torch.bfloat16)
+
+    q, k, v = rnd(hq), rnd(hk), rnd(hk)
+    try:
+        with sdpa_kernel([which]):
+            def call():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hk)
+            call()
+            torch.cuda.synchronize()
+            times = []
+            for i in range(WARMUP + iters):
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                call()
+                b.record()
+                b.synchronize()
+                if i >= WARMUP:
+                    times.append(a.elapsed_time(b))
+    except RuntimeError as e:
+        return None, str(e).splitlines()[0][:160]
+    return statistics.median(times), ""
+
+
+def attnkit_ms(bench, batch, seq, hq, hk, dim, iters):
+    cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
+           "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
+           "bf16", "--page-size", "16", "--iters", str(iters), "--json"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if row.get("median_ms") is not None and row.get("status") == "ok":
+                return row["median_ms"], ""
+            return None, row.get("reason", row.get("status", "?"))
+    return None, "attnkit-bench exit %d: %s" % (proc.returncode, " | ".join(proc.stderr.strip().splitlines()[-2:]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="16x1024,4x4096,1x16384", help="batch x tokens, comma-separated")
+    ap.add_argument("--head-dims", default="128", help="comma-separated, of 64, 128, 256")
+    ap.add_argument("--heads", default="32/8", help="query/KV heads")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--bench", default=DEFAULT_BENCH)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError as e:
+        sys.stderr.write("gpu_sdpa.py: needs PyTorch (%s)\n" % e)
+        return 2
+    if not torch.cuda.is_available():
+        sys.stderr.write("gpu_sdpa.py: no CUDA device\n")
+        return 2
+    hq, hk = (int(x) for x in args.heads.split("/"))
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+    dims = [int(d) for d in args.head_dims.split(",") if d]
+    print("# %s, torch %s, bf16, causal, %d/%d heads, attnkit page size 16; medians of %d calls" % (
+        torch.cuda.get_device_name(), torch.__version__, hq, hk, args.iters))
+    hdr = ("D", "batch", "tokens", "flash_ms", "flash_TF", "cudnn_ms", "cudnn_TF", "attnkit_ms", "attnkit_TF",
+           "vs_flash", "vs_cudnn")
+    print("%4s %6s %7s %9s %8s %9s %8s %10s %10s %8s %8s" % hdr)
+    status, notes = 0, []
+    for dim in dims:
+        for batch, seq in shapes:
+            fl = causal_flops(batch, seq, hq, dim)
+            res = {}
+            for name in ("flash", "cudnn"):
+                ms, why = sdpa_ms(torch, name, batch, seq, hq, hk, dim, args.iters)
+                res[name] = ms
+                if why:
+                    notes.append("D%d %dx%d %s: %s" % (dim, batch, seq, name, why))
+            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters)
+            res["attnkit"] = ms
+            if why:
+                notes.append("D%d %dx%d attnkit: %s" % (dim, batch, seq, why))
+                status = 1
+
+            def tf(x):
+                return "%8.1f" % (fl / x / 1e9) if x else "%8s" % "-"
+
+            def ms_(x):
+                return "%9.3f" % x if x else "%9s" % "-"
+
+            def ratio(peer):
+                return "%7.2fx" % (res[peer] / res["attnkit"]) if res[peer] and res["attnkit"] else "%8s" % "-"
+
+            print("%4d %6d %7d %s %s %s %s %10s %10s %s %s" % (
+                dim, batch, seq, ms_(res["flash"]), tf(res["flash"]), ms_(res["cudnn"]), tf(res["cudnn"]),
+                ms_(res["attnkit"]).strip(), tf(res["attnkit"]).strip(), ratio("flash"), ratio("cudnn")))
+    print("# vs_X = X's time / attnkit's time (above 1: attnkit is faster)")
+    for n in notes:
+        print("# note: " + n)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
