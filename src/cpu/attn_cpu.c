@@ -257,10 +257,11 @@ static ak_status alloc_scratch(cpu_state *s)
     const int max_tok = s->tile_tokens > s->max_tokens_all_heads ? s->tile_tokens : s->max_tokens_all_heads;
     const int dq32 = round_up(s->cfg.head_dim_qk, 32);
 #define AK_LINE(n) (((int64_t)(n) + 15) / 16 * 16)
-    /* AMX buffers, in floats: bf16 q rows, key pairs, value pairs, bf16 P
-     * (and its remainder) */
+    /* AMX buffers, in floats: bf16 q rows, key pairs, value pairs, the
+     * denominators' lanes, bf16 P (and its remainder) */
     const int64_t amx = s->kern->amx ? AK_LINE((int64_t)rows * dq32 / 2) + AK_LINE((int64_t)dq32 / 2 * AK_CPU_TILE_KEYS_AMX) +
                                            AK_LINE((int64_t)AK_CPU_TILE_KEYS_AMX * s->dvo_pad) +
+                                           AK_LINE((int64_t)rows * AK_CPU_AMX_SUM_LANES) +
                                            AK_LINE((int64_t)rows * AK_CPU_TILE_KEYS_AMX)
                                      : 0;
     const int64_t per_thread = AK_LINE((int64_t)rows * s->dqk_pad) + AK_LINE((int64_t)rows * keys) +
@@ -303,6 +304,7 @@ static ak_status alloc_scratch(cpu_state *s)
             sc->amx_q = (uint16_t *)p, p += AK_LINE((int64_t)rows * dq32 / 2);
             sc->amx_kt = (uint32_t *)p, p += AK_LINE((int64_t)dq32 / 2 * AK_CPU_TILE_KEYS_AMX);
             sc->amx_v = (uint16_t *)p, p += AK_LINE((int64_t)AK_CPU_TILE_KEYS_AMX * s->dvo_pad);
+            sc->amx_d = p, p += AK_LINE((int64_t)rows * AK_CPU_AMX_SUM_LANES);
             sc->amx_p = (uint16_t *)p;
         }
         sc->kp = s->scratch_ptrs + (size_t)t * ptrs_per_thread;

@@ -26,6 +26,9 @@
  * weighs; llama3-8b prefill 2048 bf16, one thread: 64 keys 403-416 GFLOP/s,
  * 128 keys 418-438. */
 #define AK_CPU_TILE_KEYS_AMX 128
+/* The AMX softmax keeps each row's denominator as this many partial sums
+ * (one AVX-512 vector), added up once per item instead of once per tile. */
+#define AK_CPU_AMX_SUM_LANES 16
 /* The largest of the tile sizes: scratch is sized for it. */
 #define AK_CPU_TILE_KEYS_MAX 128
 /* Keys per KV tile of an all-heads (decode) item: one page of 16 is 32 KB of
@@ -124,6 +127,7 @@ typedef struct ak_cpu_scratch {
     uint16_t *amx_q;   /* [rows, dq32] raw bf16 query rows */
     uint32_t *amx_kt;  /* [dq32 / 2, TILE_KEYS_AMX] key tile, dim pairs transposed */
     uint16_t *amx_v;   /* [TILE_KEYS_AMX / 2, 2 * dvo_pad] value tile, key pairs interleaved */
+    float *amx_d;      /* [rows, AMX_SUM_LANES] the running denominators d, lane by lane */
     uint16_t *amx_p;   /* [2, rows, TILE_KEYS_AMX] probabilities as bf16, then the remainder */
 } ak_cpu_scratch;
 

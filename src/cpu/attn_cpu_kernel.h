@@ -568,20 +568,48 @@ AK_INLINE __mmask16 amx_key_mask(int j, int lo, int hi)
     return b > a ? (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1)) : 0;
 }
 
+/* P = 2^(S c2 - m2) for 32 keys from j, zero outside the lanes k0 / k1,
+ * rounded to bf16 at hi (and the remainder at lo); adds P to *sum and
+ * returns the largest exponent S c2 - m2 of a visible key. */
+AK_INLINE vf amx_exp_keys(const float *row, int j, __mmask16 k0, __mmask16 k1, vf c2, vf m2, uint16_t *hi,
+                          uint16_t *lo, vf *sum)
+{
+    const vf t0 = _mm512_fmsub_ps(vf_load(row + j), c2, m2), t1 = _mm512_fmsub_ps(vf_load(row + j + 16), c2, m2);
+    const vf p0 = _mm512_maskz_mov_ps(k0, amx_exp2(t0)), p1 = _mm512_maskz_mov_ps(k1, amx_exp2(t1));
+    *sum = vf_add(*sum, vf_add(p0, p1));
+    /* VCVTNE2PS2BF16 rounds 32 floats to nearest even in one instruction;
+     * the bit-twiddling vf_store_bf16 took ~10 per 16 */
+    const __m512i hw = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_storeu_si512(hi + j, hw);
+    if (lo) {
+        const vf h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
+        const vf h1 =
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
+        _mm512_storeu_si512(lo + j, (__m512i)_mm512_cvtne2ps_pbh(vf_sub(p1, h1), vf_sub(p0, h0)));
+    }
+    return vf_max(_mm512_mask_mov_ps(vf_set1(-INFINITY), k0, t0), _mm512_mask_mov_ps(vf_set1(-INFINITY), k1, t1));
+}
+
 /* online_softmax for the AMX path, fused with the rounding of P: for each of
- * the ntok x group rows, the max of its visible scaled scores (S enters
- * unscaled), m raised when that max passes it by AK_AMX_MAX_LAG,
- * P = exp(S - m) computed as 2^(S scale log2e - m log2e) and written straight
- * to bf16 [rows][TILE_KEYS_AMX] (zeros for hidden keys and up to the next 32),
+ * the ntok x group rows, P = exp(S sm_scale - m) computed as
+ * 2^(S sm_scale log2e - m log2e) (S enters unscaled) and written straight to
+ * bf16 [rows][TILE_KEYS_AMX] (zeros for hidden keys and up to the next 32),
  * d = d f + sum P and O *= f with f = exp(m_old - m_new). With lo, also the
  * rounding remainder P - bf16(P), so that P V = P_hi V + P_lo V keeps about
  * 16 bits of P (an f32 output asks for that: bf16 P alone gave a relative
- * error of 1.4e-3). S is read twice and never written back. */
+ * error of 1.4e-3).
+ *
+ * m is the row's max after its first tile; later tiles are computed against
+ * the m they find and raise it (and redo the row) only when a score passes it
+ * by AK_AMX_MAX_LAG, which after the first few tiles is rare: no max pass and
+ * no horizontal max per row and tile. d is kept as AK_CPU_AMX_SUM_LANES
+ * partial sums in sc->amx_d, added up by the caller after the last tile. */
 static void amx_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int masked,
                         uint16_t *hi, uint16_t *lo)
 {
     const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad, n32 = (n + 31) / 32 * 32;
-    const float cap = c->soft_cap;
+    const int ldp = AK_CPU_TILE_KEYS_AMX;
+    const float cap = c->soft_cap, lag2 = AK_AMX_MAX_LAG * AK_LOG2E;
     for (int t = 0; t < ntok; t++) {
         int vlo = 0, vhi = n; /* visible columns [vlo, vhi) */
         if (masked) {
@@ -591,7 +619,7 @@ static void amx_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok,
         for (int h = 0; h < group; h++) {
             const int m = t * group + h;
             float *row = sc->s + (int64_t)m * lds;
-            uint16_t *ph = hi + (int64_t)m * AK_CPU_TILE_KEYS_AMX, *pl = lo ? lo + (int64_t)m * AK_CPU_TILE_KEYS_AMX : NULL;
+            uint16_t *ph = hi + (int64_t)m * ldp, *pl = lo ? lo + (int64_t)m * ldp : NULL;
             if (vlo >= vhi) {
                 memset(ph, 0, sizeof(uint16_t) * (size_t)n32);
                 if (pl) memset(pl, 0, sizeof(uint16_t) * (size_t)n32);
@@ -603,34 +631,38 @@ static void amx_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok,
                 for (int j = 0; j < n; j += AK_VW) vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(sv, vf_load(row + j)))));
                 scale = 1.0f;
             }
-            const vf sv = vf_set1(scale);
-            vf mx = vf_set1(-INFINITY);
-            for (int j = vlo / 16 * 16; j < vhi; j += 16)
-                mx = _mm512_mask_max_ps(mx, amx_key_mask(j, vlo, vhi), mx, vf_mul(sv, vf_load(row + j)));
-            const float m_old = sc->row_max[m], tile_max = vf_hmax(mx);
-            const float m_new = m_old == -INFINITY || tile_max > m_old + AK_AMX_MAX_LAG ? tile_max : m_old;
-            const vf c2 = vf_set1(scale * AK_LOG2E), m2 = vf_set1(m_new * AK_LOG2E);
-            vf sum = vf_zero();
-            for (int j = 0; j < n32; j += 32) {
-                const __mmask16 k0 = amx_key_mask(j, vlo, vhi), k1 = amx_key_mask(j + 16, vlo, vhi);
-                vf p0 = vf_zero(), p1 = vf_zero();
-                if (k0) p0 = _mm512_maskz_mov_ps(k0, amx_exp2(_mm512_fmsub_ps(vf_load(row + j), c2, m2)));
-                if (k1) p1 = _mm512_maskz_mov_ps(k1, amx_exp2(_mm512_fmsub_ps(vf_load(row + j + 16), c2, m2)));
-                sum = vf_add(sum, vf_add(p0, p1));
-                /* VCVTNE2PS2BF16 rounds 32 floats to nearest even in one
-                 * instruction; the bit-twiddling vf_store_bf16 took ~10 per 16 */
-                const __m512i hw = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
-                _mm512_storeu_si512(ph + j, hw);
-                if (!pl) continue;
-                const vf h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
-                const vf h1 = _mm512_castsi512_ps(
-                    _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
-                _mm512_storeu_si512(pl + j, (__m512i)_mm512_cvtne2ps_pbh(vf_sub(p1, h1), vf_sub(p0, h0)));
+            const float m_old = sc->row_max[m];
+            float m_new = m_old;
+            if (m_old == -INFINITY) {
+                vf mx = vf_set1(-INFINITY);
+                for (int j = vlo / 16 * 16; j < vhi; j += 16)
+                    mx = _mm512_mask_max_ps(mx, amx_key_mask(j, vlo, vhi), mx, vf_load(row + j));
+                m_new = scale * vf_hmax(mx);
+            }
+            const vf c2 = vf_set1(scale * AK_LOG2E);
+            vf sum;
+            /* a second pass only when the first met a score past m + lag:
+             * with m raised to that row max, none passes it again */
+            for (int pass = 0; pass < 2; pass++) {
+                const vf m2 = vf_set1(m_new * AK_LOG2E);
+                vf top = vf_set1(-INFINITY);
+                sum = vf_zero();
+                if (vlo == 0 && vhi == n32) {
+                    for (int j = 0; j < n32; j += 32)
+                        top = vf_max(top, amx_exp_keys(row, j, 0xffff, 0xffff, c2, m2, ph, pl, &sum));
+                } else {
+                    for (int j = 0; j < n32; j += 32)
+                        top = vf_max(top, amx_exp_keys(row, j, amx_key_mask(j, vlo, vhi),
+                                                       amx_key_mask(j + 16, vlo, vhi), c2, m2, ph, pl, &sum));
+                }
+                if (pass == 1 || !_mm512_cmp_ps_mask(top, vf_set1(lag2), _CMP_GT_OQ)) break;
+                m_new += vf_hmax(top) / AK_LOG2E; /* the row's max: P peaks at 1 */
             }
             const float f = m_old == m_new ? 1.0f
                             : m_old == -INFINITY ? 0.0f
                                                  : vf_first(amx_exp2(vf_set1((m_old - m_new) * AK_LOG2E)));
-            sc->row_sum[m] = sc->row_sum[m] * f + vf_hsum(sum);
+            float *d = sc->amx_d + (int64_t)m * AK_CPU_AMX_SUM_LANES;
+            vf_store(d, vf_fma(vf_load(d), vf_set1(f), sum));
             sc->row_max[m] = m_new;
             if (f != 1.0f) {
                 float *orow = sc->o + (int64_t)m * dvo;
@@ -711,6 +743,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
     uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * tile : NULL;
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     const ak_cpu_pack *pk = c->pack ? &c->pack[r] : NULL;
+    memset(sc->amx_d, 0, sizeof(float) * AK_CPU_AMX_SUM_LANES * (size_t)rows1);
     amx_configure();
     amx_load_q(c, sc, tok0, g, ntok, dq32);
     if (pk && pk->first >= 0) {
@@ -731,6 +764,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
         }
     }
     _tile_release();
+    for (int m = 0; m < rows1; m++) sc->row_sum[m] = vf_hsum(vf_load(sc->amx_d + (int64_t)m * AK_CPU_AMX_SUM_LANES));
 }
 
 /* Key tile t (keys [t * TILE_KEYS_AMX, ...) up to kv_len) of KV head g of a
