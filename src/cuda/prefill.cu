@@ -47,6 +47,10 @@ template <int D> struct prefill_traits {
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
 };
 
+/* How far (base 2) a row's max may pass its softmax reference before o is
+ * rescaled: p stays below 2^8. */
+#define RESCALE_SLACK 8.0f
+
 /* ---- the kernel --------------------------------------------------------------- */
 
 template <int D, typename T>
@@ -186,31 +190,50 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
              * whose logit is s * scale: exp2 takes one FFMA either way */
             const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
 
-            /* online softmax per row (rows lane/4 and lane/4 + 8 of each m tile);
-             * a row with nothing visible yet keeps m = -inf and uses 0 as its
-             * reference, so exp2 sees -inf - 0 and never -inf - -inf */
+            /* online softmax per row (rows lane/4 and lane/4 + 8 of each m tile).
+             * The reference m is raised only when a tile's max passes it by
+             * more than RESCALE_SLACK (base 2): p = exp2(logit - m) then stays
+             * below 2^RESCALE_SLACK, harmless in f32 sums and in the 16-bit P
+             * (relative precision), and the o rescale (D / 2 multiplies per
+             * row) runs on a few tiles instead of all: ncu showed it at 1 in
+             * 12 instructions of the loop (d128), as many as the mma at d256.
+             * The decision is warp-wide so the branch never diverges. A row
+             * with nothing visible yet keeps m = -inf and uses 0 as its
+             * reference, so exp2 sees -inf - 0 and never -inf - -inf. */
             uint32_t pa[MT][NT / 2][4];
+            float tmax[MT][2];
+            bool raise = false;
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                float ref[2];
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    float tmax = -INFINITY;
+                    float x = -INFINITY;
 #pragma unroll
-                    for (int n = 0; n < NT; n++) tmax = fmaxf(tmax, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-                    const float m_new = fmaxf(m[mt][h], tmax * sc); /* m in base-2 logits */
-                    ref[h] = m_new == -INFINITY ? 0.0f : m_new;
-                    const float f = exp2f(m[mt][h] - ref[h]);
-                    m[mt][h] = m_new;
-                    d[mt][h] *= f;
-#pragma unroll
-                    for (int n = 0; n < D / 8; n++) {
-                        o[mt][n][2 * h] *= f;
-                        o[mt][n][2 * h + 1] *= f;
-                    }
+                    for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                    tmax[mt][h] = x * sc; /* in base-2 logits */
+                    raise |= tmax[mt][h] > m[mt][h] + RESCALE_SLACK || (m[mt][h] == -INFINITY && x > -INFINITY);
                 }
+            if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const float m_new = fmaxf(m[mt][h], tmax[mt][h]);
+                        const float f = m_new == -INFINITY ? 1.0f : exp2f(m[mt][h] - m_new);
+                        m[mt][h] = m_new;
+                        d[mt][h] *= f;
+#pragma unroll
+                        for (int n = 0; n < D / 8; n++) {
+                            o[mt][n][2 * h] *= f;
+                            o[mt][n][2 * h + 1] *= f;
+                        }
+                    }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const float ref[2] = {m[mt][0] == -INFINITY ? 0.0f : m[mt][0], m[mt][1] == -INFINITY ? 0.0f : m[mt][1]};
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     const float p0 = exp2f(fmaf(s[mt][n][0], sc, -ref[0])), p1 = exp2f(fmaf(s[mt][n][1], sc, -ref[0]));
