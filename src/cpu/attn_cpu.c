@@ -209,11 +209,11 @@ static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, ch
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const int all_heads_tokens = k->in_place_rows / group;
     snprintf(buf, cap,
-             "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile; requests of <= %d "
+             "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile%s; requests of <= %d "
              "tokens: all %d KV heads x %d keys; split-KV",
              k->isa, ak_num_threads(), tile_tokens_for(cfg), group, k->amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS,
-             all_heads_tokens,
-             cfg->num_kv_heads, AK_CPU_TILE_KEYS_ALL_HEADS);
+             k->amx ? ", K/V packed" : "", all_heads_tokens, cfg->num_kv_heads,
+             AK_CPU_TILE_KEYS_ALL_HEADS);
 }
 
 static void cpu_destroy(void *state)

@@ -15,7 +15,8 @@
  *                         AK_QK_MR rows x 4 keys of dot products (qk_block)
  *                       converted (prefill): K converted and transposed once
  *                         (load_kt), then broadcast-FMA blocks like PV (qk_nn)
- *                       AMX (kernels_amx.c, q and K/V bf16): bf16 tiles
+ *                       AMX (kernels_amx.c, q and K/V bf16): bf16 tiles, K/V
+ *                         packed once per request by run() (amx_pack_tile)
  *     online_softmax  soft-cap, mask, running max m, P = exp(S - m), d,
  *                     rescale O when m grows (AMX: fused with scaling S and
  *                     rounding P to bf16, amx_softmax)
@@ -428,7 +429,9 @@ static void qk_nn(const float *q, int ldq, int rows, const void *const *ktp, int
  * bf16 products, f32 sums). Q and K enter unscaled and unrounded (sm_scale
  * is applied to S in f32); P is rounded to bf16 for PV, as tensor-core
  * kernels do. Tile registers: 0-3 C (2 x 2 blocks of 16 x 16 f32), 4-5 A,
- * 6-7 B; every tile is 16 rows x 64 bytes. */
+ * 6-7 B; every tile is 16 rows x 64 bytes. Per 128-key tile of a 256-row
+ * item (llama3-8b prefill 2048, one thread, ~660 GFLOP/s) the time goes
+ * about a third each to QK, softmax and PV. */
 #define AK_AMX_ROWS 16 /* rows of a tile; row blocks go in pairs, so buffers round rows up to 32 */
 
 typedef struct ak_amx_config {
