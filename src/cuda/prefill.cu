@@ -260,7 +260,11 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                     }
                 }
         }
-        cp_async_wait<0>(); /* nothing in flight into shared memory past the item */
+        /* every copy into shared memory has landed (with no key tiles, q's
+         * had not been waited for) and every warp is done with the tiles:
+         * the epilogue may reuse q's rows */
+        cp_async_wait<0>();
+        __syncthreads();
 
         /* epilogue: row sums across the quad, normalise, write */
 #pragma unroll
