@@ -125,9 +125,6 @@ if [[ $what == all || $what == cpu ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
     lscpu | grep -E "Thread\(s\) per core|Core\(s\) per socket|Socket" | tee -a "$LOG/cpu.txt"
     timeout 400 python3 bench/cpu_sdpa.py --threads "$(nproc)" --bench ./$BUILD/attnkit-bench --check \
         2>&1 | tee "$LOG/cpu-sdpa.txt" | tail -8
-    # threads pinned to cores (libgomp does not pin by default)
-    OMP_PLACES=cores OMP_PROC_BIND=close timeout 200 python3 bench/cpu_sdpa.py --threads "$(nproc)" \
-        --bench ./$BUILD/attnkit-bench --dtypes bf16 2>&1 | tee "$LOG/cpu-sdpa-pinned.txt" | tail -3
     ./$BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
     note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, default-run.txt"
 fi
