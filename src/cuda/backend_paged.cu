@@ -228,11 +228,15 @@ static ak_status paged_create_inner(paged_state *s)
         const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
         s->prefill_ctas = P;
         /* tiles: at most ceil(q_len / ptok) per request of two or more
-         * tokens; splitting adds at most P items (every split tile costs more
-         * than 1/P of the whole), and the snake order pads the last round */
+         * tokens; splitting adds fewer than P items (a tile of cost c cut
+         * into chunks of `share` key tiles, share = ceil(total / P), adds
+         * fewer than c / share, and the costs sum to total), and the snake
+         * order pads the last round with fewer than P */
         const int multi = lim->max_reqs < lim->max_tokens / 2 ? lim->max_reqs : lim->max_tokens / 2;
         s->max_pitems = lim->max_tokens / s->ptok + multi + 2 * P + 1;
-        /* split tiles hold ptok tokens each and at most P + (split tiles <= P) chunks */
+        /* split tiles hold at most ptok tokens each, in fewer than P + P
+         * chunks (the added ones, plus one per split tile: each costs more
+         * than share, so there are fewer than P) */
         s->pf_slots = 2 * P * s->ptok;
         s->max_tasks += P * s->ptok;
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
@@ -411,7 +415,8 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
         return AK_OK;
     }
     /* split-KV: a tile costing more than a fair share of the wave (total / P)
-     * would finish last alone; cut its keys into chunks of about that share */
+     * would finish last alone; cut its keys into chunks of that share (which
+     * keeps the bounds create() sized the buffers by) */
     const int64_t share = (total + P - 1) / P;
     const int min_chunk = MIN_PREFILL_CHUNK;
     int slots = 0;
@@ -420,7 +425,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
         prefill_item it = s->tiles[i].it;
         const int len = it.kv_end - it.kv_begin;
         if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
-        int chunk = (int)(share - 1) * CHUNK_QUANTUM;
+        int chunk = (int)share * CHUNK_QUANTUM; /* share < cost <= len / 64 + 2: no overflow */
         if (chunk < min_chunk) chunk = min_chunk;
         if (len > (int64_t)chunk * s->max_splits) chunk = round_up((len + s->max_splits - 1) / s->max_splits,
                                                                    CHUNK_QUANTUM);
