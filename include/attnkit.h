@@ -377,7 +377,9 @@ void ak_backend_destroy(ak_backend *b); /* accepts NULL */
  * synchronises with the device and never reads device memory. The host arrays
  * of `batch` may be reused as soon as it returns. A plan stays in force for any
  * number of run() calls (all layers of a step). CUDA: the copies are ordered
- * on `stream`; run() must be on the same stream or ordered after it. plan()
+ * on `stream`; run() must be on the same stream or ordered after it, and
+ * successive plan() calls must be ordered on the device too (one stream):
+ * each plan's copies overwrite the previous plan's. plan()
  * keeps two staging buffers and waits only when the copy of the plan before
  * the previous one has not yet run on the device. A failed plan() leaves no
  * plan in force (run() then returns AK_ERR_NOT_PLANNED). */

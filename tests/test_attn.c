@@ -76,6 +76,13 @@ static const attn_case fixed_cases[] = {
     {"gqa160 (two row tiles)", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 2, {{20, 40}, {1, 50}}},
     {"verify on long prefixes (split keys)", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
      {{4, 3000}, {8, 2500}, {2, 4100}, {3, 700}}},
+    {"non-causal decode on empty kv f16", 8, 2, 64, 64, AK_F16, 0, 0, 0, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 0}, {1, 5}, {4, 0}}},
+    /* a 64-token chunk on a 3036 prefix, 8/2 heads (32 tokens a GPU tile):
+     * split chunks of 512 keys put a boundary (3072) inside the second
+     * tile's diagonal (3068..3099), so some rows see nothing in a chunk */
+    {"split chunk boundary inside the diagonal", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{64, 3100}, {1, 50}}},
     {"chunk on a long prefix d256 window", 8, 2, 256, 256, AK_F16, 0, 0, 1, 1000, 0, 16, NHD, PAGED, 2,
      {{40, 3000}, {1, 2000}}},
     {"gemma2 soft-cap 50 d256", 16, 8, 256, 256, AK_BF16, 0, 0, 1, -1, 50.0f, 16, NHD, PAGED, 3,

@@ -310,10 +310,15 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 if (isnan(of[i])) ok = 0;
             }
             for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
+            /* rows past the step's tokens (a capture of more) keep their poison */
+            for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
+                if ((unsigned char)oh[i] != 0xff) ok = 0;
+            for (int i = N * Hq; i < T * Hq; i++)
+                if (!isnan(lh[i])) ok = 0;
             const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
             if (e > worst) worst = e;
             if (le > worst_lse) worst_lse = le;
-            if (!ok) snprintf(why, sizeof why, "step %d layer %d: NaN in o", s, l);
+            if (!ok) snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
             free(of);
             free(rd);
             free(ld);

@@ -15,7 +15,7 @@
 /* One unit of decode work: request `req`'s keys [kv_begin, kv_end) for one KV
  * head (grid.y). out >= 0: a partial state written to o_tmp/lse_tmp slot
  * `out` and merged later; out < 0: the whole request, written to o/lse
- * directly. req < 0: padding. The item also carries what the kernel would
+ * directly (req < 0 would be padding; plan() emits none). The item also carries what the kernel would
  * otherwise look up per request (token, page-list start, first visible key):
  * one 32-byte load instead of a chain of dependent ones at the start. */
 struct __align__(16) decode_item {
@@ -45,7 +45,7 @@ struct __align__(16) merge_task {
 };
 
 /* Lengths of the work lists of the current plan, on the device. */
-enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 };
+enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 /* 16 bytes */ };
 
 /* Everything the kernels read, by value. Strides in elements. */
 struct attn_params {
@@ -137,6 +137,10 @@ typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1 } de
  * block loops over decode items blockIdx.x, + ctas, ... */
 ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dtype, decode_engine engine, int ctas,
                                 cudaStream_t stream);
+/* The PTX version (e.g. 90) the kernels were compiled for: below 90 they
+ * carry no griddepcontrol, and must not be launched as programmatic
+ * dependents. */
+ak_status ak_cuda_kernels_ptx_version(int head_dim, ak_dtype dtype, int *ptx);
 /* CTAs per SM the decode kernel reaches. */
 ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm);
 

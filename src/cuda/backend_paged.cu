@@ -22,7 +22,6 @@
  */
 #include "attn.cuh"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +90,7 @@ struct paged_state {
     int next_stg;
     pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
     /* the current plan */
-    int num_reqs, num_items, num_pitems, num_tasks;
+    int num_items, num_pitems, num_tasks;
     int slot_hw; /* device slot_mapping entries past it are -1 */
 };
 
@@ -203,7 +202,12 @@ static ak_status paged_create_inner(paged_state *s)
     AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->engine = choose_engine(cfg);
-    s->pdl = info.cc_major >= 9;
+    /* programmatic dependent launches need the kernels' griddepcontrol,
+     * compiled only for sm_90+: a build for sm_80 run on an H100 has none,
+     * and a dependent launched early would then not wait */
+    int ptx = 0;
+    AK_TRY(ak_cuda_kernels_ptx_version(cfg->head_dim_qk, cfg->kv_dtype, &ptx));
+    s->pdl = info.cc_major >= 9 && ptx >= 90;
     s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
     int ctas_per_sm = 0;
     AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
@@ -238,6 +242,9 @@ static ak_status paged_create_inner(paged_state *s)
          * chunks (the added ones, plus one per split tile: each costs more
          * than share, so there are fewer than P) */
         s->pf_slots = 2 * P * s->ptok;
+        /* and no token is in more than max_splits chunks */
+        if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
+            s->pf_slots = lim->max_tokens * s->max_splits;
         s->max_tasks += P * s->ptok;
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
         if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cuda_paged plan scratch");
@@ -368,6 +375,10 @@ static int plan_decode(paged_state *s, const ak_batch *b, const ak_batch_meta *b
 
 /* ---- plan: prefill items ------------------------------------------------------- */
 
+/* The cost of a prefill item: its key tiles, plus one for the q load and the
+ * epilogue. */
+static int item_cost(const prefill_item *it) { return (it->kv_end - it->kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1; }
+
 static int by_cost_desc(const void *a, const void *b)
 {
     const int ca = ((const pf_tile *)a)->cost, cb = ((const pf_tile *)b)->cost;
@@ -404,8 +415,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
             it.unused = 0;
             if (n >= s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;
-            /* cost: key tiles, plus one for the q load and the epilogue */
-            s->tiles[n].cost = (it.kv_end - it.kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1;
+            s->tiles[n].cost = item_cost(&it);
             total += s->tiles[n].cost;
             n++;
         }
@@ -441,7 +451,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
             part.out = base + x * it.ntok;
             pf_tile *dst = x == 0 ? &s->tiles[i] : &s->tiles[n++];
             dst->it = part;
-            dst->cost = (part.kv_end - part.kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1;
+            dst->cost = item_cost(&part);
         }
         for (int t = 0; t < it.ntok; t++) {
             merge_task task = {it.tok0 + t, base + t, k, it.ntok};
@@ -491,13 +501,9 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     for (int r = 0; r < R; r++) kv_total += b->kv_lens[r];
     int num_tasks = 0, num_pitems = 0;
     const int num_items = plan_decode(s, b, &bm, &st->m, &num_tasks);
-    if (s->prefill) {
-        AK_TRY(plan_prefill(s, b, &bm, &st->m, &num_tasks, &num_pitems));
-    } else {
-        for (int r = 0; r < R; r++)
-            if (bm.qo_indptr[r + 1] - bm.qo_indptr[r] > 1)
-                return ak_set_error(AK_ERR_INTERNAL, "request %d has several query tokens on a decode instance", r);
-    }
+    /* a decode instance never gets here with q_len > 1 (ak_batch_build_meta
+     * refuses such a batch) */
+    if (s->prefill) AK_TRY(plan_prefill(s, b, &bm, &st->m, &num_tasks, &num_pitems));
     st->m.counts[COUNT_DECODE] = num_items;
     st->m.counts[COUNT_PREFILL] = num_pitems;
     st->m.counts[COUNT_MERGE] = num_tasks;
@@ -530,7 +536,6 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     st->in_flight = 1;
     s->next_stg = (s->next_stg + 1) % NUM_STAGING;
 
-    s->num_reqs = R;
     s->num_items = num_items;
     s->num_pitems = num_pitems;
     s->num_tasks = num_tasks;

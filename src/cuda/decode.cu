@@ -1,9 +1,10 @@
 /*
  * decode.cu - paged decode: one query token per request against its paged K/V.
  *
- * A thread block takes one work item (a request's keys [kv_begin, kv_end),
- * planned on the host) for one KV head, and serves every query head of that
- * head's GQA group from the same K/V loads. K/V tiles of 64 keys stream
+ * A thread block serves one KV head (grid.y) and loops over work items (a
+ * request's keys [kv_begin, kv_end), planned on the host; the grid is one
+ * wave fixed at create), serving every query head of that head's GQA group
+ * from the same K/V loads. K/V tiles of 64 keys stream
  * through shared memory with cp.async (STAGES deep); each of the 4 warps owns
  * 16 keys of a tile and keeps its own online-softmax state {m, d, o}; the four
  * states merge at the end (softmax_state.h's algebra, in base 2).
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const decode_item it = p.items[w];
-        if (it.req < 0) continue; /* padding item */
+        if (it.req < 0) continue; /* padding (defensive: plan() emits none) */
         const int tok = it.tok, lo = it.lo;
         const int32_t *pages = p.kv_indices + it.page_base;
         __syncthreads(); /* the previous item's epilogue is done with shared memory */
@@ -442,6 +443,16 @@ static decode_kernel_info pick(int head_dim, ak_dtype dtype, decode_engine engin
 {
     if (dtype == AK_BF16) return pick_type<__nv_bfloat16>(head_dim, engine);
     return pick_type<__half>(head_dim, engine);
+}
+
+ak_status ak_cuda_kernels_ptx_version(int head_dim, ak_dtype dtype, int *ptx)
+{
+    const decode_kernel_info k = pick(head_dim, dtype, DECODE_TENSOR_CORES);
+    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
+    cudaFuncAttributes fa;
+    AK_CUDA_TRY(cudaFuncGetAttributes(&fa, (const void *)k.fn));
+    *ptx = fa.ptxVersion;
+    return AK_OK;
 }
 
 ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm)

@@ -10,7 +10,9 @@
  * longer than the decode); a warp-parallel LSE and unrolled loads gave 7.7 us.
  * Now groups of threads split the partials too (each group owns every dim, 4
  * per thread), so the loads of a block are all in flight at once, and the
- * kernel is launched as a programmatic dependent of the decode on sm_90.
+ * kernel is launched as a programmatic dependent of the kernel before it
+ * (decode or prefill) on sm_90; prefill waits for decode before it exits, so
+ * waiting for the kernel before is waiting for both.
  */
 #include "attn.cuh"
 #include "softmax_state.h"

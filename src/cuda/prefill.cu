@@ -40,8 +40,10 @@ template <int D> struct prefill_traits {
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int STAGE_BYTES = 2 * TILE * D * 2;
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
-    /* two (three at D = 64) blocks per SM: 96 KB of shared memory each, and
-     * at most 255 registers a thread (2 x 128 x 256 fills the register file) */
+    /* two blocks per SM at D = 128 and 256 (96 KB of shared memory each, at
+     * most 255 registers a thread: 2 x 128 x 256 fills the register file;
+     * ptxas: D = 128 uses 255 with ~20 bytes spilled, D = 256 none), three
+     * at D = 64 (64 KB each, 168 registers, ~24 bytes spilled) */
     static constexpr int MIN_CTAS = D <= 64 ? 3 : 2;
     static_assert(D % 64 == 0, "head dims are multiples of 64 (the swizzle needs 8 chunks)");
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
@@ -75,6 +77,9 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
     const int warp_row0 = warp * tr::WARP_ROWS;
     const int num_items = p.counts[COUNT_PREFILL];
 
+    /* No return before the griddepcontrol.wait at the end: the merge after
+     * this kernel sees decode's partials only because prefill cannot finish
+     * before decode. */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
