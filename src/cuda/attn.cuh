@@ -163,9 +163,8 @@ ak_status ak_cuda_merge_launch(const attn_params *p, int head_dim, ak_dtype dtyp
                                cudaStream_t stream);
 
 /* Launches k on `stream`, as a programmatic dependent of the kernel before it
- * when pdl is set (sm_90+). */
-template <typename... Args>
-static inline ak_status launch_kernel(void (*k)(Args...), dim3 grid, int threads, int smem, int pdl,
+ * when pdl is set (sm_90+). The one launch path of every attention kernel. */
+static inline ak_status launch_kernel(void (*k)(const attn_params), dim3 grid, int threads, int smem, int pdl,
                                       cudaStream_t stream, const attn_params &p)
 {
     cudaLaunchConfig_t lc = {};

@@ -302,11 +302,14 @@ static int items_for(const paged_state *s, int num_dec)
     return num_dec > want ? num_dec : (int)want;
 }
 
-/* Visible keys of a decode request: [lo, kv_len). */
-static int visible_lo(const ak_attn_config *cfg, int kv_len)
+/* The first key a query at position pos sees (the window's start). */
+static int window_lo(const ak_attn_config *cfg, int pos)
 {
-    return cfg->window_left >= 0 && kv_len - 1 - cfg->window_left > 0 ? kv_len - 1 - cfg->window_left : 0;
+    return cfg->window_left >= 0 && pos - cfg->window_left > 0 ? pos - cfg->window_left : 0;
 }
+
+/* Visible keys of a decode request: [lo, kv_len). */
+static int visible_lo(const ak_attn_config *cfg, int kv_len) { return window_lo(cfg, kv_len - 1); }
 
 static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
 
@@ -407,7 +410,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
             it.pos0 = prefix + j;
             it.page_base = bm->kv_indptr[r];
             const int pos_last = it.pos0 + it.ntok - 1;
-            const int lo = c->window_left >= 0 && it.pos0 - c->window_left > 0 ? it.pos0 - c->window_left : 0;
+            const int lo = window_lo(c, it.pos0);
             const int hi = c->causal && pos_last < kv_len - 1 ? pos_last : kv_len - 1; /* last visible key */
             it.kv_begin = lo;
             it.kv_end = hi + 1 > lo ? hi + 1 : lo;

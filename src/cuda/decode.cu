@@ -470,8 +470,5 @@ ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dty
 {
     const decode_kernel_info k = pick(head_dim, dtype, engine);
     if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
-    const dim3 grid(ctas, p->num_kv_heads * p->row_tiles);
-    k.fn<<<grid, k.threads, k.smem, stream>>>(*p);
-    AK_CUDA_CHECK_LAUNCH();
-    return AK_OK;
+    return launch_kernel(k.fn, dim3(ctas, p->num_kv_heads * p->row_tiles), k.threads, k.smem, 0, stream, *p);
 }

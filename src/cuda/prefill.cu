@@ -339,12 +339,13 @@ typedef void (*prefill_fn)(const attn_params);
 
 struct prefill_kernel_info {
     prefill_fn fn;
-    int threads, smem;
+    int threads, smem, rows;
 };
 
 template <int D, typename T> static prefill_kernel_info pick_dim()
 {
-    prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES};
+    prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES,
+                             prefill_traits<D>::ROWS};
     return k;
 }
 
@@ -355,7 +356,7 @@ template <typename T> static prefill_kernel_info pick_type(int head_dim)
     case 128: return pick_dim<128, T>();
     case 256: return pick_dim<256, T>();
     }
-    const prefill_kernel_info none = {NULL, 0, 0};
+    const prefill_kernel_info none = {NULL, 0, 0, 0};
     return none;
 }
 
@@ -364,15 +365,7 @@ static prefill_kernel_info pick(int head_dim, ak_dtype dtype)
     return dtype == AK_BF16 ? pick_type<__nv_bfloat16>(head_dim) : pick_type<__half>(head_dim);
 }
 
-int ak_cuda_prefill_rows(int head_dim)
-{
-    switch (head_dim) {
-    case 64: return prefill_traits<64>::ROWS;
-    case 128: return prefill_traits<128>::ROWS;
-    case 256: return prefill_traits<256>::ROWS;
-    }
-    return 0;
-}
+int ak_cuda_prefill_rows(int head_dim) { return pick(head_dim, AK_BF16).rows; /* the same for f16 */ }
 
 ak_status ak_cuda_prefill_occupancy(int head_dim, ak_dtype dtype, int *ctas_per_sm)
 {
