@@ -2,7 +2,7 @@
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
 # (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
 # short table last.
-#   scripts/gpu-check.sh [all|test|sanitize|bench|prefill|cpu] [extra bench args...]
+#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu
 # Logs go to $OUT (or ./gpu-check-logs) so they come back with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,8 +10,11 @@ what=${1:-all}
 shift || true
 LOG=${OUT:-gpu-check-logs}
 mkdir -p "$LOG"
-BUILD=build-gpu
+# AK_BUILD: build folder (absolute, to keep it outside a carried snapshot)
+BUILD=${AK_BUILD:-build-gpu}
 summary=()
+# stages: a comma list (test,prefill) or all
+want() { [[ $what == all || ,$what, == *,$1,* ]]; }
 note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$LOG/gpu.txt"
@@ -24,17 +27,17 @@ if ! { cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DAK_CUDA=ON -DCMAKE_CUDA
 fi
 note build ok
 
-if [[ $what == all || $what == test ]]; then
-    ./$BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1
+if want test; then
+    timeout ${AK_TEST_TIMEOUT:-500} stdbuf -oL $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1
     rc=$?
     grep -E "^FAIL" "$LOG/test-gpu.log" | head -20
     grep -E "graph replay|merge of|invariance" "$LOG/test-gpu.log" | cut -c1-150
     note "gpu tests" "$(tail -1 "$LOG/test-gpu.log") (rc $rc)"
-    ./$BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
+    $BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
     note "cpu tests" "$(tail -1 "$LOG/test-cpu.log")"
 fi
 
-if [[ $what == all || $what == sanitize ]]; then
+if want sanitize; then
     # the GPU suite under memcheck is slow (the sweeps, and the mixed graph
     # replays with their f64 reference): the fixed cases that reach every
     # kernel path, each run bounded in time
@@ -42,7 +45,7 @@ if [[ $what == all || $what == sanitize ]]; then
         for f in "decode gqa4" "decode mha" "decode long context" "merge of" "graph replay gqa4" \
                  "graph replay mixed gqa4" "invariance" "bad" "slot" "prefill" "chunk" "verify" "gqa160" \
                  "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16"; do
-            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 ./$BUILD/attnkit-test --device cuda --filter "$f" \
+            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
                 >>"$LOG/sanitize-$tool.log" 2>&1
             rc=$?
             [[ $rc -ne 0 ]] && echo "$tool '$f' rc=$rc" | tee -a "$LOG/sanitize-$tool.rc"
@@ -53,9 +56,9 @@ if [[ $what == all || $what == sanitize ]]; then
     done
 fi
 
-if [[ $what == all || $what == bench ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
+if want bench && [[ -x $BUILD/attnkit-bench ]]; then
     # issue 4's decode shapes: llama3-8b bf16, page 16, then page 1 and 64
-    bench() { ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode "$@"; }
+    bench() { $BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode "$@"; }
     : >"$LOG/bench-decode.jsonl"
     for page in 16 1 64; do
         for shape in "64 4096" "1 32768" "1 4096" "256 1024" "16 16384"; do
@@ -87,14 +90,14 @@ PY
     note bench "$(grep -c . "$LOG/bench-decode.jsonl") rows in bench-decode.jsonl"
 fi
 
-if [[ $what == all || $what == prefill ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
+if want prefill && [[ -x $BUILD/attnkit-bench ]]; then
     # issue 5: prefill beside PyTorch SDPA flash / cuDNN (same shapes, same
     # run), then the mixed batch against the sum of its parts
-    timeout 300 python3 bench/gpu_sdpa.py --bench ./$BUILD/attnkit-bench --shapes 16x1024,4x4096,1x16384 \
+    timeout 300 python3 bench/gpu_sdpa.py --bench $BUILD/attnkit-bench --shapes 16x1024,4x4096,1x16384 \
         --head-dims 128 2>&1 | tee "$LOG/prefill-sdpa.txt"
-    timeout 200 python3 bench/gpu_sdpa.py --bench ./$BUILD/attnkit-bench --shapes 4x4096 --head-dims 64,256 \
+    timeout 200 python3 bench/gpu_sdpa.py --bench $BUILD/attnkit-bench --shapes 4x4096 --head-dims 64,256 \
         2>&1 | grep -v "^#" | tee -a "$LOG/prefill-sdpa.txt"
-    pb() { ./$BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
+    pb() { $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
     {
         pb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096
         pb --workload extend --batch 1 --q-len 2048 --kv-len 6144
@@ -117,17 +120,17 @@ PY
     note prefill "see $LOG/prefill-sdpa.txt, bench-mixed.jsonl"
 fi
 
-if [[ $what == all || $what == cpu ]] && [[ -x ./$BUILD/attnkit-bench ]]; then
+if want cpu && [[ -x $BUILD/attnkit-bench ]]; then
     # issue 3's CPU figures on this machine's CPU, every core: decode vs the
     # streaming-read ceiling and vs cpu_ref; prefill vs PyTorch's CPU SDPA
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512f\).*/AVX-512: yes/' | tee "$LOG/cpu.txt"
     export AK_NUM_THREADS=$(nproc)
-    ./$BUILD/attnkit-bench --device cpu --backend all --workload decode --batch 8 --kv-len 4096 --dtype f16 \
+    $BUILD/attnkit-bench --device cpu --backend all --workload decode --batch 8 --kv-len 4096 --dtype f16 \
         --iters 5 --check 2>&1 | tee "$LOG/cpu-decode.txt" | grep -E "^cpu|^backend|ceiling"
     lscpu | grep -E "Thread\(s\) per core|Core\(s\) per socket|Socket" | tee -a "$LOG/cpu.txt"
-    timeout 400 python3 bench/cpu_sdpa.py --threads "$(nproc)" --bench ./$BUILD/attnkit-bench --check \
+    timeout 400 python3 bench/cpu_sdpa.py --threads "$(nproc)" --bench $BUILD/attnkit-bench --check \
         2>&1 | tee "$LOG/cpu-sdpa.txt" | tail -8
-    ./$BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
+    $BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
     note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, default-run.txt"
 fi
 
