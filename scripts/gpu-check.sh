@@ -33,6 +33,11 @@ if want test; then
     grep -E "^FAIL" "$LOG/test-gpu.log" | head -20
     grep -E "graph replay|merge of|invariance" "$LOG/test-gpu.log" | cut -c1-150
     note "gpu tests" "$(tail -1 "$LOG/test-gpu.log") (rc $rc)"
+    # the other prefill kernel (mma.sync; the default on an H100 is wgmma)
+    AK_CUDA_PREFILL=mma timeout ${AK_TEST_TIMEOUT:-500} $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu-mma.log" 2>&1
+    rc=$?
+    grep -E "^FAIL" "$LOG/test-gpu-mma.log" | head -10
+    note "gpu tests, mma prefill" "$(tail -1 "$LOG/test-gpu-mma.log") (rc $rc)"
     $BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
     note "cpu tests" "$(tail -1 "$LOG/test-cpu.log")"
 fi

@@ -83,14 +83,14 @@ struct attn_params {
 #define LN2 0.6931471805599453f
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
- * into one stage of two swizzled [TILE][D] tiles; keys at or past kv_end are
+ * into one stage of two swizzled [TILE][D] tiles (SW128: wgmma's layout); keys at or past kv_end are
  * zero-filled (and masked by the caller). This is the hot integer path: a
  * profile of the first decode kernel showed ~1000 instructions per tile,
  * mostly an emulated division per row (key / page_size) and 64-bit offsets,
  * leaving the SM issue-bound at 62% of DRAM bandwidth. Power-of-two pages use
  * shift and mask, the per-CTA part of the offset (head, chunk) is hoisted by
  * the caller into lane_off, and rows past the end are clamped, not branched. */
-template <int D, int TILE, int THREADS, typename T>
+template <int D, int TILE, int THREADS, typename T, bool SW128 = false>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *pages, int64_t lane_off, int t0,
                                              int kv_end, T *ks, T *vs)
 {
@@ -113,8 +113,12 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t
         const int64_t block = __ldg(pages + page);
         const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
-        cp_async_16(ks + swz<D>(row, chunk), (const T *)p.k_pool + block * p.k_block_stride + off, bytes);
-        cp_async_16(vs + swz<D>(row, chunk), (const T *)p.v_pool + block * p.v_block_stride + off, bytes);
+        /* the tile's layout: rows of D elements (swz), or the wgmma layout of
+         * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
+        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
+                             : swz<D>(row, chunk);
+        cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + off, bytes);
+        cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + off, bytes);
     }
 }
 
@@ -144,17 +148,28 @@ ak_status ak_cuda_kernels_ptx_version(int head_dim, ak_dtype dtype, int *ptx);
 /* CTAs per SM the decode kernel reaches. */
 ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm);
 
-/* The prefill tile: query rows per thread block (tokens x heads packed). */
-int ak_cuda_prefill_rows(int head_dim);
+/* The two prefill kernels: mma.sync (prefill.cu, sm_80+) and warpgroup MMA
+ * (prefill_wgmma.cu, sm_90a). The backend picks one at create. */
+typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1 } prefill_family;
+
+struct prefill_kernel_info {
+    void (*fn)(const attn_params);
+    int threads, smem, rows; /* rows: query rows a tile (tokens x heads packed) */
+};
+
+/* The kernel of a family for a head dim and dtype; fn NULL if there is none
+ * (the wgmma ones exist only in a build that targets sm_90). */
+prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype);
+prefill_kernel_info ak_cuda_prefill_wgmma_kernel(int head_dim, ak_dtype dtype);
 /* CTAs per SM the prefill kernel reaches. */
-ak_status ak_cuda_prefill_occupancy(int head_dim, ak_dtype dtype, int *ctas_per_sm);
+ak_status ak_cuda_prefill_occupancy(prefill_family f, int head_dim, ak_dtype dtype, int *ctas_per_sm);
 /* Launches prefill over grid (ctas, num_kv_heads * prow_tiles). after_decode:
  * the decode kernel was launched just before on the stream; then prefill is
  * its programmatic dependent (sm_90+) and the two overlap (they touch
  * disjoint outputs; prefill waits for decode only before it exits, so the
  * merge after it sees both). */
-ak_status ak_cuda_prefill_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int after_decode,
-                                 cudaStream_t stream);
+ak_status ak_cuda_prefill_launch(const attn_params *p, prefill_family f, int head_dim, ak_dtype dtype, int ctas,
+                                 int after_decode, cudaStream_t stream);
 
 /* Merges the partial slots of every merge task into o / lse: grid (ctas,
  * num_qo_heads). pdl: launch as a programmatic dependent of the kernel before

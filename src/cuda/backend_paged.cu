@@ -77,6 +77,7 @@ struct paged_state {
     /* prefill (workload ANY only) */
     int prefill;      /* this instance serves prefill */
     int prefill_ctas; /* prefill grid.x: one wave */
+    prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
     int max_pitems;
     int pf_slots;     /* partial slots reserved for prefill splits */
@@ -152,27 +153,59 @@ static decode_engine choose_engine(const ak_attn_config *cfg)
 
 /* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
  * equal in size, and whole tokens per tile when a group fits in one. */
-static void prefill_rows(const ak_attn_config *cfg, int *row_tiles, int *heads, int *tokens)
+static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, int *heads, int *tokens)
 {
-    const int rows = ak_cuda_prefill_rows(cfg->head_dim_qk);
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     *row_tiles = (group + rows - 1) / rows;
     *heads = (group + *row_tiles - 1) / *row_tiles;
     *tokens = rows / *heads;
 }
 
+/* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
+ * (sm_90a code runs on compute capability 9.0 alone), else mma.sync.
+ * AK_CUDA_PREFILL=mma|wgmma forces one (to compare them, or to test both on
+ * one GPU); a forced kernel that cannot run here is an error, not ignored. */
+static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, prefill_family *f)
+{
+    const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 &&
+                      ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn != NULL;
+    *f = wg_ok ? PREFILL_WGMMA : PREFILL_MMA;
+    const char *env = getenv("AK_CUDA_PREFILL");
+    if (!env || !*env) return AK_OK;
+    if (!strcmp(env, "mma")) {
+        *f = PREFILL_MMA;
+    } else if (!strcmp(env, "wgmma")) {
+        if (!wg_ok)
+            return ak_set_error(AK_ERR_UNSUPPORTED,
+                                "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0 "
+                                "and a build for sm_90 (this GPU is %d.%d%s)",
+                                dev->cc_major, dev->cc_minor,
+                                ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn ? ""
+                                                                                                   : ", not built");
+        *f = PREFILL_WGMMA;
+    } else {
+        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PREFILL=%s: expected mma or wgmma", env);
+    }
+    return AK_OK;
+}
+
 static void paged_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
-    (void)dev;
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     int n = snprintf(buf, cap, "decode on %s (GQA group %d %s %d)",
                      choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
                      group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
     if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) return;
+    prefill_family f;
+    if (choose_prefill(cfg, dev, &f) != AK_OK) {
+        snprintf(buf + n, cap - n, "; prefill: %s", ak_last_error());
+        return;
+    }
+    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->kv_dtype).rows;
     int row_tiles, heads, tokens;
-    prefill_rows(cfg, &row_tiles, &heads, &tokens);
-    snprintf(buf + n, cap - n, "; prefill on tensor cores, %d query rows a tile (%d tokens x %d heads)",
-             ak_cuda_prefill_rows(cfg->head_dim_qk), tokens, heads);
+    prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
+    snprintf(buf + n, cap - n, "; prefill on tensor cores (%s), %d query rows a tile (%d tokens x %d heads)",
+             f == PREFILL_WGMMA ? "wgmma, sm_90a" : "mma.sync", rows, tokens, heads);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -225,8 +258,10 @@ static ak_status paged_create_inner(paged_state *s)
 
     s->prefill = cfg->workload != AK_WORKLOAD_DECODE;
     if (s->prefill) {
-        prefill_rows(cfg, &s->prow_tiles, &s->prow_heads, &s->ptok);
-        AK_TRY(ak_cuda_prefill_occupancy(cfg->head_dim_qk, cfg->kv_dtype, &ctas_per_sm));
+        AK_TRY(choose_prefill(cfg, &info, &s->pfam));
+        prefill_rows(cfg, ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->kv_dtype).rows, &s->prow_tiles,
+                     &s->prow_heads, &s->ptok);
+        AK_TRY(ak_cuda_prefill_occupancy(s->pfam, cfg->head_dim_qk, cfg->kv_dtype, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
         const int per_item = cfg->num_kv_heads * s->prow_tiles;
         const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
@@ -626,7 +661,7 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     const int merge = all || s->num_tasks > 0;
     if (decode) AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->decode_ctas, cs));
     if (prefill)
-        AK_TRY(ak_cuda_prefill_launch(&p, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
+        AK_TRY(ak_cuda_prefill_launch(&p, s->pfam, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
     if (merge)
         AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->merge_ctas, s->pdl && (decode || prefill),
                                     cs));

@@ -335,13 +335,6 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 
 /* ---- the launcher ------------------------------------------------------------- */
 
-typedef void (*prefill_fn)(const attn_params);
-
-struct prefill_kernel_info {
-    prefill_fn fn;
-    int threads, smem, rows;
-};
-
 template <int D, typename T> static prefill_kernel_info pick_dim()
 {
     prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES,
@@ -360,26 +353,25 @@ template <typename T> static prefill_kernel_info pick_type(int head_dim)
     return none;
 }
 
-static prefill_kernel_info pick(int head_dim, ak_dtype dtype)
+prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype)
 {
+    if (f == PREFILL_WGMMA) return ak_cuda_prefill_wgmma_kernel(head_dim, dtype);
     return dtype == AK_BF16 ? pick_type<__nv_bfloat16>(head_dim) : pick_type<__half>(head_dim);
 }
 
-int ak_cuda_prefill_rows(int head_dim) { return pick(head_dim, AK_BF16).rows; /* the same for f16 */ }
-
-ak_status ak_cuda_prefill_occupancy(int head_dim, ak_dtype dtype, int *ctas_per_sm)
+ak_status ak_cuda_prefill_occupancy(prefill_family f, int head_dim, ak_dtype dtype, int *ctas_per_sm)
 {
-    const prefill_kernel_info k = pick(head_dim, dtype);
+    const prefill_kernel_info k = ak_cuda_prefill_kernel(f, head_dim, dtype);
     if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head_dim %d", head_dim);
     AK_CUDA_TRY(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
     AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)k.fn, k.threads, k.smem));
     return AK_OK;
 }
 
-ak_status ak_cuda_prefill_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int after_decode,
-                                 cudaStream_t stream)
+ak_status ak_cuda_prefill_launch(const attn_params *p, prefill_family f, int head_dim, ak_dtype dtype, int ctas,
+                                 int after_decode, cudaStream_t stream)
 {
-    const prefill_kernel_info k = pick(head_dim, dtype);
+    const prefill_kernel_info k = ak_cuda_prefill_kernel(f, head_dim, dtype);
     if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head_dim %d", head_dim);
     return launch_kernel(k.fn, dim3(ctas, p->num_kv_heads * p->prow_tiles), k.threads, k.smem, after_decode, stream,
                          *p);

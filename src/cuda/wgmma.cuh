@@ -1,0 +1,68 @@
+/*
+ * wgmma.cuh - Hopper warpgroup MMA (wgmma.mma_async, sm_90a only) for
+ * prefill_wgmma.cu: shared-memory matrix descriptors of the 128-byte swizzled
+ * layout, the fences, and the MMA wrappers (generated: wgmma_ops.inc).
+ *
+ * The one shared-memory layout used (for Q, K and V alike): a tile of R rows
+ * of D 16-bit elements is stored as D / 64 column blocks, each R rows of 128
+ * bytes (64 elements); 16-byte chunk c of row r sits at chunk (c ^ r % 8) of
+ * its row. That is the hardware's 128-byte swizzle (byte address bits 4-6
+ * XOR bits 7-9) when a block starts on a 1024-byte boundary, so the same
+ * bytes serve as a K-major operand (rows = M or N, 64 K-elements a row: Q
+ * and K) and as an MN-major one (rows = K, 64 N-elements a row: V).
+ */
+#ifndef AK_CUDA_WGMMA_CUH
+#define AK_CUDA_WGMMA_CUH
+
+#include "common.cuh"
+
+/* Element offset of chunk c (8 elements) of row r in a tile of R rows. */
+template <int R> __device__ __forceinline__ int sw128(int r, int c)
+{
+    return (c >> 3) * (R * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3);
+}
+
+/* A descriptor of a 128-byte-swizzled operand at smem: lbo (bytes) is the
+ * distance between 64-element column blocks of an MN-major operand (unused
+ * K-major), sbo the distance between groups of 8 rows. */
+__device__ __forceinline__ uint64_t wgmma_desc(const void *smem, uint32_t lbo, uint32_t sbo)
+{
+    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem);
+    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62; /* 128-byte swizzle */
+    return d;
+}
+
+/* Orders this thread's earlier register writes (accumulators, A operands)
+ * before the wgmma that follow. */
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+/* Waits until at most N committed groups are in flight. */
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving reads or writes of an accumulator across
+ * a wgmma wait (it does not know the asynchronous MMA writes it). */
+template <int R> __device__ __forceinline__ void wgmma_hold(float (&d)[R])
+{
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* Makes this thread's generic-proxy writes to shared memory (cp.async, plain
+ * stores) visible to the async proxy that wgmma reads through; a barrier
+ * after it publishes them to the other threads. */
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int scale_d);
+template <int N, typename T>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b);
+
+#include "wgmma_ops.inc"
+
+#endif /* AK_CUDA_WGMMA_CUH */
