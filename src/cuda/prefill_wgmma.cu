@@ -26,14 +26,16 @@
 #include "wgmma.cuh"
 
 #include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 
-template <int D> struct wg_traits {
+template <int D, int STAGES_ = 2, int KEYS_ = (D <= 128 ? 128 : 64)> struct wg_traits {
     static constexpr int THREADS = 256; /* two warpgroups */
     static constexpr int ROWS = 128;
     /* keys per K/V stage: the S accumulator is KEYS / 2 floats a thread and
      * o is D / 2; at D = 256 a 64-key tile keeps both within 255 registers */
-    static constexpr int KEYS = D <= 128 ? 128 : 64;
-    static constexpr int STAGES = 2;
+    static constexpr int KEYS = KEYS_;
+    static constexpr int STAGES = STAGES_;
     static constexpr int CHUNKS = D / 8;
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int STAGE_BYTES = 2 * KEYS * D * 2;
@@ -45,12 +47,12 @@ template <int D> struct wg_traits {
 
 #define RESCALE_SLACK 8.0f /* as in prefill.cu */
 
-template <int D, typename T>
-__global__ void __launch_bounds__(wg_traits<D>::THREADS, 1) prefill_wgmma_kernel(const attn_params p)
+template <int D, typename T, int STAGES = 2, int KEYS = (D <= 128 ? 128 : 64)>
+__global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef wg_traits<D> tr;
-    constexpr int KEYS = tr::KEYS, ROWS = tr::ROWS;
+    typedef wg_traits<D, STAGES, KEYS> tr;
+    constexpr int ROWS = tr::ROWS;
     constexpr int NT = KEYS / 8; /* n tiles (8 keys) of S */
     constexpr int DN = D / 8;    /* n tiles of o */
     extern __shared__ uint8_t smem_raw[];
@@ -271,10 +273,10 @@ __global__ void __launch_bounds__(wg_traits<D>::THREADS, 1) prefill_wgmma_kernel
 #endif
 }
 
-template <int D, typename T> static prefill_kernel_info wg_kernel()
+template <int D, typename T, int S = 2, int K = (D <= 128 ? 128 : 64)> static prefill_kernel_info wg_kernel()
 {
-    prefill_kernel_info k = {prefill_wgmma_kernel<D, T>, wg_traits<D>::THREADS, wg_traits<D>::SMEM_BYTES,
-                             wg_traits<D>::ROWS};
+    prefill_kernel_info k = {prefill_wgmma_kernel<D, T, S, K>, wg_traits<D, S, K>::THREADS,
+                             wg_traits<D, S, K>::SMEM_BYTES, wg_traits<D, S, K>::ROWS};
     return k;
 }
 
@@ -282,7 +284,15 @@ template <typename T> static prefill_kernel_info wg_pick(int head_dim)
 {
     switch (head_dim) {
     case 64: return wg_kernel<64, T>();
-    case 128: return wg_kernel<128, T>();
+    case 128: {
+        /* EXPERIMENT (tuning on the GPU): AK_WG_TUNE=stages,keys */
+        const char *e = getenv("AK_WG_TUNE");
+        if (e && !strcmp(e, "3,128")) return wg_kernel<128, T, 3, 128>();
+        if (e && !strcmp(e, "2,64")) return wg_kernel<128, T, 2, 64>();
+        if (e && !strcmp(e, "3,64")) return wg_kernel<128, T, 3, 64>();
+        if (e && !strcmp(e, "4,64")) return wg_kernel<128, T, 4, 64>();
+        return wg_kernel<128, T>();
+    }
     case 256: return wg_kernel<256, T>();
     }
     const prefill_kernel_info none = {NULL, 0, 0, 0};
