@@ -26,16 +26,20 @@
 #include "wgmma.cuh"
 
 #include <limits.h>
-#include <stdlib.h>
-#include <string.h>
 
-template <int D, int STAGES_ = 2, int KEYS_ = (D <= 128 ? 128 : 64)> struct wg_traits {
+template <int D> struct wg_traits {
     static constexpr int THREADS = 256; /* two warpgroups */
     static constexpr int ROWS = 128;
     /* keys per K/V stage: the S accumulator is KEYS / 2 floats a thread and
      * o is D / 2; at D = 256 a 64-key tile keeps both within 255 registers */
-    static constexpr int KEYS = KEYS_;
-    static constexpr int STAGES = STAGES_;
+    static constexpr int KEYS = D <= 128 ? 128 : 64;
+    /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
+     * asynchronous; the softmax of t then overlaps the P.V), which keeps
+     * tiles t - 1 (its V), t and t + 1 (in flight) in shared memory: three
+     * stages. At D = 256 three do not fit beside Q. Measured on an H200
+     * without PIPE: 2 stages beat 3, and 128 keys beat 64 at D = 128. */
+    static constexpr bool PIPE = D <= 128;
+    static constexpr int STAGES = PIPE ? 3 : 2;
     static constexpr int CHUNKS = D / 8;
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int STAGE_BYTES = 2 * KEYS * D * 2;
@@ -47,12 +51,117 @@ template <int D, int STAGES_ = 2, int KEYS_ = (D <= 128 ? 128 : 64)> struct wg_t
 
 #define RESCALE_SLACK 8.0f /* as in prefill.cu */
 
-template <int D, typename T, int STAGES = 2, int KEYS = (D <= 128 ? 128 : 64)>
+/* Turns this warp's 16 rows of S (a tile of keys from t0) into P, in place
+ * (f32), with prefill.cu's online softmax and lazy rescale: masks when
+ * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
+ * and returns whether any row of the warp did, with the factors o must be
+ * scaled by in f (the caller scales o once its last P.V has finished). */
+template <int NT, typename T>
+__device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
+                                             int row_pos0, int row_pos1, int kv_end, float (&m)[2], float (&d)[2],
+                                             float (&f)[2])
+{
+    const int lane = threadIdx.x % 32;
+    if (p.soft_cap > 0.0f) { /* before the masks: tanh(-inf) would unmask */
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = p.cap_log2 * tanhf(s[n][e] * p.cap_scale);
+    }
+    if (masked) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int pos = h ? row_pos1 : row_pos0;
+            const int hi = min(p.causal ? pos : INT_MAX, kv_end - 1);
+            const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; e++) {
+                    const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                    if (key > hi || key < lo) s[n][e] = -INFINITY;
+                }
+        }
+    }
+    const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
+    float tmax[2];
+    bool raise = false;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float x = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        tmax[h] = x * sc;
+        raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
+    }
+    raise = __any_sync(0xffffffffu, raise);
+    f[0] = f[1] = 1.0f;
+    if (raise) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m_new = fmaxf(m[h], tmax[h]);
+            f[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            m[h] = m_new;
+            d[h] *= f[h];
+        }
+    }
+    const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
+        s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
+        s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
+        s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
+        d[0] += s[n][0] + s[n][1];
+        d[1] += s[n][2] + s[n][3];
+    }
+    return raise;
+}
+
+/* P (in s, f32) as the A operand of P.V. The accumulator layout of S is the
+ * A-register layout: n tiles 2k and 2k + 1 are k step k. Done only once no
+ * P.V is in flight: the compiler may give the new P the registers of the one
+ * an unfinished wgmma still reads, and ptxas then serialises every wgmma. */
+template <int NT, typename T>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], uint32_t (&pa)[NT / 2][4])
+{
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        pa[n / 2][(n % 2) * 2] = dtype_traits<T>::pack(s[n][0], s[n][1]);
+        pa[n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(s[n][2], s[n][3]);
+    }
+}
+
+template <int DN> __device__ __forceinline__ void scale_rows(float (&o)[DN][4], const float (&f)[2])
+{
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= f[0];
+        o[n][1] *= f[0];
+        o[n][2] *= f[1];
+        o[n][3] *= f[1];
+    }
+}
+
+/* o += P . V of one K/V stage: V MN-major, 16 keys (two 8-row groups) a step. */
+template <int D, int KEYS, typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KEYS / 16][4], const T *vs)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < KEYS / 16; kb++)
+        wgmma_rs<D, T>(reinterpret_cast<float(&)[D / 2]>(o), pa[kb], wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024));
+    wgmma_commit();
+}
+
+template <int D, typename T>
 __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef wg_traits<D, STAGES, KEYS> tr;
-    constexpr int ROWS = tr::ROWS;
+    typedef wg_traits<D> tr;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES;
     constexpr int NT = KEYS / 8; /* n tiles (8 keys) of S */
     constexpr int DN = D / 8;    /* n tiles of o */
     extern __shared__ uint8_t smem_raw[];
@@ -89,44 +198,41 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
                 cp_async_16(qs + sw128<ROWS>(row, c), src, valid ? 16 : 0);
             }
         }
-#pragma unroll
-        for (int s = 0; s < tr::STAGES - 1; s++) {
-            if (s < n_tiles)
-                load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + s * KEYS, it.kv_end,
-                                                            stages + s * 2 * KEYS * D,
-                                                            stages + (s * 2 + 1) * KEYS * D);
-            cp_async_commit();
-        }
+        if (n_tiles > 0)
+            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin, it.kv_end, stages,
+                                                        stages + KEYS * D);
+        cp_async_commit();
 
         const int pos_last = it.pos0 + it.ntok - 1;
-        /* this warp's first and last query tokens: which tiles need masks */
+        /* the positions of this thread's two rows, and of the warp's first
+         * and last: which tiles need masks */
+        const int row_pos0 = it.pos0 + (warp_row0 + lane / 4) / hb;
+        const int row_pos1 = it.pos0 + (warp_row0 + lane / 4 + 8) / hb;
         const int warp_pos0 = it.pos0 + warp_row0 / hb;
-        const int warp_pos1 = it.pos0 + (warp_row0 + 15) / hb;
+        const int warp_pos1 = min(it.pos0 + (warp_row0 + 15) / hb, pos_last);
 
         float o[DN][4];
         float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-        for (int t = 0; t < n_tiles; t++) {
-            cp_async_wait<tr::STAGES - 2>();
+        /* Tile t's stage landed at the top of its step (loaded one tile
+         * ahead; with PIPE a stage is rewritten two tiles after the P.V
+         * that read it finished). */
+        auto begin_tile = [&](int t) {
+            cp_async_wait<0>();
             fence_proxy_async(); /* this thread's copies, visible to wgmma */
-            __syncthreads();     /* tile t (and q) landed; every warpgroup is done with tile t - 1 */
-            const int next = t + tr::STAGES - 1;
-            if (next < n_tiles) {
-                const int s = next % tr::STAGES;
-                load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + next * KEYS, it.kv_end,
-                                                            stages + s * 2 * KEYS * D,
-                                                            stages + (s * 2 + 1) * KEYS * D);
-            }
+            __syncthreads();     /* tile t (and q) landed; every warpgroup is done with the stage reloaded next */
+            if (t + 1 < n_tiles)
+                load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + (t + 1) * KEYS,
+                                                            it.kv_end, stages + ((t + 1) % STAGES) * 2 * KEYS * D,
+                                                            stages + ((t + 1) % STAGES) * 2 * KEYS * D + KEYS * D);
             cp_async_commit();
-            const T *ks = stages + (t % tr::STAGES) * 2 * KEYS * D;
-            const T *vs = ks + KEYS * D;
-            const int t0 = it.kv_begin + t * KEYS;
-
-            /* s = q . k for this warpgroup's 64 rows: K-major operands, 16
-             * elements (32 bytes) of the head dim a step */
-            float s[NT][4];
+        };
+        /* s = q . k of tile t for this warpgroup's 64 rows: K-major
+         * operands, 16 elements (32 bytes) of the head dim a step */
+        auto issue_s = [&](int t, float (&s)[NT][4]) {
+            const T *ks = stages + (t % STAGES) * 2 * KEYS * D;
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
@@ -135,94 +241,62 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
                 wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
             }
             wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-
-            if (p.soft_cap > 0.0f) {
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[n][e] = p.cap_log2 * tanhf(s[n][e] * p.cap_scale);
-            }
-            /* masks where some key of the tile is hidden from some row of
-             * this warp: the tile's end, the diagonal, the window */
+        };
+        auto v_of = [&](int t) { return stages + (t % STAGES) * 2 * KEYS * D + KEYS * D; };
+        /* s (landed) -> P, with the masks this warp's rows need at tile t */
+        auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
+            const int t0 = it.kv_begin + t * KEYS;
             const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
-                                (p.window_left >= 0 && t0 < min(warp_pos1, pos_last) - p.window_left);
-            if (masked) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int pos = it.pos0 + (warp_row0 + lane / 4 + h * 8) / hb;
-                    const int hi = min(p.causal ? pos : INT_MAX, it.kv_end - 1);
-                    const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-#pragma unroll
-                        for (int e = 2 * h; e < 2 * h + 2; e++) {
-                            const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                            if (key > hi || key < lo) s[n][e] = -INFINITY;
-                        }
-                }
-            }
-            const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
+                                (p.window_left >= 0 && t0 < warp_pos1 - p.window_left);
+            return tile_softmax<NT, T>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, m, d, f);
+        };
 
-            /* online softmax of rows lane / 4 and lane / 4 + 8 of this warp,
-             * with prefill.cu's lazy rescale */
-            float tmax[2];
-            bool raise = false;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float x = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-                tmax[h] = x * sc;
-                raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
-            }
-            if (__any_sync(0xffffffffu, raise)) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float m_new = fmaxf(m[h], tmax[h]);
-                    const float f = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-                    m[h] = m_new;
-                    d[h] *= f;
-#pragma unroll
-                    for (int n = 0; n < DN; n++) {
-                        o[n][2 * h] *= f;
-                        o[n][2 * h + 1] *= f;
-                    }
-                }
-            }
-            uint32_t pa[NT / 2][4];
+        if (tr::PIPE && n_tiles > 0) {
+            /* step t issues S of tile t and P.V of tile t - 1 together; the
+             * softmax of t runs while P.V does, then o is rescaled */
+            uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
             {
-                const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    const float p0 = exp2f(fmaf(s[n][0], sc, -ref0)), p1 = exp2f(fmaf(s[n][1], sc, -ref0));
-                    const float p2 = exp2f(fmaf(s[n][2], sc, -ref1)), p3 = exp2f(fmaf(s[n][3], sc, -ref1));
-                    d[0] += p0 + p1;
-                    d[1] += p2 + p3;
-                    /* the accumulator layout of S is the A-register layout
-                     * of P: n tiles 2k and 2k + 1 are k step k */
-                    pa[n / 2][(n % 2) * 2] = dtype_traits<T>::pack(p0, p1);
-                    pa[n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(p2, p3);
-                }
+                float s[NT][4], f[2];
+                begin_tile(0);
+                issue_s(0, s);
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                softmax(0, s, f); /* o is still 0: no rescale */
+                pack_p<NT, T>(s, pa);
             }
-
-            /* o += p . v: V MN-major, 16 keys (two 8-row groups) a step */
-            wgmma_fence();
-#pragma unroll
-            for (int kb = 0; kb < KEYS / 16; kb++) {
-                const uint64_t b = wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024);
-                wgmma_rs<D, T>(reinterpret_cast<float(&)[D / 2]>(o), pa[kb], b);
+            for (int t = 1; t < n_tiles; t++) {
+                float s[NT][4], f[2];
+                begin_tile(t);
+                issue_s(t, s);
+                issue_pv<D, KEYS, T>(o, pa, v_of(t - 1));
+                wgmma_wait<1>();
+                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                const bool raise = softmax(t, s, f);
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+                if (raise) scale_rows<DN>(o, f);
+                pack_p<NT, T>(s, pa);
             }
-            wgmma_commit();
+            issue_pv<D, KEYS, T>(o, pa, v_of(n_tiles - 1));
             wgmma_wait<0>();
             wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+        } else {
+            for (int t = 0; t < n_tiles; t++) {
+                float s[NT][4], f[2];
+                uint32_t pn[NT / 2][4];
+                begin_tile(t);
+                issue_s(t, s);
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                if (softmax(t, s, f)) scale_rows<DN>(o, f);
+                pack_p<NT, T>(s, pn);
+                issue_pv<D, KEYS, T>(o, pn, v_of(t));
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+            }
         }
         cp_async_wait<0>();
         __syncthreads();
-
         /* epilogue (prefill.cu's, one m tile a warp) */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -273,10 +347,10 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
 #endif
 }
 
-template <int D, typename T, int S = 2, int K = (D <= 128 ? 128 : 64)> static prefill_kernel_info wg_kernel()
+template <int D, typename T> static prefill_kernel_info wg_kernel()
 {
-    prefill_kernel_info k = {prefill_wgmma_kernel<D, T, S, K>, wg_traits<D, S, K>::THREADS,
-                             wg_traits<D, S, K>::SMEM_BYTES, wg_traits<D, S, K>::ROWS};
+    prefill_kernel_info k = {prefill_wgmma_kernel<D, T>, wg_traits<D>::THREADS, wg_traits<D>::SMEM_BYTES,
+                             wg_traits<D>::ROWS};
     return k;
 }
 
@@ -284,15 +358,7 @@ template <typename T> static prefill_kernel_info wg_pick(int head_dim)
 {
     switch (head_dim) {
     case 64: return wg_kernel<64, T>();
-    case 128: {
-        /* EXPERIMENT (tuning on the GPU): AK_WG_TUNE=stages,keys */
-        const char *e = getenv("AK_WG_TUNE");
-        if (e && !strcmp(e, "3,128")) return wg_kernel<128, T, 3, 128>();
-        if (e && !strcmp(e, "2,64")) return wg_kernel<128, T, 2, 64>();
-        if (e && !strcmp(e, "3,64")) return wg_kernel<128, T, 3, 64>();
-        if (e && !strcmp(e, "4,64")) return wg_kernel<128, T, 4, 64>();
-        return wg_kernel<128, T>();
-    }
+    case 128: return wg_kernel<128, T>();
     case 256: return wg_kernel<256, T>();
     }
     const prefill_kernel_info none = {NULL, 0, 0, 0};
