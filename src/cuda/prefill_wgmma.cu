@@ -43,8 +43,9 @@ template <int D> struct wg_traits {
     static constexpr int CHUNKS = D / 8;
     static constexpr int Q_BYTES = ROWS * D * 2;
     static constexpr int STAGE_BYTES = 2 * KEYS * D * 2;
-    /* + 1024: the tiles start on a 1024-byte boundary (the swizzle) */
-    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024;
+    /* + 1024: the tiles start on a 1024-byte boundary (the swizzle); then
+     * a full and an empty barrier per stage */
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
     static_assert(D % 64 == 0, "head dims are multiples of 64 (one swizzle block)");
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
 };
@@ -168,8 +169,23 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     T *qs = (T *)(smem_raw + ((1024 - (raw & 1023)) & 1023));
     T *stages = qs + ROWS * D;
+    /* full[s]: every thread's copies into stage s landed; empty[s]: every
+     * thread is done reading it. Tile number g of this block (over all its
+     * items) uses stage g % STAGES, for the (g / STAGES)-th time. */
+    uint64_t *full = (uint64_t *)(stages + STAGES * 2 * KEYS * D), *empty = full + STAGES;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(&full[i], tr::THREADS);
+            mbar_init(&empty[i], tr::THREADS);
+        }
+    __syncthreads();
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
+    /* The two warpgroups take turns to issue their MMAs (named barriers 1
+     * and 2), so one's softmax runs while the other's MMAs do rather than
+     * both contending at once; warpgroup 0 goes first. */
+    if (wg == 1) bar_arrive(1, tr::THREADS);
+    int g0 = 0; /* tiles of the earlier items */
     const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
     const int hb = p.prow_heads;
     const int head0 = kv_head * p.group + row_tile * hb;
@@ -198,10 +214,6 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
                 cp_async_16(qs + sw128<ROWS>(row, c), src, valid ? 16 : 0);
             }
         }
-        if (n_tiles > 0)
-            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin, it.kv_end, stages,
-                                                        stages + KEYS * D);
-        cp_async_commit();
 
         const int pos_last = it.pos0 + it.ntok - 1;
         /* the positions of this thread's two rows, and of the warp's first
@@ -216,19 +228,27 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
 #pragma unroll
         for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-        /* Tile t's stage landed at the top of its step (loaded one tile
-         * ahead; with PIPE a stage is rewritten two tiles after the P.V
-         * that read it finished). */
-        auto begin_tile = [&](int t) {
-            cp_async_wait<0>();
-            fence_proxy_async(); /* this thread's copies, visible to wgmma */
-            __syncthreads();     /* tile t (and q) landed; every warpgroup is done with the stage reloaded next */
-            if (t + 1 < n_tiles)
-                load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + (t + 1) * KEYS,
-                                                            it.kv_end, stages + ((t + 1) % STAGES) * 2 * KEYS * D,
-                                                            stages + ((t + 1) % STAGES) * 2 * KEYS * D + KEYS * D);
-            cp_async_commit();
+        /* Tile t is loaded one tile ahead, by every thread, into a stage
+         * every thread has finished reading (with PIPE, the P.V that read
+         * it ended two tiles earlier). */
+        auto fill = [&](int t) {
+            const int g = g0 + t, st = g % STAGES;
+            if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
+            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + t * KEYS, it.kv_end,
+                                                        stages + st * 2 * KEYS * D, stages + st * 2 * KEYS * D + KEYS * D);
+            mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
         };
+        /* Step t: load t + 1, wait for tile t, and take this warpgroup's
+         * turn at the tensor cores (the caller issues, then passes the turn) */
+        auto begin_tile = [&](int t) {
+            if (t + 1 < n_tiles) fill(t + 1);
+            const int g = g0 + t;
+            mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
+            fence_proxy_async(); /* the copies, visible to wgmma */
+            bar_sync(1 + wg, tr::THREADS);
+        };
+        auto pass_turn = [&]() { bar_arrive(2 - wg, tr::THREADS); };
+        auto release = [&](int t) { mbar_arrive(&empty[(g0 + t) % STAGES]); };
         /* s = q . k of tile t for this warpgroup's 64 rows: K-major
          * operands, 16 elements (32 bytes) of the head dim a step */
         auto issue_s = [&](int t, float (&s)[NT][4]) {
@@ -257,8 +277,10 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
             uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
             {
                 float s[NT][4], f[2];
+                if (n_tiles > 0) fill(0);
                 begin_tile(0);
                 issue_s(0, s);
+                pass_turn();
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                 softmax(0, s, f); /* o is still 0: no rescale */
@@ -269,23 +291,28 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
                 begin_tile(t);
                 issue_s(t, s);
                 issue_pv<D, KEYS, T>(o, pa, v_of(t - 1));
+                pass_turn();
                 wgmma_wait<1>();
                 wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                 const bool raise = softmax(t, s, f);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+                release(t - 1);
                 if (raise) scale_rows<DN>(o, f);
                 pack_p<NT, T>(s, pa);
             }
             issue_pv<D, KEYS, T>(o, pa, v_of(n_tiles - 1));
             wgmma_wait<0>();
             wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+            release(n_tiles - 1);
         } else {
+            if (n_tiles > 0) fill(0);
             for (int t = 0; t < n_tiles; t++) {
                 float s[NT][4], f[2];
                 uint32_t pn[NT / 2][4];
                 begin_tile(t);
                 issue_s(t, s);
+                pass_turn();
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                 if (softmax(t, s, f)) scale_rows<DN>(o, f);
@@ -293,10 +320,15 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
                 issue_pv<D, KEYS, T>(o, pn, v_of(t));
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+                release(t);
             }
         }
+        g0 += n_tiles;
+        /* every copy landed (with no key tiles q's were never waited for);
+         * this warp's q rows are free for the epilogue: its warpgroup's
+         * MMAs are done and the other reads only its own rows */
+        cp_async_commit();
         cp_async_wait<0>();
-        __syncthreads();
         /* epilogue (prefill.cu's, one m tile a warp) */
 #pragma unroll
         for (int h = 0; h < 2; h++) {
@@ -342,6 +374,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
             if (lane % 4 == 0) p.lse_tmp[slot] = lse;
         }
     }
+    if (wg == 0) bar_sync(1, tr::THREADS); /* warpgroup 1's last pass of the turn */
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
