@@ -80,7 +80,8 @@ struct attn_params {
     float cap_scale;        /* sm_scale / soft_cap */
     float cap_log2;         /* soft_cap * log2(e) */
     int page_shift;         /* log2(page_size) when a power of two, else -1 */
-    int ragged;             /* 1: contiguous K/V, page_base is the request's first row (load_kv_tile) */
+    int ragged;             /* 1: contiguous K/V, page_base is the request's first row, page_shift 0
+                               (load_kv_tile) */
     int max_splits;         /* most partial slots of one merge (merge scratch) */
 };
 
@@ -92,11 +93,15 @@ struct attn_params {
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
  *          block kv_indices[page_base + j / page_size];
  *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
- *          (page_base = the request's first row, kv_indptr in tokens), i.e.
- *          a "block" of one token whose stride is the token stride.
- * p.ragged is a kernel argument, so the branch is uniform (the same for
+ *          (page_base = the request's first row: kv_indptr in tokens). The
+ *          backend runs it as pages of one token (page_shift 0, so page = j
+ *          and slot 0) whose "block" is the row itself, with the token
+ *          strides as block strides: no block-table read.
+ * p.ragged is a kernel argument, so the select is uniform (the same for
  * every thread of the grid); a template flag would double every kernel's
- * instances (and the CI compile time) to save one predicated select a row.
+ * instances (and the CI compile time) to save one select a row. ptxas
+ * (sm_90): prefill's registers and spills are the same with it as without,
+ * decode spills nothing either way.
  * This is the hot integer path: a profile of the first decode kernel showed
  * ~1000 instructions per tile, mostly an emulated division per row (key /
  * page_size) and 64-bit offsets, leaving the SM issue-bound at 62% of DRAM
