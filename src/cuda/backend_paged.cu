@@ -76,7 +76,7 @@ struct paged_state {
     attn_mode mode;
     int ragged;       /* K/V are contiguous rows: no block ids, no slot mapping */
     int split;        /* decode kernel for q_len 1, split-KV and merges (cuda_paged) */
-    int max_indices;  /* block ids a plan may hold (0 when ragged) */
+    int64_t max_indices; /* block ids a plan may hold (0 when ragged) */
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     int pdl;          /* sm_90+: programmatic dependent launches */
@@ -221,7 +221,7 @@ static ak_status paged_create_inner(paged_state *s)
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->ragged = cfg->kv_storage == AK_KV_RAGGED;
     s->split = s->mode == ATTN_MODE_PAGED;
-    s->max_indices = s->ragged ? 0 : lim->max_reqs * lim->max_blocks_per_req;
+    s->max_indices = s->ragged ? 0 : (int64_t)lim->max_reqs * lim->max_blocks_per_req;
     s->max_slots = s->ragged ? 0 : lim->max_tokens;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
     if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
