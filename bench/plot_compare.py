@@ -136,7 +136,8 @@ def render(rows, title):
                 variants.append(v)
     x = 10
     for v in variants:
-        out.append('<line x1="%d" y1="31" x2="%d" y2="31" stroke="%s" stroke-width="2"/>' % (x, x + 22, COLORS.get(v, "#555")))
+        out.append('<line x1="%d" y1="31" x2="%d" y2="31" stroke="%s" stroke-width="2"/>'
+                   % (x, x + 22, COLORS.get(v, "#555")))
         out.append('<text x="%d" y="35" font-size="12">%s</text>' % (x + 26, escape(v)))
         x += 90
     out.append('<text x="%d" y="35" font-size="11" fill="#444">solid: attention + scatter (ak_kv_update); '

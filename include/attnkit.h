@@ -401,8 +401,9 @@ ak_graph_support ak_backend_graph_support(const ak_backend *b);
 
 /* The slot mapping of the current plan in the backend's static buffer, on
  * cfg.device: [num_tokens] int64 (paged storage only: NULL for ragged K/V,
- * which have no cache slots, and before the first plan). Its address never changes, so an ak_kv_update that reads it can be
- * captured in the same graph as run(). */
+ * which have no cache slots, and before the first plan). Its address never
+ * changes, so an ak_kv_update that reads it can be captured in the same
+ * graph as run(). */
 const int64_t *ak_backend_slot_mapping(const ak_backend *b);
 /* Query tokens of the current plan (0 before the first plan). */
 int ak_backend_planned_tokens(const ak_backend *b);

@@ -245,7 +245,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.slots[1] = 17;
 
     /* K/V (the cache, or the ragged tensors) must not change either */
-    const size_t kbytes = ragged ? sc.k_rag.bytes : esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
+    const size_t kbytes =
+        ragged ? sc.k_rag.bytes : esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
     const void *k_data = ragged ? tbuf_data(&sc.k_rag) : sc.kv.k_data;
     const void *v_data = ragged ? tbuf_data(&sc.v_rag) : sc.kv.v_data;
     const uint64_t k_before = checksum(t->device, k_data, kbytes);

@@ -569,7 +569,8 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
             const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
             if (e > worst) worst = e;
             if (le > worst_lse) worst_lse = le;
-            if (!ok) snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
+            if (!ok)
+                snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
         }
     }
     const double tol = tolerance(gc->dtype);

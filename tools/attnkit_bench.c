@@ -1116,7 +1116,8 @@ static void csv_row(FILE *f, const bd_ctx *ctx, const bench_scene *sc, const com
 static void print_compare_header(void)
 {
     printf("%-15s %-5s %5s %6s %-7s %-12s %6s %10s %10s %10s %8s %7s  %s\n", "model", "dtype", "batch", "prompt",
-           "variant", "backend", "layers", "attn_ms", "scatter_ms", "sum_ms", "TFLOP/s", "vs_best", "check (max rel err)");
+           "variant", "backend", "layers", "attn_ms", "scatter_ms", "sum_ms", "TFLOP/s", "vs_best",
+           "check (max rel err)");
 }
 
 /* One prompt-prefill shape, each variant of --compare. */
@@ -1262,7 +1263,8 @@ static int run_compare(bench_state *st)
     char list[64] = "";
     for (int i = 0; i < NUM_VARIANTS; i++)
         if (o->compare & (1u << i))
-            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "", compare_variants[i].name);
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "",
+                     compare_variants[i].name);
     note(o, "# compare %s: a prompt-prefill batch (no prefix); attention = run() alone per layer; scatter = "
             "ak_kv_update of the step's K/V into the paged cache (the same op for every variant: paged needs it "
             "before run(), ragged and varlen only to keep the cache); winner = least attention + scatter\n",

@@ -592,7 +592,10 @@ ak_status ak_cuda_attn_plan(void *state, const ak_batch *b, ak_stream stream, ak
 
 /* ---- run ------------------------------------------------------------------------- */
 
-static const char *mode_name(const paged_state *s) { return s->mode == ATTN_MODE_VARLEN ? "cuda_varlen" : "cuda_paged"; }
+static const char *mode_name(const paged_state *s)
+{
+    return s->mode == ATTN_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
+}
 
 /* 16-byte vector access needs aligned rows: base and row strides. */
 static ak_status check_aligned(const paged_state *s, const char *name, const void *data, int64_t s0, int64_t s1)

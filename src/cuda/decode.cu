@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
+                                                          it.kv_end,
                                                           kv_stages + (2 * s) * tr::TILE * D,
                                                           kv_stages + (2 * s + 1) * tr::TILE * D);
             cp_async_commit();

@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
+                                                          it.kv_end,
                                                           stages + s * 2 * tr::TILE * D,
                                                           stages + (s * 2 + 1) * tr::TILE * D);
             cp_async_commit();
