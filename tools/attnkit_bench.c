@@ -1159,7 +1159,9 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
     bench_ref ref;
     memset(&ref, 0, sizeof ref);
     int have_ref = 0;
-    if (bd_sync(ctx) || scene_alloc(&sc, o->layers, o->seed)) {
+    /* the ceiling before the scene, which takes what memory the budget allows (as run_shape) */
+    const bd_ceiling *ceil_ = bd_sync(ctx) ? NULL : get_ceiling(st, ctx);
+    if (!ceil_ || scene_alloc(&sc, o->layers, o->seed)) {
         for (int i = 0; i < NUM_VARIANTS; i++)
             if (b[i]) {
                 rows[i].status = "error";
@@ -1167,7 +1169,6 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
                 st->failures++;
             }
     } else {
-        const bd_ceiling *ceil_ = get_ceiling(st, ctx);
         char desc[512];
         scene_describe(&sc, desc, sizeof desc);
         note(o, "# %s\n# %d layer%s rotated (%s)\n", desc, sc.num_layers, sc.num_layers == 1 ? "" : "s",
