@@ -139,7 +139,7 @@ static const attn_case fixed_cases[] = {
 /* Runs one case on every backend of the device under test. */
 static void run_case(test_ctx *t, const attn_case *tc)
 {
-    if (!t_selected(t, tc->name)) return;
+    if (!t_selected(t, tc->name) || !t_storage_selected(t, tc->storage)) return;
     const char *names[16];
     const int nb = t_backends(t, names, 16);
     const ak_device cpu = {AK_DEVICE_CPU, 0};

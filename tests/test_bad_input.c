@@ -190,6 +190,7 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         t_skip(t, backend, bc->name, "%s", why);
         return;
     }
+    if (!t_storage_selected(t, tc.storage)) return;
     const int ragged = tc.storage == AK_KV_RAGGED;
     if (bc->breaks == decode_gets_prefill && tc.reqs[1].q_len == 1) {
         t_skip(t, backend, bc->name, "the baseline is already a decode batch");

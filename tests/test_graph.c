@@ -609,10 +609,12 @@ void test_graphs(test_ctx *t)
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
-            if (t_selected(t, graph_cases[c].name)) run_graph_case(t, names[i], &graph_cases[c]);
+            if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, AK_KV_PAGED))
+                run_graph_case(t, names[i], &graph_cases[c]);
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof ragged_graph_cases / sizeof *ragged_graph_cases; c++)
-            if (t_selected(t, ragged_graph_cases[c].name)) run_ragged_graph_case(t, names[i], &ragged_graph_cases[c]);
+            if (t_selected(t, ragged_graph_cases[c].name) && t_storage_selected(t, AK_KV_RAGGED))
+                run_ragged_graph_case(t, names[i], &ragged_graph_cases[c]);
 }
 #else
 void test_graphs(test_ctx *t) { (void)t; }
