@@ -294,8 +294,10 @@ static void run_ragged_sweep(test_ctx *t)
                              head_dims[a], groups[g], ak_dtype_name(dtypes[d]));
                     tc.name = name;
                     tc.num_reqs = 4;
-                    const req_spec prefill[4] = {{17, 17}, {100, 100}, {1, 1}, {64, 64}};
-                    const req_spec xattn[4] = {{17, 77}, {100, 3}, {1, 0}, {64, 64}};
+                    /* 80 tokens: several tiles from group 4 up (ptok <= 32); the
+                     * fixed cases hold the longer prompts */
+                    const req_spec prefill[4] = {{17, 17}, {80, 80}, {1, 1}, {40, 40}};
+                    const req_spec xattn[4] = {{17, 77}, {80, 3}, {1, 0}, {40, 40}};
                     memcpy(tc.reqs, cross ? xattn : prefill, sizeof prefill);
                     run_case(t, &tc);
                 }
