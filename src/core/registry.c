@@ -27,19 +27,19 @@ static const ak_backend_vtbl *const registry[] = {
 
 /* ---- the selector's rules ------------------------------------------------ */
 
-/* A rule row matches a config by device, K/V storage and workload (-1 = any
+/* A rule row matches a config by device, K/V storage and workload (RULE_ANY = any
  * value); the first matching row gives the backends to try, best first.
  * Every choice between two backends that can both serve a config lives here,
  * with the measurement behind it. */
-#define AK_ANY (-1)
-#define AK_RULE_MAX_BACKENDS 4
+#define RULE_ANY (-1)
+#define RULE_MAX_BACKENDS 4
 
 typedef struct select_rule {
     const char *name;      /* printed by ak_explain / attnkit-info when it fires */
     ak_device_kind device;
-    int kv_storage;        /* ak_kv_storage or AK_ANY */
-    int workload;          /* ak_workload or AK_ANY */
-    const char *backends[AK_RULE_MAX_BACKENDS]; /* tried in order; NULL ends the list */
+    int kv_storage;        /* ak_kv_storage or RULE_ANY */
+    int workload;          /* ak_workload or RULE_ANY */
+    const char *backends[RULE_MAX_BACKENDS]; /* tried in order; NULL ends the list */
     const char *evidence;  /* why this order: the measurement, or what it rests on */
 } select_rule;
 
@@ -51,21 +51,21 @@ static const select_rule rules[] = {
     {"cuda ragged decode", AK_DEVICE_CUDA, AK_KV_RAGGED, AK_WORKLOAD_DECODE, {"cuda_paged", "cuda_varlen"},
      "q_len 1 only: cuda_paged's decode kernel with split-KV fills the GPU on long keys, where cuda_varlen "
      "would run one token per prefill tile, unsplit (not yet measured: see docs/BACKENDS.md)"},
-    {"cuda ragged", AK_DEVICE_CUDA, AK_KV_RAGGED, AK_ANY, {"cuda_varlen", "cuda_paged"},
+    {"cuda ragged", AK_DEVICE_CUDA, AK_KV_RAGGED, RULE_ANY, {"cuda_varlen", "cuda_paged"},
      "prefill with no prefix on contiguous K/V: one launch, no merge (measured: see docs/BACKENDS.md, "
      "attnkit-bench --compare paged,ragged,varlen)"},
-    {"cuda paged", AK_DEVICE_CUDA, AK_KV_PAGED, AK_ANY, {"cuda_paged"},
+    {"cuda paged", AK_DEVICE_CUDA, AK_KV_PAGED, RULE_ANY, {"cuda_paged"},
      "the only CUDA backend that reads a paged cache"},
     /* cpu_ref is last on the CPU: always correct, never fast */
-    {"cpu", AK_DEVICE_CPU, AK_ANY, AK_ANY, {"cpu", "cpu_ref"},
+    {"cpu", AK_DEVICE_CPU, RULE_ANY, RULE_ANY, {"cpu", "cpu_ref"},
      "cpu: SIMD + OpenMP flash attention; cpu_ref: the fp64 oracle (BENCHMARKS.md)"},
 };
 #define NUM_RULES ((int)(sizeof rules / sizeof rules[0]))
 
 static int rule_matches(const select_rule *r, const ak_attn_config *cfg)
 {
-    return r->device == cfg->device.kind && (r->kv_storage == AK_ANY || r->kv_storage == (int)cfg->kv_storage) &&
-           (r->workload == AK_ANY || r->workload == (int)cfg->workload);
+    return r->device == cfg->device.kind && (r->kv_storage == RULE_ANY || r->kv_storage == (int)cfg->kv_storage) &&
+           (r->workload == RULE_ANY || r->workload == (int)cfg->workload);
 }
 
 /* The first rule that matches cfg (NULL if none does). */
@@ -185,13 +185,13 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
         const select_rule *rule = match_rule(cfg);
         if (rule) {
             tb_printf(tb, "rule: \"%s\" ->", rule->name);
-            for (int i = 0; i < AK_RULE_MAX_BACKENDS && rule->backends[i]; i++)
+            for (int i = 0; i < RULE_MAX_BACKENDS && rule->backends[i]; i++)
                 tb_printf(tb, "%s %s", i ? "," : "", rule->backends[i]);
             tb_printf(tb, " (first with no reasons)\n  why: %s\n", rule->evidence);
         } else {
             tb_printf(tb, "rule: none matches this config\n");
         }
-        for (int i = 0; rule && i < AK_RULE_MAX_BACKENDS && rule->backends[i] && !pick; i++) {
+        for (int i = 0; rule && i < RULE_MAX_BACKENDS && rule->backends[i] && !pick; i++) {
             const ak_backend_vtbl *vt = find(rule->backends[i]);
             ak_reasons why;
             if (vt && reasons_for(vt, cfg, have_dev ? &info : NULL, &why) == 0) pick = vt;
