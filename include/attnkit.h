@@ -353,7 +353,8 @@ typedef struct ak_run_args {
     uint32_t struct_size;
     const ak_tensor *q;      /* [num_tokens, num_qo_heads, head_dim_qk], cfg.q_dtype */
     const ak_paged_kv *kv;   /* paged storage: this layer's cache */
-    const ak_tensor *k;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_qk] */
+    const ak_tensor *k;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_qk]; request
+                                r's keys are rows kv_indptr[r] .. kv_indptr[r + 1] - 1 */
     const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo] */
     ak_tensor *o;            /* [num_tokens, num_qo_heads, head_dim_vo], cfg.o_dtype, OUT */
     ak_tensor *lse;          /* [num_tokens, num_qo_heads] f32, OUT; NULL if not wanted */
@@ -362,10 +363,11 @@ typedef struct ak_run_args {
 void ak_run_args_init(ak_run_args *args /* OUT */);
 
 /* Creates a backend for cfg with static buffers sized by lim.
- * name: a backend name ("cpu", "cpu_ref", "cuda_paged", ...) or NULL.
- * With NULL, the environment variable AK_BACKEND names the backend if set,
- * otherwise the selector picks the first backend of the device's priority list
- * whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
+ * name: a backend name ("cpu", "cpu_ref", "cuda_paged", "cuda_varlen", ...) or
+ * NULL. With NULL, the environment variable AK_BACKEND names the backend if
+ * set, otherwise the selector takes the first row of its rule table that
+ * matches cfg (device, kv_storage, workload) and picks the first backend of
+ * that row whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
  * backend that cannot serve cfg (AK_ERR_UNSUPPORTED) is an error whose message
  * lists every backend with its reasons; a bad override is never ignored. */
 ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, const char *name,
@@ -398,9 +400,10 @@ int ak_backend_forward_includes_kv_update(const ak_backend *b);
 ak_graph_support ak_backend_graph_support(const ak_backend *b);
 
 /* The slot mapping of the current plan in the backend's static buffer, on
- * cfg.device: [num_tokens] int64 (paged storage only; NULL before the first
- * plan). Its address never changes, so an ak_kv_update that reads it can be
- * captured in the same graph as run(). */
+ * cfg.device: [num_tokens] int64 (paged storage only: NULL for ragged K/V,
+ * which have no cache slots, and before the first plan). Its address never
+ * changes, so an ak_kv_update that reads it can be captured in the same
+ * graph as run(). */
 const int64_t *ak_backend_slot_mapping(const ak_backend *b);
 /* Query tokens of the current plan (0 before the first plan). */
 int ak_backend_planned_tokens(const ak_backend *b);
@@ -413,7 +416,8 @@ int ak_backend_count(void);
 const char *ak_backend_name_at(int i); /* NULL if i is out of range */
 
 /* Writes, for cfg, every backend with "chosen", "available" or its reasons, and
- * which rule chose (the AK_BACKEND override or the priority list). Returns the
+ * which rule chose (the AK_BACKEND override, or the selector's rule-table row
+ * with the evidence it cites). Returns the
  * status ak_backend_create(cfg, NULL, NULL, ...) would return for the choice.
  * buf is always NUL-terminated (truncated if cap is too small). */
 ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);

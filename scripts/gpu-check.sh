@@ -2,8 +2,10 @@
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
 # (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
 # short table last.
-#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu
-# Logs go to $OUT (or ./gpu-check-logs) so they come back with the device tool.
+#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu compare
+# `all` is every stage but compare (issue 6's paged/ragged/varlen sweep, ~5 min:
+# name it on its own). Logs go to $OUT (or ./gpu-check-logs) so they come back
+# with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -15,6 +17,7 @@ BUILD=${AK_BUILD:-build-gpu}
 summary=()
 # stages: a comma list (test,prefill) or all
 want() { [[ $what == all || ,$what, == *,$1,* ]]; }
+want_named() { [[ ,$what, == *,$1,* ]]; }
 note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$LOG/gpu.txt"
@@ -49,7 +52,10 @@ if want sanitize; then
     for tool in memcheck racecheck; do
         for f in "decode gqa4" "decode mha" "decode long context" "merge of" "graph replay gqa4" \
                  "graph replay mixed gqa4" "invariance" "bad" "slot" "prefill" "chunk" "verify" "gqa160" \
-                 "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16"; do
+                 "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16" \
+                 "ragged prefill bf16 d128 gqa4" "ragged cross attention, kv 0" "ragged decode batch" \
+                 "ragged mixed decode+chunks" "ragged verify on long keys" "ragged:" \
+                 "graph replay ragged prefill gqa4"; do
             timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
                 >>"$LOG/sanitize-$tool.log" 2>&1
             rc=$?
@@ -137,6 +143,20 @@ if want cpu && [[ -x $BUILD/attnkit-bench ]]; then
         2>&1 | tee "$LOG/cpu-sdpa.txt" | tail -8
     $BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
     note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, default-run.txt"
+fi
+
+if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
+    # issue 6: prompt prefills three ways (cuda_paged on the paged cache, its
+    # ragged mode, cuda_varlen), attention and the kv_update scatter apart;
+    # one checked shape first, then the sweep to CSV and SVG
+    $BUILD/attnkit-bench --compare paged,ragged,varlen --batch 4 --q-len 2048 --check 2>>"$LOG/bench.err" |
+        tee "$LOG/compare-check.txt" | grep -E "^llama|winner"
+    timeout 540 $BUILD/attnkit-bench --compare paged,ragged,varlen --sweep --model llama3-8b \
+        --csv "$LOG/compare.csv" >"$LOG/compare.txt" 2>>"$LOG/compare.err"
+    rc=$?
+    grep -E "winner" "$LOG/compare.txt" | cut -c1-150
+    python3 bench/plot_compare.py "$LOG/compare.csv" -o "$LOG/compare.svg"
+    note compare "$(grep -c winner "$LOG/compare.txt") shapes (rc $rc); $LOG/compare.csv, compare.svg"
 fi
 
 echo

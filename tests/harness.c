@@ -60,6 +60,8 @@ int t_selected(const test_ctx *t, const char *name)
     return !t->filter || strstr(name, t->filter) != NULL;
 }
 
+int t_storage_selected(const test_ctx *t, ak_kv_storage s) { return t->storage < 0 || (int)s == t->storage; }
+
 int t_backends(const test_ctx *t, const char **names, int cap)
 {
     int n = 0;

@@ -17,6 +17,7 @@ typedef struct test_ctx {
     ak_device device;     /* which device's backends are under test */
     const char *backend;  /* only this backend (NULL = all) */
     const char *filter;   /* only cases whose name contains this */
+    int storage;          /* -1: every case; else only cases on this ak_kv_storage */
     uint64_t seed;
     int verbose;
     int passed, failed, skipped;
@@ -26,6 +27,8 @@ void t_pass(test_ctx *t, const char *backend, const char *name, const char *fmt,
 void t_fail(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
 void t_skip(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
 int t_selected(const test_ctx *t, const char *name);
+/* 0 when --storage excludes cases on K/V storage s. */
+int t_storage_selected(const test_ctx *t, ak_kv_storage s);
 
 /* Backends of the device under test (in registry order). */
 int t_backends(const test_ctx *t, const char **names, int cap);

@@ -100,6 +100,37 @@ static const attn_case fixed_cases[] = {
      {{30, 77}, {5, 1}, {2, 0}}},
     {"ragged chunk window softcap", 8, 2, 64, 64, AK_F16, 0, 0, 1, 16, 20.0f, 0, NHD, RAGGED, 2,
      {{20, 100}, {1, 40}}},
+    /* ragged K/V in 16 bits: cuda_varlen and cuda_paged's ragged mode (request
+     * r's keys are rows kv_indptr[r] .. of one contiguous K and V) */
+    {"ragged prefill bf16 d128 gqa4", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
+     {{1, 1}, {17, 17}, {130, 130}, {64, 64}}},
+    {"ragged prefill f16 d64 mha", 4, 4, 64, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{33, 33}, {200, 200}, {2, 2}}},
+    {"ragged prefill bf16 d256 mqa", 8, 1, 256, 256, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 2,
+     {{40, 40}, {100, 100}}},
+    {"ragged encoder non-causal f16 d128", 8, 2, 128, 128, AK_F16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 2,
+     {{33, 33}, {300, 300}}},
+    {"ragged cross attention, kv 0 f16 d64", 8, 2, 64, 64, AK_F16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 5,
+     {{50, 20}, {3, 200}, {2, 0}, {1, 0}, {1, 37}}},
+    {"ragged cross attention bf16 d256 gqa2", 16, 8, 256, 256, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 2,
+     {{7, 300}, {64, 5}}},
+    {"ragged window 32 bf16 d128", 8, 2, 128, 128, AK_BF16, 0, 0, 1, 32, 0, 0, NHD, RAGGED, 3,
+     {{100, 100}, {40, 40}, {1, 1}}},
+    {"ragged soft-cap 30 d256 gqa2", 16, 8, 256, 256, AK_BF16, 0, 0, 1, -1, 30.0f, 0, NHD, RAGGED, 2,
+     {{24, 24}, {70, 70}}},
+    {"ragged non-causal window 8 soft-cap 5 f16", 8, 2, 64, 64, AK_F16, 0, 0, 0, 8, 5.0f, 0, NHD, RAGGED, 3,
+     {{30, 30}, {10, 50}, {40, 12}}},
+    {"ragged decode batch", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{1, 100}, {1, 4100}, {1, 17}}},
+    {"ragged mixed decode+chunks", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 5,
+     {{1, 500}, {40, 40}, {1, 17}, {64, 300}, {0, 10}}},
+    {"ragged verify on long keys (split)", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{4, 3000}, {8, 2500}, {2, 4100}}},
+    {"ragged gqa160 (two row tiles) f16", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 2,
+     {{20, 20}, {1, 50}}},
+    {"ragged qwen gqa7 bf16", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 2, {{50, 50}, {130, 130}}},
+    {"ragged empty requests f16", 4, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
+     {{0, 0}, {5, 5}, {0, 33}, {1, 1}}},
     /* head dims that are not whole SIMD vectors (the cpu backend's tail paths), odd page size */
     {"head dims 72/40, page 3", 8, 2, 72, 40, AK_F16, 0, 0, 1, -1, 0, 3, HND, PAGED, 3,
      {{1, 100}, {20, 20}, {5, 60}}},
@@ -108,7 +139,7 @@ static const attn_case fixed_cases[] = {
 /* Runs one case on every backend of the device under test. */
 static void run_case(test_ctx *t, const attn_case *tc)
 {
-    if (!t_selected(t, tc->name)) return;
+    if (!t_selected(t, tc->name) || !t_storage_selected(t, tc->storage)) return;
     const char *names[16];
     const int nb = t_backends(t, names, 16);
     const ak_device cpu = {AK_DEVICE_CPU, 0};
@@ -236,8 +267,45 @@ static void run_sweep(test_ctx *t)
                 }
 }
 
+/* Ragged K/V: head dims x GQA x 16-bit dtypes on prompt prefills without a
+ * prefix (what cuda_varlen is for) and on cross-attention (non-causal, q_len
+ * and kv_len unrelated). */
+static void run_ragged_sweep(test_ctx *t)
+{
+    static const int head_dims[] = {64, 128, 256};
+    static const int groups[] = {1, 4, 8};
+    static const ak_dtype dtypes[] = {AK_F16, AK_BF16};
+    static char name[128];
+    for (size_t a = 0; a < sizeof head_dims / sizeof *head_dims; a++)
+        for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
+            for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++)
+                for (int cross = 0; cross < 2; cross++) {
+                    attn_case tc;
+                    memset(&tc, 0, sizeof tc);
+                    tc.num_kv_heads = 2;
+                    tc.num_qo_heads = 2 * groups[g];
+                    tc.head_dim_qk = tc.head_dim_vo = head_dims[a];
+                    tc.dtype = dtypes[d];
+                    tc.causal = !cross;
+                    tc.window_left = -1;
+                    tc.layout = AK_LAYOUT_NHD;
+                    tc.storage = AK_KV_RAGGED;
+                    snprintf(name, sizeof name, "sweep ragged %s d%d g%d %s", cross ? "cross" : "prefill",
+                             head_dims[a], groups[g], ak_dtype_name(dtypes[d]));
+                    tc.name = name;
+                    tc.num_reqs = 4;
+                    /* 80 tokens: several tiles from group 4 up (ptok <= 32); the
+                     * fixed cases hold the longer prompts */
+                    const req_spec prefill[4] = {{17, 17}, {80, 80}, {1, 1}, {40, 40}};
+                    const req_spec xattn[4] = {{17, 77}, {80, 3}, {1, 0}, {40, 40}};
+                    memcpy(tc.reqs, cross ? xattn : prefill, sizeof prefill);
+                    run_case(t, &tc);
+                }
+}
+
 void test_attn_cases(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
     run_sweep(t);
+    run_ragged_sweep(t);
 }

@@ -1,7 +1,9 @@
 /*
  * test_bad_input.c - the bad-input table. Each case breaks one thing; the call
  * must return the expected status, the message must name the field, and no
- * output or cache byte may change.
+ * output or cache byte may change. A case runs on a paged baseline, or on a
+ * ragged one (contiguous K/V) for backends that read only ragged K/V and for
+ * the cases about the ragged tensors.
  */
 #include "harness.h"
 
@@ -10,6 +12,13 @@
 #include <string.h>
 
 typedef enum where { AT_CREATE, AT_PLAN, AT_RUN, AT_KV_UPDATE } where;
+
+/* The K/V storage a case is about. */
+typedef enum kv_need {
+    KV_EITHER = 0, /* the backend's baseline: paged if it reads a cache, else ragged */
+    KV_PAGED = 1,  /* the paged cache, block table, slots: backends that read a cache */
+    KV_RAGGED = 2, /* the ragged K/V tensors: backends that read them */
+} kv_need;
 
 /* Everything a bad case may break, copied from a valid baseline. */
 typedef struct inputs {
@@ -20,6 +29,7 @@ typedef struct inputs {
     int32_t qo[8], kvl[8], bt[8 * 8];
     ak_run_args args;
     ak_tensor q, o, lse;
+    ak_tensor k, v;     /* ragged K/V */
     ak_paged_kv kv;
     int64_t slots[8];   /* kv_update slot mapping (host copy) */
     int num_new;        /* kv_update tokens */
@@ -31,6 +41,8 @@ typedef struct bad_case {
     ak_status expect;
     const char *field; /* must appear in ak_last_error() */
     void (*breaks)(inputs *in);
+    kv_need kv;
+    const char *only;  /* run only on backends whose name starts with this (NULL: all) */
 } bad_case;
 
 static void qo_not_monotone(inputs *in) { in->qo[2] = in->qo[1] - 1; }
@@ -60,39 +72,51 @@ static void kv_view_page(inputs *in) { in->kv.page_size *= 2; }
 static void kv_missing(inputs *in) { in->args.kv = NULL; }
 static void slot_out_of_range(inputs *in) { in->slots[1] = (int64_t)in->kv.num_blocks * in->kv.page_size; }
 static void slot_negative(inputs *in) { in->slots[0] = -2; }
+static void k_missing(inputs *in) { in->args.k = NULL; }
+static void v_wrong_tokens(inputs *in) { in->v.shape[0] -= 1; }
+static void k_wrong_dtype(inputs *in) { in->k.dtype = in->k.dtype == AK_F32 ? AK_F16 : AK_F32; }
+static void v_head_stride_differs(inputs *in) { in->v.stride[1] = 2 * in->k.stride[1]; }
 
 static const bad_case cases[] = {
-    {"non-monotone qo_indptr", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr", qo_not_monotone},
-    {"qo_indptr[0] != 0", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr[0]", qo_not_zero},
-    {"q_len > kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[1]", q_longer_than_kv},
-    {"kv_len beyond the blocks given", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[0]", kv_beyond_blocks},
-    {"block id >= num_cache_blocks", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[0][1]", block_id_high},
-    {"negative block id", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[1][0]", block_id_negative},
-    {"negative kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[2]", kv_negative},
-    {"decode instance given a chunk", AT_PLAN, AK_ERR_INVALID_ARG, "cfg.workload", decode_gets_prefill},
-    {"more requests than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_reqs", too_many_reqs},
-    {"more tokens than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_tokens", too_many_tokens},
-    {"more blocks than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_blocks_per_req", too_many_blocks},
-    {"head counts don't divide", AT_CREATE, AK_ERR_INVALID_ARG, "num_qo_heads", heads_dont_divide},
-    {"head dim 0", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_qk", head_dim_zero},
-    {"head dim 4096", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_vo", head_dim_huge},
-    {"unknown backend name", AT_CREATE, AK_ERR_BACKEND_NOT_FOUND, "cpu_ref", unknown_backend},
-    {"page size 0", AT_CREATE, AK_ERR_INVALID_ARG, "page_size", page_size_zero},
-    {"limits.max_reqs 0", AT_CREATE, AK_ERR_INVALID_ARG, "max_reqs", limits_zero},
-    {"q has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[0]", q_wrong_tokens},
-    {"q has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.q->dtype", q_wrong_dtype},
-    {"o has the wrong head count", AT_RUN, AK_ERR_INVALID_ARG, "args.o->shape[1]", o_wrong_heads},
-    {"o inner stride != 1", AT_RUN, AK_ERR_INVALID_ARG, "args.o->stride[2]", o_inner_stride},
-    {"lse not f32", AT_RUN, AK_ERR_INVALID_ARG, "args.lse->dtype", lse_wrong_dtype},
-    {"cache view smaller than limits", AT_RUN, AK_ERR_INVALID_ARG, "num_blocks", kv_view_small},
-    {"cache view page size differs", AT_RUN, AK_ERR_INVALID_ARG, "page_size", kv_view_page},
-    {"no cache given", AT_RUN, AK_ERR_INVALID_ARG, "args.kv", kv_missing},
-    {"slot beyond the cache", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[1]", slot_out_of_range},
-    {"slot below -1", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[0]", slot_negative},
+    {"non-monotone qo_indptr", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr", qo_not_monotone, KV_EITHER, NULL},
+    {"qo_indptr[0] != 0", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr[0]", qo_not_zero, KV_EITHER, NULL},
+    {"q_len > kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[1]", q_longer_than_kv, KV_EITHER, NULL},
+    {"kv_len beyond the blocks given", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[0]", kv_beyond_blocks, KV_PAGED, NULL},
+    {"block id >= num_cache_blocks", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[0][1]", block_id_high, KV_PAGED, NULL},
+    {"negative block id", AT_PLAN, AK_ERR_INVALID_ARG, "block_table[1][0]", block_id_negative, KV_PAGED, NULL},
+    {"negative kv_len", AT_PLAN, AK_ERR_INVALID_ARG, "kv_lens[2]", kv_negative, KV_EITHER, NULL},
+    {"decode instance given a chunk", AT_PLAN, AK_ERR_INVALID_ARG, "cfg.workload", decode_gets_prefill, KV_EITHER, NULL},
+    {"more requests than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_reqs", too_many_reqs, KV_EITHER, NULL},
+    {"more tokens than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_tokens", too_many_tokens, KV_EITHER, NULL},
+    {"more blocks than limits", AT_PLAN, AK_ERR_LIMIT_EXCEEDED, "max_blocks_per_req", too_many_blocks, KV_PAGED, NULL},
+    {"head counts don't divide", AT_CREATE, AK_ERR_INVALID_ARG, "num_qo_heads", heads_dont_divide, KV_EITHER, NULL},
+    {"head dim 0", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_qk", head_dim_zero, KV_EITHER, NULL},
+    {"head dim 4096", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_vo", head_dim_huge, KV_EITHER, NULL},
+    {"unknown backend name", AT_CREATE, AK_ERR_BACKEND_NOT_FOUND, "cpu_ref", unknown_backend, KV_EITHER, NULL},
+    {"page size 0", AT_CREATE, AK_ERR_INVALID_ARG, "page_size", page_size_zero, KV_PAGED, NULL},
+    {"limits.max_reqs 0", AT_CREATE, AK_ERR_INVALID_ARG, "max_reqs", limits_zero, KV_EITHER, NULL},
+    {"q has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[0]", q_wrong_tokens, KV_EITHER, NULL},
+    {"q has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.q->dtype", q_wrong_dtype, KV_EITHER, NULL},
+    {"o has the wrong head count", AT_RUN, AK_ERR_INVALID_ARG, "args.o->shape[1]", o_wrong_heads, KV_EITHER, NULL},
+    {"o inner stride != 1", AT_RUN, AK_ERR_INVALID_ARG, "args.o->stride[2]", o_inner_stride, KV_EITHER, NULL},
+    {"lse not f32", AT_RUN, AK_ERR_INVALID_ARG, "args.lse->dtype", lse_wrong_dtype, KV_EITHER, NULL},
+    {"cache view smaller than limits", AT_RUN, AK_ERR_INVALID_ARG, "num_blocks", kv_view_small, KV_PAGED, NULL},
+    {"cache view page size differs", AT_RUN, AK_ERR_INVALID_ARG, "page_size", kv_view_page, KV_PAGED, NULL},
+    {"no cache given", AT_RUN, AK_ERR_INVALID_ARG, "args.kv", kv_missing, KV_PAGED, NULL},
+    {"slot beyond the cache", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[1]", slot_out_of_range, KV_PAGED, NULL},
+    {"slot below -1", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[0]", slot_negative, KV_PAGED, NULL},
+    {"ragged: no k tensor", AT_RUN, AK_ERR_INVALID_ARG, "args.k", k_missing, KV_RAGGED, NULL},
+    {"ragged: v has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.v->shape[0]", v_wrong_tokens,
+     KV_RAGGED, NULL},
+    {"ragged: k has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.k->dtype", k_wrong_dtype, KV_RAGGED, NULL},
+    /* the CUDA loader keeps one head offset for K and V */
+    {"ragged: v head stride differs from k's", AT_RUN, AK_ERR_INVALID_ARG, "args.v->stride[1]",
+     v_head_stride_differs, KV_RAGGED, "cuda"},
 };
 
 /* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2;
- * for a backend that serves decode only, three decodes. */
+ * for a backend that serves decode only, three decodes. The same on ragged
+ * K/V for the backends (and cases) that read ragged tensors. */
 static const attn_case baseline = {
     "bad-input baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
     {{1, 40}, {5, 20}, {6, 6}}};
@@ -100,22 +124,50 @@ static const attn_case decode_baseline = {
     "bad-input decode baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
     {{1, 40}, {1, 20}, {1, 6}}};
 
-/* The baseline backend `name` serves on the device under test. */
-static attn_case pick_baseline(const test_ctx *t, const char *name)
+/* 0 when backend `name` reports cfg unsupported, else 1 (any other failure
+ * is left for the case itself to show). */
+static int serves(const attn_case *tc, ak_device dev, const char *name)
 {
-    attn_case tc = baseline;
-    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
-    const ak_attn_config cfg = case_config(&tc, t->device);
+    const ak_attn_config cfg = case_config(tc, dev);
     ak_limits lim;
     ak_limits_init(&lim);
     ak_backend *b = NULL;
-    if (ak_backend_create(&cfg, &lim, name, &b) == AK_ERR_UNSUPPORTED) {
-        const ak_dtype dt = tc.dtype;
-        tc = decode_baseline;
-        tc.dtype = dt;
-    }
+    const ak_status st = ak_backend_create(&cfg, &lim, name, &b);
     ak_backend_destroy(b);
-    return tc;
+    return st != AK_ERR_UNSUPPORTED;
+}
+
+/* The baseline of `storage` that backend `name` serves on the device under
+ * test (the mixed batch, else the decode one); -1 if it serves neither. */
+static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, attn_case *out)
+{
+    const attn_case *const tries[2] = {&baseline, &decode_baseline};
+    for (int i = 0; i < 2; i++) {
+        attn_case tc = *tries[i];
+        if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+        tc.storage = storage;
+        if (storage == AK_KV_RAGGED) tc.page_size = 0;
+        if (serves(&tc, t->device, name)) {
+            *out = tc;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The baseline a case runs on for backend `name`; -1 (and why) when the
+ * backend does not read the storage the case is about. */
+static int pick_baseline(const test_ctx *t, const char *name, const bad_case *bc, attn_case *tc, const char **why)
+{
+    const int paged = bc->kv != KV_RAGGED && baseline_of(t, name, AK_KV_PAGED, tc) == 0;
+    if (paged) return 0;
+    if (bc->kv == KV_PAGED) {
+        *why = "reads no paged cache";
+        return -1;
+    }
+    if (baseline_of(t, name, AK_KV_RAGGED, tc) == 0) return 0;
+    *why = bc->kv == KV_RAGGED ? "reads no ragged K/V" : "serves neither baseline";
+    return -1;
 }
 
 static uint64_t checksum(ak_device dev, const void *p, size_t bytes)
@@ -131,7 +183,15 @@ static uint64_t checksum(ak_device dev, const void *p, size_t bytes)
 static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
 {
     if (!t_selected(t, bc->name)) return;
-    const attn_case tc = pick_baseline(t, backend);
+    if (bc->only && strncmp(backend, bc->only, strlen(bc->only)) != 0) return;
+    attn_case tc;
+    const char *why = "";
+    if (pick_baseline(t, backend, bc, &tc, &why)) {
+        t_skip(t, backend, bc->name, "%s", why);
+        return;
+    }
+    if (!t_storage_selected(t, tc.storage)) return;
+    const int ragged = tc.storage == AK_KV_RAGGED;
     if (bc->breaks == decode_gets_prefill && tc.reqs[1].q_len == 1) {
         t_skip(t, backend, bc->name, "the baseline is already a decode batch");
         return;
@@ -150,7 +210,7 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.batch = sc.batch;
     memcpy(in.qo, sc.qo_indptr, sizeof(int32_t) * 4);
     memcpy(in.kvl, sc.kv_lens, sizeof(int32_t) * 3);
-    memcpy(in.bt, sc.block_table, sizeof(int32_t) * 3 * (size_t)sc.bt_stride);
+    if (!ragged) memcpy(in.bt, sc.block_table, sizeof(int32_t) * 3 * (size_t)sc.bt_stride);
     in.batch.qo_indptr = in.qo;
     in.batch.kv_lens = in.kvl;
     in.batch.block_table = in.bt;
@@ -173,14 +233,25 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.args.q = &in.q;
     in.args.o = &in.o;
     in.args.lse = &in.lse;
-    in.args.kv = &in.kv;
+    if (ragged) {
+        in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), tc.dtype, sc.num_kv_tokens, tc.num_kv_heads, D);
+        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), tc.dtype, sc.num_kv_tokens, tc.num_kv_heads, D);
+        in.args.k = &in.k;
+        in.args.v = &in.v;
+    } else {
+        in.args.kv = &in.kv;
+    }
     in.num_new = 2;
     in.slots[0] = 3;
     in.slots[1] = 17;
 
-    const size_t kbytes = esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
-    const uint64_t k_before = checksum(t->device, sc.kv.k_data, kbytes);
-    const uint64_t v_before = checksum(t->device, sc.kv.v_data, kbytes);
+    /* K/V (the cache, or the ragged tensors) must not change either */
+    const size_t kbytes =
+        ragged ? sc.k_rag.bytes : esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
+    const void *k_data = ragged ? tbuf_data(&sc.k_rag) : sc.kv.k_data;
+    const void *v_data = ragged ? tbuf_data(&sc.v_rag) : sc.kv.v_data;
+    const uint64_t k_before = checksum(t->device, k_data, kbytes);
+    const uint64_t v_before = checksum(t->device, v_data, kbytes);
 
     ak_backend *b = NULL;
     ak_status st = AK_OK;
@@ -240,8 +311,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     int untouched = tbuf_guards_ok(&ob) && tbuf_guards_ok(&lb);
     for (size_t i = 0; i < ob.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&ob))[i] == POISON_BYTE;
     for (size_t i = 0; i < lb.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&lb))[i] == POISON_BYTE;
-    const int cache_same = checksum(t->device, sc.kv.k_data, kbytes) == k_before &&
-                           checksum(t->device, sc.kv.v_data, kbytes) == v_before;
+    const int cache_same = checksum(t->device, k_data, kbytes) == k_before &&
+                           checksum(t->device, v_data, kbytes) == v_before;
 
     /* on the GPU a bad slot cannot be seen without reading device memory: the
      * kernel skips it, so only "nothing written" is required there */

@@ -12,6 +12,11 @@
  * the capture. The capture is made with the largest step (as an engine pads
  * its batch to a captured size); later steps leave the rows past their
  * tokens alone, and their padded slots (-1) make kv_update skip them.
+ *
+ * Ragged cases (contiguous K/V: cuda_varlen, cuda_paged's ragged mode)
+ * capture run() alone, with q/o sized for the largest step and K/V buffers
+ * that hold its sum of kv_len, and replay it after plans of prompt prefills
+ * (or cross-attention) of other lengths.
  */
 #include "harness.h"
 
@@ -361,6 +366,242 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     ak_kv_cache_destroy(cache);
 }
 
+/* ---- ragged K/V -------------------------------------------------------------- */
+
+/* Longest prompt (causal cases) or query (cross) and longest cross K/V; the
+ * reference is cpu_ref, f64 on one thread, so steps stay small. */
+enum { RG_LAYERS = 2, RG_STEPS = 8, RG_MAX_Q = 96, RG_MAX_KV = 200 };
+
+typedef struct ragged_graph_case {
+    const char *name;
+    int num_qo_heads, num_kv_heads, head_dim;
+    ak_dtype dtype;
+    int num_reqs;
+    int causal; /* 1: prompt prefills, kv_len = q_len; 0: cross-attention, kv_len unrelated (may be 0) */
+    int window_left;
+} ragged_graph_case;
+
+static const ragged_graph_case ragged_graph_cases[] = {
+    {"graph replay ragged prefill gqa4 bf16 d128", 16, 4, 128, AK_BF16, 4, 1, -1},
+    {"graph replay ragged cross mqa f16 d64 window", 8, 1, 64, AK_F16, 3, 0, 50},
+    {"graph replay ragged prefill gqa2 bf16 d256", 8, 4, 256, AK_BF16, 2, 1, -1},
+};
+
+/* Lengths of step s: the capture (s = 0) has every request at its longest;
+ * later steps are random, some requests empty. Returns the query tokens and
+ * sets *kv_total. */
+static int ragged_step_lengths(uint64_t *rng, int s, const ragged_graph_case *gc, int32_t *qo, int32_t *kv_lens,
+                               int *kv_total)
+{
+    qo[0] = 0;
+    *kv_total = 0;
+    for (int r = 0; r < gc->num_reqs; r++) {
+        const int q = s == 0 ? RG_MAX_Q : rng_int(rng, 0, 7) == 0 ? 0 : rng_int(rng, 1, RG_MAX_Q);
+        const int kv = gc->causal ? q : s == 0 ? RG_MAX_KV : rng_int(rng, 0, 4) == 0 ? 0 : rng_int(rng, 1, RG_MAX_KV);
+        qo[r + 1] = qo[r] + q;
+        kv_lens[r] = kv;
+        *kv_total += kv;
+    }
+    return qo[gc->num_reqs];
+}
+
+static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_graph_case *gc)
+{
+    const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim;
+    const int T = R * RG_MAX_Q, KT = R * (gc->causal ? RG_MAX_Q : RG_MAX_KV); /* the capture's tokens, keys */
+    const size_t esz = ak_dtype_size(gc->dtype);
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.num_qo_heads = Hq;
+    cfg.num_kv_heads = Hk;
+    cfg.head_dim_qk = cfg.head_dim_vo = D;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = gc->dtype;
+    cfg.device = t->device;
+    cfg.causal = gc->causal;
+    cfg.window_left = gc->window_left;
+    cfg.kv_storage = AK_KV_RAGGED;
+    ak_limits lim;
+    ak_limits_init(&lim);
+    lim.max_reqs = R;
+    lim.max_tokens = T;
+
+    ak_backend *b = NULL;
+    ak_status st = ak_backend_create(&cfg, &lim, name, &b);
+    if (st == AK_ERR_UNSUPPORTED) {
+        t_skip(t, name, gc->name, "unsupported");
+        return;
+    }
+    if (st != AK_OK) {
+        t_fail(t, name, gc->name, "create: %s", ak_last_error());
+        return;
+    }
+    if (ak_backend_graph_support(b) != AK_GRAPH_ALWAYS) {
+        t_skip(t, name, gc->name, "backend declares graph support %s",
+               ak_graph_support_name(ak_backend_graph_support(b)));
+        ak_backend_destroy(b);
+        return;
+    }
+    ak_attn_config ref_cfg = cfg;
+    ref_cfg.device.kind = AK_DEVICE_CPU;
+    ref_cfg.o_dtype = AK_F32;
+
+    /* fixed device buffers the graph reads and writes */
+    void *q_dev[RG_LAYERS], *o_dev[RG_LAYERS], *lse_dev[RG_LAYERS], *k_dev[RG_LAYERS], *v_dev[RG_LAYERS];
+    for (int l = 0; l < RG_LAYERS; l++) {
+        cudaMalloc(&q_dev[l], esz * T * Hq * D);
+        cudaMalloc(&o_dev[l], esz * T * Hq * D);
+        cudaMalloc(&lse_dev[l], 4 * (size_t)T * Hq);
+        cudaMalloc(&k_dev[l], esz * KT * Hk * D);
+        cudaMalloc(&v_dev[l], esz * KT * Hk * D);
+    }
+    char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * KT * Hk * D), *vh = malloc(esz * KT * Hk * D);
+    char *oh = malloc(esz * T * Hq * D);
+    float *lh = malloc(sizeof(float) * T * Hq), *o_ref = malloc(sizeof(float) * T * Hq * D);
+    float *l_ref = malloc(sizeof(float) * T * Hq), *of = malloc(sizeof(float) * T * Hq * D);
+    double *rd = malloc(sizeof(double) * T * Hq * D), *ld = malloc(sizeof(double) * T * Hq);
+    int32_t qo[16], kvl[16];
+    ak_batch batch;
+    ak_batch_init(&batch);
+    batch.num_reqs = R;
+    batch.qo_indptr = qo;
+    batch.kv_lens = kvl;
+    uint64_t rng = t->seed ^ name_hash(gc->name);
+    cudaStream_t stream;
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    cudaGraphExec_t exec = NULL;
+    double worst = 0, worst_lse = 0;
+    int ok = 1;
+    char why[256] = "";
+
+    for (int s = 0; s < RG_STEPS && ok; s++) {
+        int KN = 0;
+        const int N = ragged_step_lengths(&rng, s, gc, qo, kvl, &KN);
+        /* fresh q, K and V everywhere (rows past the step's too), o poisoned */
+        for (int l = 0; l < RG_LAYERS; l++) {
+            for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, rng_uniform(&rng));
+            for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * rng_uniform(&rng));
+            for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, rng_uniform(&rng));
+            cudaMemcpy(q_dev[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(k_dev[l], kh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(v_dev[l], vh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemset(o_dev[l], 0xff, esz * T * Hq * D);
+            cudaMemset(lse_dev[l], 0xff, 4 * (size_t)T * Hq);
+        }
+        st = ak_backend_plan(b, &batch, stream);
+        if (st != AK_OK) {
+            snprintf(why, sizeof why, "plan step %d: %s", s, ak_last_error());
+            ok = 0;
+            break;
+        }
+        if (s == 0) {
+            /* the capture: the largest step, so the tensors it holds fit every later one */
+            cudaGraph_t graph;
+            if (!CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal))) {
+                snprintf(why, sizeof why, "begin capture failed");
+                ok = 0;
+                break;
+            }
+            for (int l = 0; l < RG_LAYERS && st == AK_OK; l++) {
+                ak_tensor qt = ak_tensor_3d(q_dev[l], gc->dtype, T, Hq, D);
+                ak_tensor ot = ak_tensor_3d(o_dev[l], gc->dtype, T, Hq, D);
+                ak_tensor kt = ak_tensor_3d(k_dev[l], gc->dtype, KT, Hk, D);
+                ak_tensor vt = ak_tensor_3d(v_dev[l], gc->dtype, KT, Hk, D);
+                ak_tensor lt = ak_tensor_2d(lse_dev[l], AK_F32, T, Hq);
+                ak_run_args a;
+                ak_run_args_init(&a);
+                a.q = &qt;
+                a.k = &kt;
+                a.v = &vt;
+                a.o = &ot;
+                a.lse = &lt;
+                st = ak_backend_run(b, &a, stream);
+            }
+            const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+            if (st != AK_OK || !CUDA_OK(ce) || !CUDA_OK(cudaGraphInstantiate(&exec, graph, 0))) {
+                snprintf(why, sizeof why, "capture: %s / %s", st ? ak_last_error() : "", cudaGetErrorString(ce));
+                ok = 0;
+                break;
+            }
+            cudaGraphDestroy(graph);
+        }
+        if (!CUDA_OK(cudaGraphLaunch(exec, stream)) || !CUDA_OK(cudaStreamSynchronize(stream))) {
+            snprintf(why, sizeof why, "replay step %d: %s", s, cudaGetErrorString(cudaGetLastError()));
+            ok = 0;
+            break;
+        }
+        /* every layer against cpu_ref on the step's rows of q, K and V */
+        for (int l = 0; l < RG_LAYERS && ok; l++) {
+            cudaMemcpy(qh, q_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(kh, k_dev[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(vh, v_dev[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
+            ak_backend *ref = NULL;
+            ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
+            ak_tensor kt = ak_tensor_3d(kh, gc->dtype, KN, Hk, D), vt = ak_tensor_3d(vh, gc->dtype, KN, Hk, D);
+            ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
+            ak_run_args a;
+            ak_run_args_init(&a);
+            a.q = &qt;
+            a.k = &kt;
+            a.v = &vt;
+            a.o = &rt;
+            a.lse = &rl;
+            if (ak_backend_create(&ref_cfg, &lim, "cpu_ref", &ref) != AK_OK ||
+                ak_backend_plan(ref, &batch, NULL) != AK_OK || ak_backend_run(ref, &a, NULL) != AK_OK) {
+                snprintf(why, sizeof why, "cpu_ref: %s", ak_last_error());
+                ak_backend_destroy(ref);
+                ok = 0;
+                break;
+            }
+            ak_backend_destroy(ref);
+            cudaMemcpy(oh, o_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(lh, lse_dev[l], 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
+            for (int i = 0; i < N * Hq * D; i++) {
+                of[i] = ak_load_as_f32(oh, gc->dtype, i);
+                rd[i] = o_ref[i];
+                if (isnan(of[i])) ok = 0;
+            }
+            for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
+            /* rows past the step's tokens (a capture of more) keep their poison */
+            for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
+                if ((unsigned char)oh[i] != 0xff) ok = 0;
+            for (int i = N * Hq; i < T * Hq; i++)
+                if (!isnan(lh[i])) ok = 0;
+            const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
+            if (e > worst) worst = e;
+            if (le > worst_lse) worst_lse = le;
+            if (!ok)
+                snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
+        }
+    }
+    const double tol = tolerance(gc->dtype);
+    if (ok && worst <= tol && worst_lse <= 2e-3)
+        t_pass(t, name, gc->name, "%d steps x %d layers, worst rel err %.2e, lse err %.2e", RG_STEPS, RG_LAYERS, worst,
+               worst_lse);
+    else
+        t_fail(t, name, gc->name, "%s worst rel err %.2e (tol %.0e), lse err %.2e", why, worst, tol, worst_lse);
+
+    if (exec) cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(stream);
+    for (int l = 0; l < RG_LAYERS; l++) {
+        cudaFree(q_dev[l]);
+        cudaFree(o_dev[l]);
+        cudaFree(lse_dev[l]);
+        cudaFree(k_dev[l]);
+        cudaFree(v_dev[l]);
+    }
+    free(qh);
+    free(kh);
+    free(vh);
+    free(oh);
+    free(lh);
+    free(o_ref);
+    free(l_ref);
+    free(of);
+    free(rd);
+    free(ld);
+    ak_backend_destroy(b);
+}
+
 void test_graphs(test_ctx *t)
 {
     if (t->device.kind != AK_DEVICE_CUDA) return;
@@ -368,7 +609,12 @@ void test_graphs(test_ctx *t)
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
-            if (t_selected(t, graph_cases[c].name)) run_graph_case(t, names[i], &graph_cases[c]);
+            if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, AK_KV_PAGED))
+                run_graph_case(t, names[i], &graph_cases[c]);
+    for (int i = 0; i < nb; i++)
+        for (size_t c = 0; c < sizeof ragged_graph_cases / sizeof *ragged_graph_cases; c++)
+            if (t_selected(t, ragged_graph_cases[c].name) && t_storage_selected(t, AK_KV_RAGGED))
+                run_ragged_graph_case(t, names[i], &ragged_graph_cases[c]);
 }
 #else
 void test_graphs(test_ctx *t) { (void)t; }

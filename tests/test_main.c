@@ -1,6 +1,7 @@
 /*
  * test_main.c - attnkit-test: runs every suite for one device.
- *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--seed N] [-v]
+ *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged]
+ *                [--seed N] [-v]
  * Exit 0 if nothing failed, 1 otherwise, 77 (skipped) for --device cuda
  * where no GPU is present.
  */
@@ -16,6 +17,7 @@ int main(int argc, char **argv)
     test_ctx t;
     memset(&t, 0, sizeof t);
     t.device.kind = AK_DEVICE_CPU;
+    t.storage = -1;
     t.seed = (uint64_t)time(NULL);
     if (getenv("AK_TEST_SEED")) t.seed = strtoull(getenv("AK_TEST_SEED"), NULL, 10);
     for (int i = 1; i < argc; i++) {
@@ -27,12 +29,18 @@ int main(int argc, char **argv)
             t.backend = argv[++i];
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             t.filter = argv[++i];
+        } else if (!strcmp(argv[i], "--storage") && i + 1 < argc) {
+            const char *s = argv[++i];
+            if (!strcmp(s, "paged")) t.storage = AK_KV_PAGED;
+            else if (!strcmp(s, "ragged")) t.storage = AK_KV_RAGGED;
+            else { fprintf(stderr, "--storage: paged or ragged, not %s\n", s); return 2; }
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             t.seed = strtoull(argv[++i], NULL, 10);
         } else if (!strcmp(argv[i], "-v")) {
             t.verbose = 1;
         } else {
-            fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--seed N] [-v]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged] "
+                            "[--seed N] [-v]\n", argv[0]);
             return 2;
         }
     }

@@ -31,7 +31,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
 {
     char tname[96];
     snprintf(tname, sizeof tname, "chunked prefill == one-shot %s", ak_dtype_name(dt));
-    if (!t_selected(t, tname)) return;
+    if (!t_selected(t, tname) || !t_storage_selected(t, AK_KV_PAGED)) return;
     enum { R = 2, STEPS = 3 };
     static const int chunks[R][STEPS] = {{100, 117, 83}, {1, 149, 30}};
     const int L[R] = {300, 180};
@@ -182,7 +182,7 @@ static void prop_merge(test_ctx *t, const char *name, int parts)
 {
     char tname[96];
     snprintf(tname, sizeof tname, "merge of %d KV parts == whole", parts);
-    if (!t_selected(t, tname)) return;
+    if (!t_selected(t, tname) || !t_storage_selected(t, AK_KV_PAGED)) return;
     const int P = 16, L = 37 * P + 5, Hq = 8, Hk = 2, D = 64;
     attn_case tc;
     memset(&tc, 0, sizeof tc);
@@ -287,7 +287,7 @@ static void prop_merge(test_ctx *t, const char *name, int parts)
 static void prop_layout(test_ctx *t, const char *name, int decode_only)
 {
     const char *tname = decode_only ? "page size and layout invariance (decode)" : "page size and layout invariance";
-    if (!t_selected(t, tname)) return;
+    if (!t_selected(t, tname) || !t_storage_selected(t, AK_KV_PAGED)) return;
     static const int pages[] = {1, 16, 64};
     attn_case tc;
     memset(&tc, 0, sizeof tc);

@@ -79,6 +79,30 @@ static const bench_shape sweep_cpu[] = {
 };
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* --compare: one prompt-prefill batch three ways. The scatter (ak_kv_update
+ * of the step's K/V into the paged cache) is timed on its own: paged must run
+ * it before its run(); ragged and varlen read the step's K/V directly and
+ * need it only to keep the cache for later steps. */
+typedef struct compare_variant {
+    const char *name;      /* what --compare takes */
+    const char *backend;   /* the backend timed */
+    ak_kv_storage storage; /* where its run() reads K/V */
+} compare_variant;
+static const compare_variant compare_variants[] = {
+    {"paged", "cuda_paged", AK_KV_PAGED},   /* the paged cache, after the scatter */
+    {"ragged", "cuda_paged", AK_KV_RAGGED}, /* cuda_paged's ragged mode on the step's K/V */
+    {"varlen", "cuda_varlen", AK_KV_RAGGED},
+};
+#define NUM_VARIANTS COUNT_OF(compare_variants)
+/* --compare --sweep: prompt lengths x batch sizes, for each --model */
+static const int compare_prompt_lens[] = {128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+static const int compare_batches[] = {1, 4, 16, 64};
+/* Shapes above this many query tokens are left out of a compare sweep
+ * (--max-tokens): 64 x 16384 tokens of llama3-8b would need ~2x8 GiB of q
+ * and o per layer and ~3 s a call. */
+#define COMPARE_MAX_TOKENS 262144
+#define MAX_MODELS 16
+
 /* ---- options ------------------------------------------------------------------- */
 
 typedef struct options {
@@ -99,6 +123,12 @@ typedef struct options {
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
     int layers; /* 0: automatic */
     uint64_t seed;
+    /* --compare */
+    unsigned compare;     /* a bit per compare_variants entry; 0: not comparing */
+    const char *csv_path; /* --csv */
+    int max_tokens;       /* --max-tokens */
+    int num_models;       /* --model a,b,... (compare) */
+    bench_model models[MAX_MODELS]; /* the presets with --heads / --head-dim applied */
 } options;
 
 static void usage(FILE *f)
@@ -131,6 +161,16 @@ static void usage(FILE *f)
         "                   and time its replays\n"
         "  --kv-update      time ak_kv_update (with the backend's slot mapping) + run() per layer\n"
         "  --sweep          a built-in list of shapes (restricted to --workload if given)\n"
+        "  --compare LIST   CUDA: a prompt-prefill batch (no prefix) run by each of LIST, a comma list of\n"
+        "                   paged (cuda_paged on the paged cache), ragged (cuda_paged's ragged mode on the\n"
+        "                   step's contiguous K/V), varlen (cuda_varlen on them); prints per shape the\n"
+        "                   attention time, the scatter time (ak_kv_update of the step's K/V into the paged\n"
+        "                   cache, timed once: paged needs it before run(), ragged and varlen to keep the\n"
+        "                   cache), their sum and the winner (least sum). Shape: --batch, --q-len (1 x 2048);\n"
+        "                   with --sweep: prompt lengths 128..16384 x batch 1, 4, 16, 64 for each --model\n"
+        "                   (a comma list, or all), up to --max-tokens query tokens (%d)\n"
+        "  --csv FILE       --compare: also write one CSV row per shape and variant (bench/plot_compare.py\n"
+        "                   draws it as an SVG)\n"
         "  --layers N       layers of the cache to rotate through (default: enough to exceed 4x\n"
         "                   the L2 / LLC, as far as memory allows; up to 4096)\n"
         "  --seed N\n"
@@ -139,8 +179,8 @@ static void usage(FILE *f)
         "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
         "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling;\n"
         "plan_us = median host time of plan().\n"
-        "Exit status: 0, 1 when a check fails or a run errs, 2 on bad usage.\n",
-        DEFAULT_MAX_ITERS, SAMPLE_BUDGET_S, MIN_ITERS);
+        "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage.\n",
+        DEFAULT_MAX_ITERS, SAMPLE_BUDGET_S, MIN_ITERS, COMPARE_MAX_TOKENS);
 }
 
 static int parse_int(const char *opt, const char *s, int lo, int *out)
@@ -164,12 +204,54 @@ static int parse_dtype(const char *s, ak_dtype *t)
     return 0;
 }
 
+/* --model: one preset, or (for --compare) a comma list of them or "all".
+ * Returns 0 or -1. */
+static int parse_models(const char *s, options *o)
+{
+    if (!s || !*s) return -1;
+    o->num_models = 0;
+    if (!strcmp(s, "all")) {
+        for (int m = 0; m < bench_num_models && m < MAX_MODELS; m++) o->models[o->num_models++] = bench_models[m];
+        return 0;
+    }
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        const bench_model *m = bench_model_find(tok);
+        if (!m || o->num_models >= MAX_MODELS) return -1;
+        o->models[o->num_models++] = *m;
+    }
+    return o->num_models > 0 ? 0 : -1;
+}
+
+/* --compare: a comma list of variant names into a bit set. Returns 0 or -1. */
+static int parse_variants(const char *s, unsigned *set)
+{
+    if (!s || !*s) return -1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    *set = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        int found = 0;
+        for (int i = 0; i < NUM_VARIANTS; i++)
+            if (!strcmp(tok, compare_variants[i].name)) {
+                *set |= 1u << i;
+                found = 1;
+            }
+        if (!found) return -1;
+    }
+    return *set ? 0 : -1;
+}
+
 /* Returns 0, 1 for --help, -1 on a bad option. */
 static int parse_options(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
     o->workload = BW_MIXED;
-    o->model = bench_model_find(DEFAULT_MODEL);
+    o->num_models = 1;
+    o->models[0] = *bench_model_find(DEFAULT_MODEL);
+    o->model = &o->models[0];
+    o->max_tokens = COMPARE_MAX_TOKENS;
     o->page_size = DEFAULT_PAGE_SIZE;
     o->num_prefills = -1;
     o->seed = DEFAULT_SEED;
@@ -186,13 +268,23 @@ static int parse_options(int argc, char **argv, options *o)
             }
             o->workload_set = 1;
         } else if (!strcmp(a, "--model")) {
-            o->model = v ? bench_model_find(v) : NULL;
-            if (!o->model) {
+            if (parse_models(v, o)) {
                 fprintf(stderr, "attnkit-bench: --model: one of");
                 for (int m = 0; m < bench_num_models; m++) fprintf(stderr, " %s", bench_models[m].name);
-                fprintf(stderr, "\n");
+                fprintf(stderr, " (with --compare: a comma list of them, or all)\n");
                 return -1;
             }
+            o->model = &o->models[0];
+        } else if (!strcmp(a, "--compare")) {
+            if (parse_variants(v, &o->compare)) {
+                fprintf(stderr, "attnkit-bench: --compare: a comma list of paged, ragged, varlen\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--csv")) {
+            if (!v) return -1;
+            o->csv_path = v;
+        } else if (!strcmp(a, "--max-tokens")) {
+            if (parse_int(a, v, 1, &o->max_tokens)) return -1;
         } else if (!strcmp(a, "--backend")) {
             if (!v) return -1;
             o->backend = v;
@@ -257,19 +349,39 @@ static int parse_options(int argc, char **argv, options *o)
         }
         i += takes_value;
     }
-    /* --heads / --head-dim: a copy of the preset with them applied */
-    bench_model m = *o->model;
-    if (o->custom.num_qo_heads) {
-        if (o->custom.num_qo_heads % o->custom.num_kv_heads) {
-            fprintf(stderr, "attnkit-bench: --heads: QO must be a multiple of KV\n");
+    /* --heads / --head-dim: applied to the copies of the presets */
+    if (o->custom.num_qo_heads && o->custom.num_qo_heads % o->custom.num_kv_heads) {
+        fprintf(stderr, "attnkit-bench: --heads: QO must be a multiple of KV\n");
+        return -1;
+    }
+    for (int i = 0; i < o->num_models; i++) {
+        bench_model *m = &o->models[i];
+        if (o->custom.num_qo_heads) {
+            m->num_qo_heads = o->custom.num_qo_heads;
+            m->num_kv_heads = o->custom.num_kv_heads;
+        }
+        if (o->custom.head_dim) m->head_dim = o->custom.head_dim;
+    }
+    o->model = &o->models[0];
+    if (o->num_models > 1 && !o->compare) {
+        fprintf(stderr, "attnkit-bench: --model takes one preset (a list only with --compare)\n");
+        return -1;
+    }
+    if (o->csv_path && !o->compare) {
+        fprintf(stderr, "attnkit-bench: --csv goes with --compare (--json for the other modes)\n");
+        return -1;
+    }
+    if (o->compare) {
+        const char *clash = o->json ? "--json (use --csv)" : o->backend ? "--backend" : o->kv_update ? "--kv-update"
+                          : o->workload_set && o->workload != BW_PREFILL ? "--workload other than prefill"
+                          : o->device_set && o->device != AK_DEVICE_CUDA ? "--device cpu" : NULL;
+        if (clash) {
+            fprintf(stderr, "attnkit-bench: --compare times its own CUDA backends on prompt prefills; %s does not "
+                            "apply\n", clash);
             return -1;
         }
-        m.num_qo_heads = o->custom.num_qo_heads;
-        m.num_kv_heads = o->custom.num_kv_heads;
+        o->workload = BW_PREFILL;
     }
-    if (o->custom.head_dim) m.head_dim = o->custom.head_dim;
-    o->custom = m;
-    o->model = &o->custom;
     return 0;
 }
 
@@ -451,6 +563,7 @@ typedef struct layer_runner {
     ak_backend *b;
     ak_stream stream;
     int kv_update;        /* call ak_kv_update before each run() */
+    int ragged;           /* the backend reads the layer's ragged K/V, not its cache */
     const int64_t *slots; /* the backend's slot mapping, on its device */
     int next_layer;
     int per_sample;
@@ -474,10 +587,18 @@ static int run_layers(void *arg)
             }
         }
         ak_tensor q = scene_q(sc, l), o = scene_o(sc, l);
+        ak_tensor k, v; /* ragged K/V */
         ak_run_args args;
         ak_run_args_init(&args);
         args.q = &q;
-        args.kv = &sc->kv[l];
+        if (lr->ragged) {
+            k = scene_k_rag(sc, l);
+            v = scene_v_rag(sc, l);
+            args.k = &k;
+            args.v = &v;
+        } else {
+            args.kv = &sc->kv[l];
+        }
         args.o = &o;
         const ak_status st = ak_backend_run(lr->b, &args, lr->stream);
         if (st != AK_OK) {
@@ -528,6 +649,41 @@ static const char *graph_obstacle(const bench_scene *sc, ak_backend *b)
     return "unknown graph support";
 }
 
+/* Warm-up, then timed samples of `work` (each one `calls` layer calls) until
+ * --iters of them, or MIN_ITERS once SAMPLE_BUDGET_S has passed; the median
+ * and least time per call. Returns the number of samples, or -1 when the work
+ * (or the device) fails. */
+static int sample_work(const options *o, const bd_ctx *ctx, bd_work_fn work, void *arg, double calls,
+                       double *median_ms, double *min_ms)
+{
+    const int max_samples = o->iters ? o->iters : DEFAULT_MAX_ITERS;
+    double *samples = malloc(sizeof(double) * (size_t)max_samples);
+    if (!samples) {
+        fprintf(stderr, "attnkit-bench: out of host memory\n");
+        return -1;
+    }
+    const int warmup = ctx->dev.kind == AK_DEVICE_CUDA ? WARMUP_GPU : WARMUP_CPU;
+    double ms = 0;
+    int n = 0;
+    for (int i = 0; i < warmup; i++)
+        if (bd_time(ctx, work, arg, &ms)) goto failed;
+    const double t_start = bd_now();
+    while (n < max_samples) {
+        if (bd_time(ctx, work, arg, &ms)) goto failed;
+        samples[n++] = ms / calls;
+        if (!o->iters && n >= MIN_ITERS && bd_now() - t_start > SAMPLE_BUDGET_S) break;
+    }
+    *min_ms = samples[0];
+    for (int i = 1; i < n; i++)
+        if (samples[i] < *min_ms) *min_ms = samples[i];
+    *median_ms = median_of(samples, n);
+    free(samples);
+    return n;
+failed:
+    free(samples);
+    return -1;
+}
+
 /* Plans, times, checks one backend on the scene; fills r. Returns 0, or -1
  * when the row is an error (r says why). */
 static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
@@ -562,6 +718,7 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
     lr.sc = sc;
     lr.b = b;
     lr.stream = ctx->stream;
+    lr.ragged = ak_backend_config(b)->kv_storage == AK_KV_RAGGED;
     /* GPU: a sample is a pass over every layer, so short calls are timed back
      * to back as in a step; CPU: one call per sample, the next layer each time */
     lr.per_sample = on_gpu ? sc->num_layers : 1;
@@ -608,30 +765,10 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
         work_arg = &launch;
     }
 
-    const int max_samples = o->iters ? o->iters : DEFAULT_MAX_ITERS;
-    double *samples = malloc(sizeof(double) * (size_t)max_samples);
     int rc = -1;
-    if (!samples) {
-        snprintf(r->reason, sizeof r->reason, "out of host memory");
-        goto done;
-    }
-    const int warmup = on_gpu ? WARMUP_GPU : WARMUP_CPU;
-    const double calls = (double)lr.per_sample;
-    double ms = 0;
-    for (int i = 0; i < warmup; i++)
-        if (bd_time(ctx, work, work_arg, &ms)) goto run_failed;
-    const double t_start = bd_now();
-    int n = 0;
-    while (n < max_samples) {
-        if (bd_time(ctx, work, work_arg, &ms)) goto run_failed;
-        samples[n++] = ms / calls;
-        if (!o->iters && n >= MIN_ITERS && bd_now() - t_start > SAMPLE_BUDGET_S) break;
-    }
+    const int n = sample_work(o, ctx, work, work_arg, (double)lr.per_sample, &r->median_ms, &r->min_ms);
+    if (n < 0) goto run_failed;
     r->samples = n;
-    r->min_ms = samples[0];
-    for (int i = 1; i < n; i++)
-        if (samples[i] < r->min_ms) r->min_ms = samples[i];
-    r->median_ms = median_of(samples, n);
     r->gbps = sc->bytes / (r->median_ms * 1e-3) / 1e9;
     r->gflops = sc->flops / (r->median_ms * 1e-3) / 1e9;
     r->frac = ceil_->gbps > 0 ? r->gbps / ceil_->gbps : NAN;
@@ -674,7 +811,6 @@ run_failed:
     r->status = "error";
     snprintf(r->reason, sizeof r->reason, "%s", lr.err[0] ? lr.err : "device error (see stderr)");
 done:
-    free(samples);
     bd_graph_destroy(&graph);
     return rc;
 }
@@ -912,6 +1048,260 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
     return SHAPE_DONE;
 }
 
+/* ---- --compare: paged vs ragged vs varlen on prompt prefills ------------------------------------ */
+
+/* ak_kv_update of the step's K/V into every layer's cache (the scatter). */
+typedef struct scatter_runner {
+    const bench_scene *sc;
+    ak_stream stream;
+} scatter_runner;
+
+static int run_scatter(void *arg)
+{
+    const scatter_runner *sr = arg;
+    const bench_scene *sc = sr->sc;
+    const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
+    for (int l = 0; l < sc->num_layers; l++) {
+        const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, sc->slots, sc->num_tokens, sr->stream);
+        if (st != AK_OK) {
+            fprintf(stderr, "attnkit-bench: ak_kv_update(layer %d): %s: %s\n", l, ak_status_str(st), ak_last_error());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A CSV field: quoted when it holds a comma, a quote or a newline. */
+static void csv_field(FILE *f, const char *s)
+{
+    if (!strpbrk(s, ",\"\n")) {
+        fputs(s, f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', f);
+        fputc(*s == '\n' ? ' ' : *s, f);
+    }
+    fputc('"', f);
+}
+
+static void csv_header(FILE *f)
+{
+    fprintf(f, "device,model,num_qo_heads,num_kv_heads,head_dim,dtype,page_size,batch,prompt_len,num_tokens,layers,"
+               "variant,backend,status,attn_ms,scatter_ms,sum_ms,attn_tflops,winner,check,max_rel_err,reason\n");
+}
+
+static void csv_row(FILE *f, const bd_ctx *ctx, const bench_scene *sc, const compare_variant *v, const row *r,
+                    double scatter_ms, int winner)
+{
+    const ak_attn_config *c = &sc->cfg;
+    const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
+    csv_field(f, ctx->info.name);
+    fputc(',', f);
+    csv_field(f, sc->model->name);
+    fprintf(f, ",%d,%d,%d,%s,%d,%d,%d,%d,%d,%s,%s,%s,", c->num_qo_heads, c->num_kv_heads, c->head_dim_qk,
+            ak_dtype_name(c->kv_dtype), c->page_size, sc->shape.batch, sc->shape.q_len, sc->num_tokens,
+            sc->num_layers, v->name, v->backend, r->status);
+    if (ran) fprintf(f, "%.6g,%.6g,%.6g,%.6g,", r->median_ms, scatter_ms, r->median_ms + scatter_ms, r->gflops / 1e3);
+    else fprintf(f, ",%.6g,,,", scatter_ms);
+    fprintf(f, "%d,%s,", winner, !r->checked ? "off" : r->check_ok ? "pass" : "fail");
+    if (r->checked) fprintf(f, "%.3g", r->max_rel_err);
+    fputc(',', f);
+    csv_field(f, r->reason);
+    fputc('\n', f);
+    fflush(f);
+}
+
+static void print_compare_header(void)
+{
+    printf("%-15s %-5s %5s %6s %-7s %-12s %6s %10s %10s %10s %8s %7s  %s\n", "model", "dtype", "batch", "prompt",
+           "variant", "backend", "layers", "attn_ms", "scatter_ms", "sum_ms", "TFLOP/s", "vs_best",
+           "check (max rel err)");
+}
+
+/* One prompt-prefill shape, each variant of --compare. */
+static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model *m, int batch, int prompt, FILE *csv)
+{
+    const options *o = &st->opt;
+    const bench_shape shape = {BW_PREFILL, batch, prompt, prompt, 0, 0};
+    bench_scene sc;
+    if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), o->page_size, o->layout, o->seed)) {
+        scene_free(&sc);
+        st->failures++;
+        return;
+    }
+    sc.ragged_kv = 1;
+
+    /* the backends first: their static buffers are allocated before the scene takes what memory is left */
+    ak_backend *b[NUM_VARIANTS];
+    row rows[NUM_VARIANTS];
+    for (int i = 0; i < NUM_VARIANTS; i++) {
+        b[i] = NULL;
+        memset(&rows[i], 0, sizeof rows[i]);
+        rows[i].backend = compare_variants[i].backend;
+        rows[i].status = "skipped";
+        if (!(o->compare & (1u << i))) continue;
+        ak_attn_config cfg = sc.cfg;
+        cfg.kv_storage = compare_variants[i].storage;
+        const ak_status s = ak_backend_create(&cfg, &sc.lim, compare_variants[i].backend, &b[i]);
+        if (s != AK_OK) {
+            if (s == AK_ERR_UNSUPPORTED) backend_reason(ak_last_error(), compare_variants[i].backend, rows[i].reason,
+                                                        sizeof rows[i].reason);
+            else snprintf(rows[i].reason, sizeof rows[i].reason, "%s: %s", ak_status_str(s), ak_last_error());
+            if (s != AK_ERR_UNSUPPORTED && s != AK_ERR_BACKEND_NOT_FOUND) {
+                rows[i].status = "error";
+                st->failures++;
+            }
+        }
+    }
+    double scatter_ms = NAN, scatter_min = NAN;
+    bench_ref ref;
+    memset(&ref, 0, sizeof ref);
+    int have_ref = 0;
+    /* the ceiling before the scene, which takes what memory the budget allows (as run_shape) */
+    const bd_ceiling *ceil_ = bd_sync(ctx) ? NULL : get_ceiling(st, ctx);
+    if (!ceil_ || scene_alloc(&sc, o->layers, o->seed)) {
+        for (int i = 0; i < NUM_VARIANTS; i++)
+            if (b[i]) {
+                rows[i].status = "error";
+                snprintf(rows[i].reason, sizeof rows[i].reason, "could not allocate or fill the scene (see stderr)");
+                st->failures++;
+            }
+    } else {
+        char desc[512];
+        scene_describe(&sc, desc, sizeof desc);
+        note(o, "# %s\n# %d layer%s rotated (%s)\n", desc, sc.num_layers, sc.num_layers == 1 ? "" : "s",
+             sc.layers_why);
+        if (o->check) {
+            have_ref = ref_build(&ref, &sc) == 0;
+            if (!have_ref) st->failures++;
+        }
+        scatter_runner sr = {&sc, ctx->stream};
+        if (sample_work(o, ctx, run_scatter, &sr, (double)sc.num_layers, &scatter_ms, &scatter_min) < 0) {
+            scatter_ms = NAN;
+            st->failures++;
+        }
+        /* attention alone: run() per layer, no kv_update in the timed pass */
+        options attn_only = *o;
+        attn_only.kv_update = 0;
+        for (int i = 0; i < NUM_VARIANTS; i++) {
+            if (!b[i]) continue;
+            if (o->check && !have_ref) {
+                rows[i].status = "error";
+                snprintf(rows[i].reason, sizeof rows[i].reason, "the cpu_ref check could not be built (see stderr)");
+                continue;
+            }
+            bench_backend(&attn_only, ctx, &sc, have_ref ? &ref : NULL, ceil_, b[i], &rows[i]);
+            if (!strcmp(rows[i].status, "ok") || !strcmp(rows[i].status, "fail")) st->ran++;
+            if (!strcmp(rows[i].status, "fail") || !strcmp(rows[i].status, "error")) st->failures++;
+        }
+    }
+
+    /* the winner: least attention + scatter among the rows that ran and passed */
+    int best = -1;
+    for (int i = 0; i < NUM_VARIANTS; i++)
+        if ((o->compare & (1u << i)) && !strcmp(rows[i].status, "ok") &&
+            (best < 0 || rows[i].median_ms < rows[best].median_ms))
+            best = i;
+    const double best_sum = best >= 0 ? rows[best].median_ms + scatter_ms : NAN;
+    if (!st->header_printed) {
+        print_compare_header();
+        st->header_printed = 1;
+    }
+    for (int i = 0; i < NUM_VARIANTS; i++) {
+        if (!(o->compare & (1u << i))) continue;
+        const row *r = &rows[i];
+        printf("%-15s %-5s %5d %6d %-7s %-12s %6d", m->name, ak_dtype_name(sc.cfg.kv_dtype), batch, prompt,
+               compare_variants[i].name, r->backend, sc.num_layers);
+        if (strcmp(r->status, "ok") && strcmp(r->status, "fail")) {
+            printf("  %s: %s\n", r->status, r->reason);
+        } else {
+            const double sum = r->median_ms + scatter_ms;
+            printf(" %10.4f %10.4f %10.4f %8.1f %6.2fx  ", r->median_ms, scatter_ms, sum, r->gflops / 1e3,
+                   sum / best_sum);
+            if (!r->checked) printf("-");
+            else printf("%s %.2e", r->check_ok ? "ok" : "FAIL", r->max_rel_err);
+            if (r->reason[0]) printf("  (%s)", r->reason);
+            printf("\n");
+        }
+        if (csv) csv_row(csv, ctx, &sc, &compare_variants[i], r, scatter_ms, i == best);
+    }
+    if (best >= 0)
+        printf("# winner %s batch %d prompt %d: %s (%s), attention %.4f + scatter %.4f = %.4f ms\n", m->name, batch,
+               prompt, compare_variants[best].name, compare_variants[best].backend, rows[best].median_ms, scatter_ms,
+               best_sum);
+    else
+        printf("# winner %s batch %d prompt %d: none (no variant ran and passed)\n", m->name, batch, prompt);
+    fflush(stdout);
+    ref_free(&ref);
+    for (int i = 0; i < NUM_VARIANTS; i++) ak_backend_destroy(b[i]);
+    scene_free(&sc);
+}
+
+/* --compare: the shapes (one, or the sweep), each variant, the table and the CSV. */
+static int run_compare(bench_state *st)
+{
+    const options *o = &st->opt;
+    if (ak_device_count(AK_DEVICE_CUDA) == 0) {
+        fprintf(stderr, "attnkit-bench: --compare times CUDA backends (cuda_paged, cuda_varlen) and needs a GPU; "
+                        "none was found (or this build has no CUDA)\n");
+        return 1;
+    }
+    bench_shape one;
+    if (!o->sweep && single_shape(o, &one)) return 2;
+    const bd_ctx *ctx = get_ctx(st, AK_DEVICE_CUDA);
+    if (!ctx) return 1;
+    FILE *csv = NULL;
+    if (o->csv_path) {
+        csv = fopen(o->csv_path, "w");
+        if (!csv) {
+            fprintf(stderr, "attnkit-bench: --csv %s: cannot open for writing\n", o->csv_path);
+            return 1;
+        }
+        csv_header(csv);
+    }
+    char list[64] = "";
+    for (int i = 0; i < NUM_VARIANTS; i++)
+        if (o->compare & (1u << i))
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", list[0] ? "," : "",
+                     compare_variants[i].name);
+    note(o, "# compare %s: a prompt-prefill batch (no prefix); attention = run() alone per layer; scatter = "
+            "ak_kv_update of the step's K/V into the paged cache (the same op for every variant: paged needs it "
+            "before run(), ragged and varlen only to keep the cache); winner = least attention + scatter\n",
+         list);
+
+    const int nlens = o->sweep ? COUNT_OF(compare_prompt_lens) : 1;
+    const int nbatch = o->sweep ? COUNT_OF(compare_batches) : 1;
+    const int total = o->num_models * nbatch * nlens;
+    int done = 0, left_out = 0;
+    for (int mi = 0; mi < o->num_models; mi++)
+        for (int bi = 0; bi < nbatch; bi++)
+            for (int li = 0; li < nlens; li++) {
+                const int batch = o->sweep ? compare_batches[bi] : one.batch;
+                const int prompt = o->sweep ? compare_prompt_lens[li] : one.q_len;
+                done++;
+                if (o->sweep && (int64_t)batch * prompt > o->max_tokens) {
+                    left_out++;
+                    continue;
+                }
+                fprintf(stderr, "[%d/%d] %s batch %d prompt %d\n", done, total, o->models[mi].name, batch, prompt);
+                compare_shape(st, ctx, &o->models[mi], batch, prompt, csv);
+            }
+    if (left_out)
+        fprintf(stderr, "attnkit-bench: %d shape%s above --max-tokens %d query tokens left out\n", left_out,
+                left_out == 1 ? "" : "s", o->max_tokens);
+    if (csv) {
+        fclose(csv);
+        note(o, "# CSV: %s (python3 bench/plot_compare.py %s -o compare.svg)\n", o->csv_path, o->csv_path);
+    }
+    printf("# median of per-layer times (CUDA events around a pass over the rotated layers, / layers); vs_best = "
+           "sum / the shape's least sum\n");
+    bd_close(&st->ctx[AK_DEVICE_CUDA]);
+    st->opened[AK_DEVICE_CUDA] = 0;
+    return st->failures ? 1 : 0;
+}
+
 /* ---- main ---------------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -924,6 +1314,7 @@ int main(int argc, char **argv)
         return p > 0 ? 0 : 2;
     }
     const options *o = &st.opt;
+    if (o->compare) return run_compare(&st);
 
     /* the device: as asked; else the one a named backend runs on; else the GPU if present */
     ak_device_kind kind = AK_DEVICE_CPU;

@@ -1,9 +1,10 @@
 /*
- * attnkit-info - the devices found, and for one config every backend with
- * "chosen", "available" or its reasons.
+ * attnkit-info - the devices found, and for one config the selector's rule
+ * that fired (with the evidence it cites) and every backend with "chosen",
+ * "available" or its reasons.
  *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
  *                [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
- *                [--window N] [--soft-cap C] [--non-causal]
+ *                [--window N] [--soft-cap C] [--non-causal] [--workload any|decode]
  * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
  * backend that cannot).
  */
@@ -26,7 +27,8 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]\n"
-            "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n",
+            "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
+            "          [--workload any|decode]\n",
             argv0);
 }
 
@@ -71,6 +73,11 @@ int main(int argc, char **argv)
             cfg.kv_storage = AK_KV_RAGGED;
         } else if (!strcmp(a, "--non-causal")) {
             cfg.causal = 0;
+        } else if (!strcmp(a, "--workload") && v) {
+            if (!strcmp(v, "decode")) cfg.workload = AK_WORKLOAD_DECODE;
+            else if (!strcmp(v, "any")) cfg.workload = AK_WORKLOAD_ANY;
+            else { usage(argv[0]); return 2; }
+            i++;
         } else {
             usage(argv[0]);
             return 2;

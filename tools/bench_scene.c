@@ -333,6 +333,18 @@ ak_tensor scene_v_new(const bench_scene *sc)
     return ak_tensor_3d(sc->v_new, sc->cfg.kv_dtype, sc->num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
 }
 
+ak_tensor scene_k_rag(const bench_scene *sc, int layer)
+{
+    return ak_tensor_3d((char *)sc->k_rag + (size_t)layer * sc->k_rag_layer_bytes, sc->cfg.kv_dtype,
+                        sc->num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
+}
+
+ak_tensor scene_v_rag(const bench_scene *sc, int layer)
+{
+    return ak_tensor_3d((char *)sc->v_rag + (size_t)layer * sc->v_rag_layer_bytes, sc->cfg.kv_dtype,
+                        sc->num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
+}
+
 /* Random tensors' ids for derive_seed. */
 enum { SEED_K = 2, SEED_V = 3, SEED_Q = 4, SEED_K_NEW = 5, SEED_V_NEW = 6 };
 
@@ -408,7 +420,17 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     const size_t pool_bytes = (size_t)sc->num_blocks * (block_elems_k + block_elems_v) * kv_esz;
     sc->q_layer_bytes = ak_dtype_size(c->q_dtype) * (size_t)sc->num_tokens * Hq * Dqk;
     sc->o_layer_bytes = ak_dtype_size(c->o_dtype) * (size_t)sc->num_tokens * Hq * Dvo;
-    const size_t per_layer = pool_bytes + sc->q_layer_bytes + sc->o_layer_bytes;
+    if (sc->ragged_kv) {
+        /* the step's K/V are all the keys only when no request has a prefix */
+        if (sc->num_kv_tokens != sc->num_tokens) {
+            fprintf(stderr, "attnkit-bench: ragged K/V need prompts without a prefix (q_len = kv_len)\n");
+            return -1;
+        }
+        sc->k_rag_layer_bytes = kv_esz * (size_t)sc->num_kv_tokens * Hk * Dqk;
+        sc->v_rag_layer_bytes = kv_esz * (size_t)sc->num_kv_tokens * Hk * Dvo;
+    }
+    const size_t per_layer =
+        pool_bytes + sc->q_layer_bytes + sc->o_layer_bytes + sc->k_rag_layer_bytes + sc->v_rag_layer_bytes;
     const size_t fixed = (size_t)sc->num_tokens * (Hk * (size_t)(Dqk + Dvo) * kv_esz + sizeof(int64_t));
 
     /* how many layers to rotate through */
@@ -491,6 +513,18 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
             return -1;
     }
     if (bd_download(ctx, sc->q0_host, sc->q, sc->q_layer_bytes)) return -1;
+    if (sc->ragged_kv) {
+        sc->k_rag = bd_malloc(ctx, sc->k_rag_layer_bytes * (size_t)layers);
+        sc->v_rag = bd_malloc(ctx, sc->v_rag_layer_bytes * (size_t)layers);
+        if (!sc->k_rag || !sc->v_rag) return -1;
+        /* the seeds of k_new / v_new: the same values as the cache's rows */
+        for (int l = 0; l < layers; l++)
+            if (fill_random(ctx, (char *)sc->k_rag + (size_t)l * sc->k_rag_layer_bytes, c->kv_dtype,
+                            (size_t)sc->num_kv_tokens * Hk * Dqk, K_SCALE, derive_seed(seed, SEED_K_NEW, 0)) ||
+                fill_random(ctx, (char *)sc->v_rag + (size_t)l * sc->v_rag_layer_bytes, c->kv_dtype,
+                            (size_t)sc->num_kv_tokens * Hk * Dvo, 1.0f, derive_seed(seed, SEED_V_NEW, 0)))
+                return -1;
+    }
     return write_new_tokens(sc, seed);
 }
 
@@ -504,6 +538,8 @@ void scene_free(bench_scene *sc)
         bd_free(ctx, sc->k_new);
         bd_free(ctx, sc->v_new);
         bd_free(ctx, sc->slots);
+        bd_free(ctx, sc->k_rag);
+        bd_free(ctx, sc->v_rag);
     }
     ak_kv_cache_destroy(sc->cache);
     free(sc->kv);

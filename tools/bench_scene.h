@@ -85,6 +85,13 @@ typedef struct bench_scene {
     void *k_new, *v_new;  /* device: [num_tokens, Hk, D] new K/V rows, kv dtype */
     int64_t *slots;       /* device: [num_tokens] slot mapping of the batch */
     void *q0_host;        /* host copy of layer 0's q */
+    /* ragged K/V, when ragged_kv is set before scene_alloc (prompt prefills
+     * without prefix only: the step's own K/V are every key): per layer a
+     * copy of k_new / v_new, so ragged runs rotate through cold memory as the
+     * paged ones do */
+    int ragged_kv;
+    void *k_rag, *v_rag;  /* device: [num_layers][num_kv_tokens, Hk, D] */
+    size_t k_rag_layer_bytes, v_rag_layer_bytes;
 } bench_scene;
 
 /* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap).
@@ -94,7 +101,8 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
 
 /* Allocates and fills the storage: layers (layers_override > 0, else enough
  * that together they exceed 4x the cache, as far as memory allows), random K/V everywhere, the new tokens' rows written
- * with ak_kv_update, random q per layer. Returns 0 or -1. */
+ * with ak_kv_update, random q per layer, and (ragged_kv) each layer's ragged
+ * K/V holding the same values as k_new / v_new. Returns 0 or -1. */
 int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed);
 void scene_free(bench_scene *sc);
 
@@ -104,6 +112,9 @@ ak_tensor scene_o(const bench_scene *sc, int layer);
 /* The new K/V rows as tensors for ak_kv_update. */
 ak_tensor scene_k_new(const bench_scene *sc);
 ak_tensor scene_v_new(const bench_scene *sc);
+/* Layer l's ragged K/V (ragged_kv scenes) as tensors for ak_run_args. */
+ak_tensor scene_k_rag(const bench_scene *sc, int layer);
+ak_tensor scene_v_rag(const bench_scene *sc, int layer);
 
 /* One-line description of the batch ("64 requests: 62 decodes + 2 chunks of ...").  */
 void scene_describe(const bench_scene *sc, char *buf, size_t cap);

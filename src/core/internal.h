@@ -92,6 +92,7 @@ extern const ak_backend_vtbl ak_backend_cpu_ref;
 extern const ak_backend_vtbl ak_backend_cpu;
 #ifdef AK_HAVE_CUDA
 extern const ak_backend_vtbl ak_backend_cuda_paged;
+extern const ak_backend_vtbl ak_backend_cuda_varlen;
 #endif
 
 /* ---- config and batch helpers ------------------------------------------- */

@@ -2,10 +2,11 @@
  * registry.c - the backend table, the selector, and the public backend calls
  * (create / plan / run / destroy) that wrap every backend's vtable.
  *
- * Selection: an explicit name, else AK_BACKEND, else the first backend of the
- * device's priority list whose check() gives no reason. A named backend that
- * is unknown or cannot serve the config is an error listing every backend
- * with its reasons; it never falls back silently.
+ * Selection: an explicit name, else AK_BACKEND, else the first row of the
+ * rule table that matches the config, whose backends are tried in order: the
+ * first whose check() gives no reason wins. A named backend that is unknown
+ * or cannot serve the config is an error listing every backend with its
+ * reasons; it never falls back silently.
  */
 #include "internal.h"
 
@@ -19,14 +20,61 @@ static const ak_backend_vtbl *const registry[] = {
     &ak_backend_cpu_ref,
 #ifdef AK_HAVE_CUDA
     &ak_backend_cuda_paged,
+    &ak_backend_cuda_varlen,
 #endif
 };
 #define REGISTRY_SIZE ((int)(sizeof registry / sizeof registry[0]))
 
-/* Priority per device class: the selector takes the first one that accepts
- * the config. cpu_ref is last on the CPU: always correct, never fast. */
-static const char *const cpu_priority[] = {"cpu", "cpu_ref"};
-static const char *const cuda_priority[] = {"cuda_paged"};
+/* ---- the selector's rules ------------------------------------------------ */
+
+/* A rule row matches a config by device, K/V storage and workload (RULE_ANY = any
+ * value); the first matching row gives the backends to try, best first.
+ * Every choice between two backends that can both serve a config lives here,
+ * with the measurement behind it. */
+#define RULE_ANY (-1)
+#define RULE_MAX_BACKENDS 4
+
+typedef struct select_rule {
+    const char *name;      /* printed by ak_explain / attnkit-info when it fires */
+    ak_device_kind device;
+    int kv_storage;        /* ak_kv_storage or RULE_ANY */
+    int workload;          /* ak_workload or RULE_ANY */
+    const char *backends[RULE_MAX_BACKENDS]; /* tried in order; NULL ends the list */
+    const char *evidence;  /* why this order: the measurement, or what it rests on */
+} select_rule;
+
+static const select_rule rules[] = {
+    /* Ragged K/V (contiguous rows, no page table): prompt prefill without a
+     * prefix, encoder self-attention, cross-attention. cuda_varlen runs every
+     * request through the prefill kernel in one launch; cuda_paged's ragged
+     * mode adds the decode kernel and split-KV with a merge pass. */
+    {"cuda ragged decode", AK_DEVICE_CUDA, AK_KV_RAGGED, AK_WORKLOAD_DECODE, {"cuda_paged", "cuda_varlen"},
+     "q_len 1 only: cuda_paged's decode kernel with split-KV fills the GPU on long keys, where cuda_varlen "
+     "would run one token per prefill tile, unsplit (not yet measured: see docs/BACKENDS.md)"},
+    {"cuda ragged", AK_DEVICE_CUDA, AK_KV_RAGGED, RULE_ANY, {"cuda_varlen", "cuda_paged"},
+     "prefill with no prefix on contiguous K/V: one launch, no merge (measured: see docs/BACKENDS.md, "
+     "attnkit-bench --compare paged,ragged,varlen)"},
+    {"cuda paged", AK_DEVICE_CUDA, AK_KV_PAGED, RULE_ANY, {"cuda_paged"},
+     "the only CUDA backend that reads a paged cache"},
+    /* cpu_ref is last on the CPU: always correct, never fast */
+    {"cpu", AK_DEVICE_CPU, RULE_ANY, RULE_ANY, {"cpu", "cpu_ref"},
+     "cpu: SIMD + OpenMP flash attention; cpu_ref: the fp64 oracle (BENCHMARKS.md)"},
+};
+#define NUM_RULES ((int)(sizeof rules / sizeof rules[0]))
+
+static int rule_matches(const select_rule *r, const ak_attn_config *cfg)
+{
+    return r->device == cfg->device.kind && (r->kv_storage == RULE_ANY || r->kv_storage == (int)cfg->kv_storage) &&
+           (r->workload == RULE_ANY || r->workload == (int)cfg->workload);
+}
+
+/* The first rule that matches cfg (NULL if none does). */
+static const select_rule *match_rule(const ak_attn_config *cfg)
+{
+    for (int i = 0; i < NUM_RULES; i++)
+        if (rule_matches(&rules[i], cfg)) return &rules[i];
+    return NULL;
+}
 
 int ak_backend_count(void) { return REGISTRY_SIZE; }
 
@@ -134,15 +182,17 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
             }
         }
     } else {
-        const int is_cuda = cfg->device.kind == AK_DEVICE_CUDA;
-        const char *const *prio = is_cuda ? cuda_priority : cpu_priority;
-        const int n = is_cuda ? (int)(sizeof cuda_priority / sizeof *cuda_priority)
-                              : (int)(sizeof cpu_priority / sizeof *cpu_priority);
-        tb_printf(tb, "rule: priority list for %s:", device_kind_name(cfg->device.kind));
-        for (int i = 0; i < n; i++) tb_printf(tb, " %s", prio[i]);
-        tb_printf(tb, " (first backend with no reasons)\n");
-        for (int i = 0; i < n && !pick; i++) {
-            const ak_backend_vtbl *vt = find(prio[i]);
+        const select_rule *rule = match_rule(cfg);
+        if (rule) {
+            tb_printf(tb, "rule: \"%s\" ->", rule->name);
+            for (int i = 0; i < RULE_MAX_BACKENDS && rule->backends[i]; i++)
+                tb_printf(tb, "%s %s", i ? "," : "", rule->backends[i]);
+            tb_printf(tb, " (first with no reasons)\n  why: %s\n", rule->evidence);
+        } else {
+            tb_printf(tb, "rule: none matches this config\n");
+        }
+        for (int i = 0; rule && i < RULE_MAX_BACKENDS && rule->backends[i] && !pick; i++) {
+            const ak_backend_vtbl *vt = find(rule->backends[i]);
             ak_reasons why;
             if (vt && reasons_for(vt, cfg, have_dev ? &info : NULL, &why) == 0) pick = vt;
         }

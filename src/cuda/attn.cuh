@@ -2,6 +2,9 @@
  * attn.cuh - what the paged attention kernels (decode.cu, prefill.cu,
  * merge.cu) take, shared with the backend that plans them (backend_paged.cu).
  *
+ * K/V are read from a paged cache through a block table, or from contiguous
+ * (ragged) K/V rows; one loader (load_kv_tile) serves both.
+ *
  * Every kernel runs on a grid fixed when the backend is created and loops
  * over a work list that plan() fills; the list lengths are read from device
  * memory (attn_params.counts). So no launch depends on the plan, and a graph
@@ -21,7 +24,7 @@
 struct __align__(16) decode_item {
     int req, kv_begin, kv_end, out;
     int tok;       /* the request's query token: qo_indptr[req] */
-    int page_base; /* kv_indptr[req] */
+    int page_base; /* kv_indptr[req]: its first block id's index (paged) or first K/V row (ragged) */
     int lo;        /* first key inside the window */
     int unused;
 };
@@ -51,9 +54,9 @@ enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 /* 1
 struct attn_params {
     const void *q;          /* [num_tokens, num_qo_heads, head_dim] */
     int64_t q_stride_tok, q_stride_head;
-    const void *k_pool, *v_pool;
-    int64_t k_block_stride, v_block_stride;
-    int64_t kv_stride_slot, kv_stride_head; /* row of (slot, head) inside a block */
+    const void *k_pool, *v_pool; /* paged: the layer's pools; ragged: K and V [sum kv_len, Hkv, D] */
+    int64_t k_block_stride, v_block_stride; /* paged: between blocks; ragged: between tokens */
+    int64_t kv_stride_slot, kv_stride_head; /* row of (slot, head) inside a block (ragged: slot 0) */
     void *o;                /* [num_tokens, num_qo_heads, head_dim] */
     int64_t o_stride_tok, o_stride_head;
     float *lse;             /* [num_tokens, num_qo_heads], may be NULL */
@@ -64,7 +67,7 @@ struct attn_params {
     const decode_item *items;     /* decode work list */
     const prefill_item *pitems;   /* prefill work list */
     const merge_task *tasks;      /* merge work list */
-    const int32_t *kv_indices;    /* block ids, each request's from its item's page_base */
+    const int32_t *kv_indices;    /* paged: block ids, each request's from its item's page_base */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
     int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
     int prow_tiles;         /* prefill: row tiles per KV head (group > the tile's rows only) */
@@ -77,6 +80,8 @@ struct attn_params {
     float cap_scale;        /* sm_scale / soft_cap */
     float cap_log2;         /* soft_cap * log2(e) */
     int page_shift;         /* log2(page_size) when a power of two, else -1 */
+    int ragged;             /* 1: contiguous K/V, page_base is the request's first row, page_shift 0
+                               (load_kv_tile) */
     int max_splits;         /* most partial slots of one merge (merge scratch) */
 };
 
@@ -84,14 +89,27 @@ struct attn_params {
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
  * into one stage of two swizzled [TILE][D] tiles (SW128: wgmma's layout); keys at or past kv_end are
- * zero-filled (and masked by the caller). This is the hot integer path: a
- * profile of the first decode kernel showed ~1000 instructions per tile,
- * mostly an emulated division per row (key / page_size) and 64-bit offsets,
- * leaving the SM issue-bound at 62% of DRAM bandwidth. Power-of-two pages use
- * shift and mask, the per-CTA part of the offset (head, chunk) is hoisted by
- * the caller into lane_off, and rows past the end are clamped, not branched. */
+ * zero-filled (and masked by the caller). Two addressing schemes, one loader:
+ *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
+ *          block kv_indices[page_base + j / page_size];
+ *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
+ *          (page_base = the request's first row: kv_indptr in tokens). The
+ *          backend runs it as pages of one token (page_shift 0, so page = j
+ *          and slot 0) whose "block" is the row itself, with the token
+ *          strides as block strides: no block-table read.
+ * p.ragged is a kernel argument, so the select is uniform (the same for
+ * every thread of the grid); a template flag would double every kernel's
+ * instances (and the CI compile time) to save one select a row. ptxas
+ * (sm_90): prefill's registers and spills are the same with it as without,
+ * decode spills nothing either way.
+ * This is the hot integer path: a profile of the first decode kernel showed
+ * ~1000 instructions per tile, mostly an emulated division per row (key /
+ * page_size) and 64-bit offsets, leaving the SM issue-bound at 62% of DRAM
+ * bandwidth. Power-of-two pages use shift and mask, the per-CTA part of the
+ * offset (head, chunk) is hoisted by the caller into lane_off, and rows past
+ * the end are clamped, not branched. */
 template <int D, int TILE, int THREADS, typename T, bool SW128 = false>
-__device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *pages, int64_t lane_off, int t0,
+__device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, int64_t lane_off, int t0,
                                              int kv_end, T *ks, T *vs)
 {
     constexpr int CHUNKS = D / 8;
@@ -110,7 +128,9 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t
             page = key / p.page_size;
             slot = key - page * p.page_size;
         }
-        const int64_t block = __ldg(pages + page);
+        /* ragged runs with page_shift 0: page = key, slot 0 */
+        const int idx = page_base + page;
+        const int64_t block = p.ragged ? idx : __ldg(p.kv_indices + idx);
         const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
         /* the tile's layout: rows of D elements (swz), or the wgmma layout of

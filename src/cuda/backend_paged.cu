@@ -1,7 +1,12 @@
 /*
  * backend_paged.cu - cuda_paged, the NVIDIA default: FlashInfer-style paged
  * attention with plan-then-replay, for any batch: decodes, prefills, chunks
- * on a cached prefix, multi-token verification, and mixes of them.
+ * on a cached prefix, multi-token verification, and mixes of them. K/V come
+ * from a paged cache (block table) or, in its ragged mode, from contiguous
+ * rows [sum kv_len, num_kv_heads, head_dim] (kv_indptr in tokens): the same
+ * plan, the same kernels, only the loader's addressing differs (attn.cuh).
+ * cuda_varlen (backend_varlen.cu) is this planner in ATTN_MODE_VARLEN: every
+ * request on the prefill kernel, nothing split, one launch per run.
  *
  * plan() (host only): validates the batch and builds three work lists:
  *   decode items for the requests with one query token (decode.cu): each
@@ -20,7 +25,7 @@
  * capturable and a capture replays after any later plan() within the limits:
  * graph support ALWAYS.
  */
-#include "attn.cuh"
+#include "backend_paged.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,14 +73,20 @@ struct pf_tile {
 struct paged_state {
     ak_attn_config cfg;
     ak_limits lim;
+    attn_mode mode;
+    int ragged;       /* K/V are contiguous rows: no block ids, no slot mapping */
+    int split;        /* decode kernel for q_len 1, split-KV and merges (cuda_paged) */
+    int64_t max_indices; /* block ids a plan may hold (0 when ragged) */
+    int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     int pdl;          /* sm_90+: programmatic dependent launches */
     int row_tiles;    /* decode: 16-head tiles per KV head (tensor cores, group > 16) */
-    int decode_ctas;  /* decode grid.x: one wave of the GPU */
+    int decode_ctas;  /* decode grid.x: one wave of the GPU (0: no decode kernel) */
     int max_splits;
     int max_items;    /* decode items */
-    /* prefill (workload ANY only) */
-    int prefill;      /* this instance serves prefill */
+    /* prefill (workload ANY, or every request in varlen mode) */
+    int prefill;      /* this instance launches the prefill kernel */
+    int min_prefill_q; /* requests with at least this many query tokens go to prefill */
     int prefill_ctas; /* prefill grid.x: one wave */
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
@@ -112,8 +123,8 @@ static size_t layout_meta(const paged_state *s, char *base, paged_meta *m, size_
     *fixed = off;
     AK_CARVE_(tasks, merge_task, s->max_tasks);
     AK_CARVE_(pitems, prefill_item, s->max_pitems);
-    AK_CARVE_(kv_indices, int32_t, (int64_t)lim->max_reqs * lim->max_blocks_per_req);
-    AK_CARVE_(slot_mapping, int64_t, lim->max_tokens);
+    AK_CARVE_(kv_indices, int32_t, s->max_indices);
+    AK_CARVE_(slot_mapping, int64_t, s->max_slots);
     AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
     AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
 #undef AK_CARVE_
@@ -124,7 +135,7 @@ static size_t layout_meta(const paged_state *s, char *base, paged_meta *m, size_
 
 static int is_supported_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
-static int paged_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+int ak_cuda_attn_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
 {
     if (dev->cc_major < 8)
         ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
@@ -136,7 +147,6 @@ static int paged_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_
     if (cfg->head_dim_qk != cfg->head_dim_vo || !is_supported_dim(cfg->head_dim_qk))
         ak_reason_add(why, "head dims %d/%d: needs head_dim_qk == head_dim_vo in {64, 128, 256}", cfg->head_dim_qk,
                       cfg->head_dim_vo);
-    if (cfg->kv_storage != AK_KV_PAGED) ak_reason_add(why, "reads a paged cache only (kv_storage is ragged)");
     return why->count;
 }
 
@@ -189,28 +199,39 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
     return AK_OK;
 }
 
+ak_status ak_cuda_attn_prefill_tile(const ak_attn_config *cfg, const ak_device_info *dev, int *rows, int *tokens,
+                                    int *heads, const char **kernel)
+{
+    prefill_family f;
+    AK_TRY(choose_prefill(cfg, dev, &f));
+    *rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->kv_dtype).rows;
+    int row_tiles;
+    prefill_rows(cfg, *rows, &row_tiles, heads, tokens);
+    *kernel = f == PREFILL_WGMMA ? "wgmma, sm_90a" : "mma.sync";
+    return AK_OK;
+}
+
 static void paged_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
-    int n = snprintf(buf, cap, "decode on %s (GQA group %d %s %d)",
+    int n = snprintf(buf, cap, "%sdecode on %s (GQA group %d %s %d)",
+                     cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
                      choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
                      group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
     if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) return;
-    prefill_family f;
-    if (choose_prefill(cfg, dev, &f) != AK_OK) {
+    int rows, heads, tokens;
+    const char *kernel;
+    if (ak_cuda_attn_prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
         snprintf(buf + n, cap - n, "; prefill: %s", ak_last_error());
         return;
     }
-    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->kv_dtype).rows;
-    int row_tiles, heads, tokens;
-    prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
-    snprintf(buf + n, cap - n, "; prefill on tensor cores (%s), %d query rows a tile (%d tokens x %d heads)",
-             f == PREFILL_WGMMA ? "wgmma, sm_90a" : "mma.sync", rows, tokens, heads);
+    snprintf(buf + n, cap - n, "; prefill on tensor cores (%s), %d query rows a tile (%d tokens x %d heads)", kernel,
+             rows, tokens, heads);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
 
-static void paged_destroy(void *state)
+void ak_cuda_attn_destroy(void *state)
 {
     paged_state *s = (paged_state *)state;
     if (!s) return;
@@ -234,29 +255,38 @@ static ak_status paged_create_inner(paged_state *s)
     ak_device_info info;
     AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
-    s->engine = choose_engine(cfg);
-    /* programmatic dependent launches need the kernels' griddepcontrol,
-     * compiled only for sm_90+: a build for sm_80 run on an H100 has none,
-     * and a dependent launched early would then not wait */
-    int ptx = 0;
-    AK_TRY(ak_cuda_kernels_ptx_version(cfg->head_dim_qk, cfg->kv_dtype, &ptx));
-    s->pdl = info.cc_major >= 9 && ptx >= 90;
-    s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
-    int ctas_per_sm = 0;
-    AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
-    if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "decode kernel cannot be resident on this GPU");
-    /* one wave: every thread block resident at once (rounding up would leave
-     * a few blocks, each with several items, for a second wave: measured 0.62
-     * instead of 1.0 of copy for 32/32 heads) */
-    const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
-    s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
-    if (s->decode_ctas < 1) s->decode_ctas = 1;
+    s->ragged = cfg->kv_storage == AK_KV_RAGGED;
+    s->split = s->mode == ATTN_MODE_PAGED;
+    s->max_indices = s->ragged ? 0 : (int64_t)lim->max_reqs * lim->max_blocks_per_req;
+    s->max_slots = s->ragged ? 0 : lim->max_tokens;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
     if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
-    s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
-    s->max_tasks = lim->max_reqs;
+    int ctas_per_sm = 0;
+    if (s->split) {
+        s->engine = choose_engine(cfg);
+        /* programmatic dependent launches need the kernels' griddepcontrol,
+         * compiled only for sm_90+: a build for sm_80 run on an H100 has none,
+         * and a dependent launched early would then not wait */
+        int ptx = 0;
+        AK_TRY(ak_cuda_kernels_ptx_version(cfg->head_dim_qk, cfg->kv_dtype, &ptx));
+        s->pdl = info.cc_major >= 9 && ptx >= 90;
+        s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
+        AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
+        if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "decode kernel cannot be resident on this GPU");
+        /* one wave: every thread block resident at once (rounding up would leave
+         * a few blocks, each with several items, for a second wave: measured 0.62
+         * instead of 1.0 of copy for 32/32 heads) */
+        const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
+        s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
+        if (s->decode_ctas < 1) s->decode_ctas = 1;
+        s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+        s->max_tasks = lim->max_reqs;
+    }
 
-    s->prefill = cfg->workload != AK_WORKLOAD_DECODE;
+    /* varlen: every request with a query token is a prefill; paged: those
+     * with two or more (decode takes the rest) */
+    s->prefill = !s->split || cfg->workload != AK_WORKLOAD_DECODE;
+    s->min_prefill_q = s->split ? 2 : 1;
     if (s->prefill) {
         AK_TRY(choose_prefill(cfg, &info, &s->pfam));
         prefill_rows(cfg, ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->kv_dtype).rows, &s->prow_tiles,
@@ -266,23 +296,26 @@ static ak_status paged_create_inner(paged_state *s)
         const int per_item = cfg->num_kv_heads * s->prow_tiles;
         const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
         s->prefill_ctas = P;
-        /* tiles: at most ceil(q_len / ptok) per request of two or more
-         * tokens; splitting adds fewer than P items (a tile of cost c cut
-         * into chunks of `share` key tiles, share = ceil(total / P), adds
-         * fewer than c / share, and the costs sum to total), and the snake
-         * order pads the last round with fewer than P */
-        const int multi = lim->max_reqs < lim->max_tokens / 2 ? lim->max_reqs : lim->max_tokens / 2;
-        s->max_pitems = lim->max_tokens / s->ptok + multi + 2 * P + 1;
-        /* split tiles hold at most ptok tokens each, in fewer than P + P
-         * chunks (the added ones, plus one per split tile: each costs more
-         * than share, so there are fewer than P) */
-        s->pf_slots = 2 * P * s->ptok;
-        /* and no token is in more than max_splits chunks */
-        if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
-            s->pf_slots = lim->max_tokens * s->max_splits;
-        s->max_tasks += P * s->ptok;
+        /* tiles: at most floor(max_tokens / ptok) + one per request of
+         * min_prefill_q or more tokens; splitting adds fewer than P items (a
+         * tile of cost c cut into chunks of `share` key tiles, share =
+         * ceil(total / P), adds fewer than c / share, and the costs sum to
+         * total), and the snake order pads the last round with fewer than P */
+        const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
+                                                                             : lim->max_tokens / s->min_prefill_q;
+        s->max_pitems = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
+        if (s->split) {
+            /* split tiles hold at most ptok tokens each, in fewer than P + P
+             * chunks (the added ones, plus one per split tile: each costs more
+             * than share, so there are fewer than P) */
+            s->pf_slots = 2 * P * s->ptok;
+            /* and no token is in more than max_splits chunks */
+            if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
+                s->pf_slots = lim->max_tokens * s->max_splits;
+            s->max_tasks += P * s->ptok;
+        }
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
-        if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cuda_paged plan scratch");
+        if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
     const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
     s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
@@ -297,7 +330,8 @@ static ak_status paged_create_inner(paged_state *s)
     /* zeroed once: no kernel can ever read garbage metadata */
     AK_CUDA_TRY(cudaMemset(s->dev, 0, dev_bytes));
     layout_meta(s, s->dev, &s->d, &fixed);
-    AK_CUDA_TRY(cudaMemset(s->d.slot_mapping, 0xff, sizeof(int64_t) * (size_t)lim->max_tokens)); /* all -1 */
+    if (s->max_slots > 0) /* all -1 */
+        AK_CUDA_TRY(cudaMemset(s->d.slot_mapping, 0xff, sizeof(int64_t) * (size_t)s->max_slots));
     s->o_tmp = (float *)(s->dev + meta_bytes);
     s->lse_tmp = s->o_tmp + partial * cfg->head_dim_vo;
     for (int i = 0; i < NUM_STAGING; i++) {
@@ -309,19 +343,25 @@ static ak_status paged_create_inner(paged_state *s)
     return AK_OK;
 }
 
-static ak_status paged_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
+ak_status ak_cuda_attn_create(const ak_attn_config *cfg, const ak_limits *lim, attn_mode mode, void **out)
 {
     paged_state *s = (paged_state *)calloc(1, sizeof *s);
-    if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cuda_paged state");
+    if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA backend state");
     s->cfg = *cfg;
     s->lim = *lim;
+    s->mode = mode;
     const ak_status st = paged_create_inner(s);
     if (st != AK_OK) {
-        paged_destroy(s);
+        ak_cuda_attn_destroy(s);
         return st;
     }
     *out = s;
     return AK_OK;
+}
+
+static ak_status paged_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
+{
+    return ak_cuda_attn_create(cfg, lim, ATTN_MODE_PAGED, out);
 }
 
 /* ---- plan: decode items, split-KV on the host ---------------------------------- */
@@ -423,10 +463,11 @@ static int by_cost_desc(const void *a, const void *b)
     return ca > cb ? -1 : ca < cb;
 }
 
-/* Prefill items of every request with two or more query tokens, in the
- * order the fixed grid takes them, and the merge tasks of split tiles;
- * returns the item count (padding included). Partial slots of prefill splits
- * start after the decode ones (max_items). */
+/* Prefill items of every request with min_prefill_q or more query tokens
+ * (two, or one in varlen mode), in the order the fixed grid takes them, and
+ * (when splitting) the merge tasks of split tiles; returns the item count
+ * (padding included). Partial slots of prefill splits start after the decode
+ * ones (max_items). */
 static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_meta *bm, paged_meta *m,
                               int *num_tasks, int *num_pitems)
 {
@@ -436,7 +477,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
     int64_t total = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
-        if (q_len < 2) continue;
+        if (q_len < s->min_prefill_q) continue;
         const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
         for (int j = 0; j < q_len; j += nt) {
             prefill_item it;
@@ -464,12 +505,13 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
     }
     /* split-KV: a tile costing more than a fair share of the wave (total / P)
      * would finish last alone; cut its keys into chunks of that share (which
-     * keeps the bounds create() sized the buffers by) */
+     * keeps the bounds create() sized the buffers by). Not in varlen mode:
+     * its runs are one launch, with no merge after it. */
     const int64_t share = (total + P - 1) / P;
     const int min_chunk = MIN_PREFILL_CHUNK;
     int slots = 0;
     const int n_tiles = n;
-    for (int i = 0; i < n_tiles; i++) {
+    for (int i = 0; s->split && i < n_tiles; i++) {
         prefill_item it = s->tiles[i].it;
         const int len = it.kv_end - it.kv_begin;
         if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
@@ -517,7 +559,7 @@ static ak_status plan_prefill(paged_state *s, const ak_batch *b, const ak_batch_
     return AK_OK;
 }
 
-static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak_plan_info *info)
+ak_status ak_cuda_attn_plan(void *state, const ak_batch *b, ak_stream stream, ak_plan_info *info)
 {
     paged_state *s = (paged_state *)state;
     staging *st = &s->stg[s->next_stg];
@@ -530,17 +572,18 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     memset(&bm, 0, sizeof bm);
     bm.qo_indptr = st->m.qo_indptr;
     bm.kv_indptr = st->m.kv_indptr;
-    bm.kv_indices = st->m.kv_indices;
-    bm.slot_mapping = st->m.slot_mapping;
+    /* ragged: kv_indptr in tokens, no block ids, no cache slots */
+    bm.kv_indices = s->ragged ? NULL : st->m.kv_indices;
+    bm.slot_mapping = s->ragged ? NULL : st->m.slot_mapping;
     AK_TRY(ak_batch_build_meta(b, &s->cfg, &s->lim, &bm));
 
     const int R = b->num_reqs;
     int64_t kv_total = 0;
     for (int r = 0; r < R; r++) kv_total += b->kv_lens[r];
     int num_tasks = 0, num_pitems = 0;
-    const int num_items = plan_decode(s, b, &bm, &st->m, &num_tasks);
-    /* a decode instance never gets here with q_len > 1 (ak_batch_build_meta
-     * refuses such a batch) */
+    const int num_items = s->split ? plan_decode(s, b, &bm, &st->m, &num_tasks) : 0;
+    /* a decode instance of cuda_paged never gets here with q_len > 1
+     * (ak_batch_build_meta refuses such a batch) */
     if (s->prefill) AK_TRY(plan_prefill(s, b, &bm, &st->m, &num_tasks, &num_pitems));
     st->m.counts[COUNT_DECODE] = num_items;
     st->m.counts[COUNT_PREFILL] = num_pitems;
@@ -549,7 +592,7 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     /* asynchronous copies into the fixed device buffers, used lengths only */
     cudaStream_t cs = ak_cuda_stream(stream);
     const int num_tokens = bm.qo_indptr[R];
-    const int num_indices = bm.kv_indptr[R];
+    const int num_indices = s->ragged ? 0 : bm.kv_indptr[R];
     const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.counts) + sizeof(decode_item) * num_items;
     AK_CUDA_TRY(cudaMemcpyAsync(s->d.counts, st->m.counts, head_bytes, cudaMemcpyHostToDevice, cs));
     if (num_tasks > 0)
@@ -564,12 +607,14 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
     /* Slots past this plan's tokens become -1 on the device (only those a
      * larger earlier plan left behind need writing): a kv_update captured
      * with more tokens than this plan has then skips the extra rows. */
-    const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
-    for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
-    if (slots > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
-                                    cudaMemcpyHostToDevice, cs));
-    s->slot_hw = num_tokens;
+    if (!s->ragged) {
+        const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
+        for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
+        if (slots > 0)
+            AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
+                                        cudaMemcpyHostToDevice, cs));
+        s->slot_hw = num_tokens;
+    }
     AK_CUDA_TRY(cudaEventRecord(st->copied, cs));
     st->in_flight = 1;
     s->next_stg = (s->next_stg + 1) % NUM_STAGING;
@@ -585,42 +630,82 @@ static ak_status paged_plan(void *state, const ak_batch *b, ak_stream stream, ak
 
 /* ---- run ------------------------------------------------------------------------- */
 
+static const char *mode_name(const paged_state *s)
+{
+    return s->mode == ATTN_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
+}
+
 /* 16-byte vector access needs aligned rows: base and row strides. */
-static ak_status check_aligned(const char *name, const void *data, int64_t s0, int64_t s1)
+static ak_status check_aligned(const paged_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
 {
     if ((uintptr_t)data % 16 != 0 || s0 % 8 != 0 || s1 % 8 != 0)
         return ak_set_error(AK_ERR_INVALID_ARG,
-                            "%s: cuda_paged needs 16-byte aligned data and row strides that are multiples of "
+                            "%s: %s needs 16-byte aligned data and row strides that are multiples of "
                             "8 elements (stride %lld, %lld)",
-                            name, (long long)s0, (long long)s1);
+                            name, mode_name(s), (long long)s0, (long long)s1);
     return AK_OK;
 }
 
-static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
+/* Where the loader finds K/V: the paged cache's pools, or the ragged tensors
+ * as pages of one token (load_kv_tile in attn.cuh). */
+static ak_status set_kv_addressing(const paged_state *s, const ak_run_args *a, attn_params *p)
+{
+    const ak_attn_config *c = &s->cfg;
+    if (s->ragged) {
+        const ak_tensor *k = a->k, *v = a->v;
+        AK_TRY(check_aligned(s, "args.k", k->data, k->stride[0], k->stride[1]));
+        AK_TRY(check_aligned(s, "args.v", v->data, v->stride[0], v->stride[1]));
+        /* the loader keeps one per-thread head offset for K and V */
+        if (k->stride[1] != v->stride[1])
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "args.v->stride[1] = %lld differs from args.k->stride[1] = %lld: %s reads K and V "
+                                "with one head stride",
+                                (long long)v->stride[1], (long long)k->stride[1], mode_name(s));
+        p->k_pool = k->data;
+        p->v_pool = v->data;
+        p->k_block_stride = k->stride[0];
+        p->v_block_stride = v->stride[0];
+        p->kv_stride_slot = 0;
+        p->kv_stride_head = k->stride[1];
+        p->kv_indices = NULL;
+        p->page_size = 1;
+        p->page_shift = 0;
+        p->ragged = 1;
+        return AK_OK;
+    }
+    const ak_paged_kv *kv = a->kv;
+    const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
+    AK_TRY(check_aligned(s, "args.kv->k_data", kv->k_data, kbs, 0));
+    AK_TRY(check_aligned(s, "args.kv->v_data", kv->v_data, vbs, 0));
+    p->k_pool = kv->k_data;
+    p->v_pool = kv->v_data;
+    p->k_block_stride = kbs;
+    p->v_block_stride = vbs;
+    p->kv_stride_slot = kv->layout == AK_LAYOUT_NHD ? (int64_t)kv->num_kv_heads * c->head_dim_qk : c->head_dim_qk;
+    p->kv_stride_head = kv->layout == AK_LAYOUT_NHD ? c->head_dim_qk : (int64_t)kv->page_size * c->head_dim_qk;
+    p->kv_indices = s->d.kv_indices;
+    p->page_size = c->page_size;
+    p->page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
+    p->ragged = 0;
+    return AK_OK;
+}
+
+ak_status ak_cuda_attn_run(void *state, const ak_run_args *a, ak_stream stream)
 {
     paged_state *s = (paged_state *)state;
     const ak_attn_config *c = &s->cfg;
-    const ak_paged_kv *kv = a->kv;
-    AK_TRY(check_aligned("args.q", a->q->data, a->q->stride[0], a->q->stride[1]));
-    AK_TRY(check_aligned("args.o", a->o->data, a->o->stride[0], a->o->stride[1]));
-    const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
-    AK_TRY(check_aligned("args.kv->k_data", kv->k_data, kbs, 0));
-    AK_TRY(check_aligned("args.kv->v_data", kv->v_data, vbs, 0));
+    AK_TRY(check_aligned(s, "args.q", a->q->data, a->q->stride[0], a->q->stride[1]));
+    AK_TRY(check_aligned(s, "args.o", a->o->data, a->o->stride[0], a->o->stride[1]));
     if (a->lse && a->lse->stride[1] != 1)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.lse->stride[1] = %lld, cuda_paged needs 1",
-                            (long long)a->lse->stride[1]);
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.lse->stride[1] = %lld, %s needs 1",
+                            (long long)a->lse->stride[1], mode_name(s));
 
     attn_params p;
     memset(&p, 0, sizeof p);
+    AK_TRY(set_kv_addressing(s, a, &p));
     p.q = a->q->data;
     p.q_stride_tok = a->q->stride[0];
     p.q_stride_head = a->q->stride[1];
-    p.k_pool = kv->k_data;
-    p.v_pool = kv->v_data;
-    p.k_block_stride = kbs;
-    p.v_block_stride = vbs;
-    p.kv_stride_slot = kv->layout == AK_LAYOUT_NHD ? (int64_t)kv->num_kv_heads * c->head_dim_qk : c->head_dim_qk;
-    p.kv_stride_head = kv->layout == AK_LAYOUT_NHD ? c->head_dim_qk : (int64_t)kv->page_size * c->head_dim_qk;
     p.o = a->o->data;
     p.o_stride_tok = a->o->stride[0];
     p.o_stride_head = a->o->stride[1];
@@ -632,14 +717,12 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.items = s->d.items;
     p.pitems = s->d.pitems;
     p.tasks = s->d.tasks;
-    p.kv_indices = s->d.kv_indices;
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
-    p.page_size = c->page_size;
     p.causal = c->causal;
     p.window_left = c->window_left;
     const float log2e = 1.4426950408889634f;
@@ -648,17 +731,17 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * log2e;
     p.max_splits = s->max_splits;
-    p.page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
 
     /* Outside a capture, kernels with nothing to do are not launched. Under
-     * capture every kernel is, since the graph must serve any later plan. */
+     * capture every kernel of the mode is, since the graph must serve any
+     * later plan (varlen: the prefill kernel only). */
     cudaStream_t cs = ak_cuda_stream(stream);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     AK_CUDA_TRY(cudaStreamIsCapturing(cs, &capture));
     const int all = capture != cudaStreamCaptureStatusNone;
-    const int decode = all || s->num_items > 0;
+    const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
-    const int merge = all || s->num_tasks > 0;
+    const int merge = s->split && (all || s->num_tasks > 0);
     if (decode) AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->decode_ctas, cs));
     if (prefill)
         AK_TRY(ak_cuda_prefill_launch(&p, s->pfam, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
@@ -668,7 +751,12 @@ static ak_status paged_run(void *state, const ak_run_args *a, ak_stream stream)
     return AK_OK;
 }
 
-static const int64_t *paged_slot_mapping(void *state) { return ((paged_state *)state)->d.slot_mapping; }
+/* Paged storage only: ragged K/V have no cache slots. */
+static const int64_t *paged_slot_mapping(void *state)
+{
+    const paged_state *s = (const paged_state *)state;
+    return s->ragged ? NULL : s->d.slot_mapping;
+}
 
 extern "C" const ak_backend_vtbl ak_backend_cuda_paged = {
     /* .api_version = */ AK_API_VERSION,
@@ -676,11 +764,11 @@ extern "C" const ak_backend_vtbl ak_backend_cuda_paged = {
     /* .device = */ AK_DEVICE_CUDA,
     /* .forward_includes_kv_update = */ 0,
     /* .graph_support = */ AK_GRAPH_ALWAYS,
-    /* .check = */ paged_check,
+    /* .check = */ ak_cuda_attn_check,
     /* .create = */ paged_create,
-    /* .plan = */ paged_plan,
-    /* .run = */ paged_run,
-    /* .destroy = */ paged_destroy,
+    /* .plan = */ ak_cuda_attn_plan,
+    /* .run = */ ak_cuda_attn_run,
+    /* .destroy = */ ak_cuda_attn_destroy,
     /* .slot_mapping = */ paged_slot_mapping,
     /* .explain = */ paged_explain,
 };

@@ -333,7 +333,6 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
         const decode_item it = p.items[w];
         if (it.req < 0) continue; /* padding (defensive: plan() emits none) */
         const int tok = it.tok, lo = it.lo;
-        const int32_t *pages = p.kv_indices + it.page_base;
         __syncthreads(); /* the previous item's epilogue is done with shared memory */
 
         /* pipeline: STAGES - 1 tiles in flight ahead of the one computed; the
@@ -342,7 +341,8 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
+                                                          it.kv_end,
                                                           kv_stages + (2 * s) * tr::TILE * D,
                                                           kv_stages + (2 * s + 1) * tr::TILE * D);
             cp_async_commit();
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) {
                 const int s = next % tr::STAGES;
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + next * tr::TILE,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + next * tr::TILE,
                                                           it.kv_end, kv_stages + (2 * s) * tr::TILE * D,
                                                           kv_stages + (2 * s + 1) * tr::TILE * D);
             }

@@ -83,7 +83,6 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
-        const int32_t *pages = p.kv_indices + it.page_base;
         const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
@@ -103,7 +102,8 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + s * tr::TILE, it.kv_end,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
+                                                          it.kv_end,
                                                           stages + s * 2 * tr::TILE * D,
                                                           stages + (s * 2 + 1) * tr::TILE * D);
             cp_async_commit();
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) {
                 const int s = next % tr::STAGES;
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, pages, lane_off, it.kv_begin + next * tr::TILE,
+                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + next * tr::TILE,
                                                           it.kv_end, stages + s * 2 * tr::TILE * D,
                                                           stages + (s * 2 + 1) * tr::TILE * D);
             }

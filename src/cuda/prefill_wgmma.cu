@@ -198,7 +198,6 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
-        const int32_t *pages = p.kv_indices + it.page_base;
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
@@ -234,7 +233,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
         auto fill = [&](int t) {
             const int g = g0 + t, st = g % STAGES;
             if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, pages, lane_off, it.kv_begin + t * KEYS, it.kv_end,
+            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, it.page_base, lane_off, it.kv_begin + t * KEYS, it.kv_end,
                                                         stages + st * 2 * KEYS * D, stages + st * 2 * KEYS * D + KEYS * D);
             mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
         };
