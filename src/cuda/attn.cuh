@@ -108,7 +108,7 @@ struct attn_params {
  * bandwidth. Power-of-two pages use shift and mask, the per-CTA part of the
  * offset (head, chunk) is hoisted by the caller into lane_off, and rows past
  * the end are clamped, not branched. */
-template <int D, int TILE, int THREADS, typename T, bool SW128 = false>
+template <int D, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, int64_t lane_off, int t0,
                                              int kv_end, T *ks, T *vs)
 {
@@ -130,7 +130,10 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
         }
         /* ragged runs with page_shift 0: page = key, slot 0 */
         const int idx = page_base + page;
-        const int64_t block = p.ragged ? idx : __ldg(p.kv_indices + idx);
+        /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
+         * at 236 registers, spilled with the select); -1: p.ragged */
+        const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
+        const int64_t block = ragged ? idx : __ldg(p.kv_indices + idx);
         const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
         /* the tile's layout: rows of D elements (swz), or the wgmma layout of

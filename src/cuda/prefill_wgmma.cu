@@ -157,8 +157,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&
     wgmma_commit();
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
+/* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
+template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef wg_traits<D> tr;
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
         auto fill = [&](int t) {
             const int g = g0 + t, st = g % STAGES;
             if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-            load_kv_tile<D, KEYS, tr::THREADS, T, true>(p, it.page_base, lane_off, it.kv_begin + t * KEYS, it.kv_end,
+            load_kv_tile<D, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off, it.kv_begin + t * KEYS, it.kv_end,
                                                         stages + st * 2 * KEYS * D, stages + st * 2 * KEYS * D + KEYS * D);
             mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
         };
@@ -377,6 +377,15 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
+{
+    /* the addressing as a template argument: a runtime select costs this
+     * kernel registers it does not have */
+    if (p.ragged) prefill_wgmma_body<D, T, 1>(p);
+    else prefill_wgmma_body<D, T, 0>(p);
 }
 
 template <int D, typename T> static prefill_kernel_info wg_kernel()
