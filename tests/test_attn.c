@@ -48,6 +48,17 @@ static const attn_case fixed_cases[] = {
     {"prefill causal bf16 d128", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{1, 1}, {17, 17}, {130, 130}}},
     {"prefill 1000+ tokens", 2, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 1, {{1030, 1030}}},
+    /* more prefill tiles than thread blocks: each block runs several items
+     * in turn, with key-tile counts that leave its K/V stage ring at every
+     * offset (the wgmma kernel's stage of tile t is (tiles before + t) %
+     * stages: a bug there passed every smaller case) */
+    {"prefill several items per block f16 d64", 8, 8, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 24,
+     {{150, 150}, {260, 260}, {200, 200}, {333, 333}, {129, 129}, {300, 300}, {170, 170}, {257, 257},
+      {150, 150}, {260, 260}, {200, 200}, {333, 333}, {129, 129}, {300, 300}, {170, 170}, {257, 257},
+      {150, 150}, {260, 260}, {200, 200}, {333, 333}, {129, 129}, {300, 300}, {170, 170}, {257, 257}}},
+    {"prefill several items per block bf16 d128 gqa4", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED,
+     16, {{160, 160}, {97, 97}, {200, 200}, {140, 140}, {160, 160}, {97, 97}, {200, 200}, {140, 140},
+          {160, 160}, {97, 97}, {200, 200}, {140, 140}, {160, 160}, {97, 97}, {200, 200}, {140, 140}}},
     {"chunked prefill on a prefix", 4, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{32, 200}, {100, 1030}, {5, 17}}},
     {"mixed prefill+decode", 8, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 6,

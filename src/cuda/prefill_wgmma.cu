@@ -251,7 +251,7 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         /* s = q . k of tile t for this warpgroup's 64 rows: K-major
          * operands, 16 elements (32 bytes) of the head dim a step */
         auto issue_s = [&](int t, float (&s)[NT][4]) {
-            const T *ks = stages + (t % STAGES) * 2 * KEYS * D;
+            const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * D;
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
@@ -261,7 +261,7 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
             }
             wgmma_commit();
         };
-        auto v_of = [&](int t) { return stages + (t % STAGES) * 2 * KEYS * D + KEYS * D; };
+        auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * D + KEYS * D; };
         /* s (landed) -> P, with the masks this warp's rows need at tile t */
         auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
             const int t0 = it.kv_begin + t * KEYS;
