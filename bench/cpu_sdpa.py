@@ -147,6 +147,7 @@ def attnkit_run(bench, backend, dtype_name, seq_len, threads, iters, check):
         return None, "attnkit-bench (exit %d) gave no timing: %s %s" % (
             proc.returncode, why or "no rows", " | ".join(tail))
     row = ok[0]
+    row["stderr"] = proc.stderr  # diagnostics (cpu_scaling.py reads the phase times there)
     if row.get("status") == "fail":
         return row, "CHECK FAILED (max_rel_err %s): %s" % (row.get("max_rel_err"), row.get("reason", ""))
     return row, ""
