@@ -37,6 +37,11 @@ DEFAULT_SEQ_LEN = 2048
 # timed calls, median reported.
 WARMUP = 2
 DEFAULT_ITERS = 10
+# The CPUs this process may run on, read before torch starts its threads: with
+# OMP_PROC_BIND set, torch's OpenMP binds this (its master) thread to one CPU,
+# and attnkit-bench, started from it, would inherit that one CPU for all its
+# threads (16 threads on one CPU read as 0.12x torch on the GPU machine's host).
+START_AFFINITY = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BENCH = os.path.join(REPO_ROOT, "build", "attnkit-bench")
 
@@ -114,11 +119,18 @@ def attnkit_run(bench, backend, dtype_name, seq_len, threads, iters, check):
     # the same threads as torch: attnkit's CPU backend reads AK_NUM_THREADS, OpenMP the other
     env["AK_NUM_THREADS"] = str(threads)
     env["OMP_NUM_THREADS"] = str(threads)
+    # the child inherits this thread's CPUs: those of the start, for the spawn only
+    bound = os.sched_getaffinity(0) if START_AFFINITY else None
     try:
+        if bound is not None and bound != START_AFFINITY:
+            os.sched_setaffinity(0, START_AFFINITY)
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               universal_newlines=True)
     except OSError as e:
         return None, "cannot run %s: %s" % (bench, e)
+    finally:
+        if bound is not None and bound != START_AFFINITY:
+            os.sched_setaffinity(0, bound)
     rows = []
     for line in proc.stdout.splitlines():
         line = line.strip()
@@ -135,6 +147,7 @@ def attnkit_run(bench, backend, dtype_name, seq_len, threads, iters, check):
         return None, "attnkit-bench (exit %d) gave no timing: %s %s" % (
             proc.returncode, why or "no rows", " | ".join(tail))
     row = ok[0]
+    row["stderr"] = proc.stderr  # diagnostics (cpu_scaling.py reads the phase times there)
     if row.get("status") == "fail":
         return row, "CHECK FAILED (max_rel_err %s): %s" % (row.get("max_rel_err"), row.get("reason", ""))
     return row, ""

@@ -122,6 +122,9 @@ typedef struct cpu_state {
     int64_t pack_tile_elems;
     int num_packed;             /* requests packed by the current plan */
 
+#if defined(AK_CPU_PHASE_TIMES)
+    struct cpu_phase_times *times; /* [threads + 1] (debug builds only, see cpu_run) */
+#endif
     ak_cpu_scratch *scratch;    /* [threads] */
     float *scratch_mem;         /* the floats of every thread's scratch */
     const void **scratch_ptrs;  /* [threads, 2 * (TILE_KEYS + TILE_PAD) + dqk_pad] row pointers */
@@ -183,6 +186,37 @@ static const ak_cpu_kernels *pick_kernels(const ak_attn_config *cfg)
     return &ak_cpu_kernels_scalar;
 }
 
+/* ---- phase times (builds with -DAK_CPU_PHASE_TIMES only) ------------------------------- */
+
+#if defined(AK_CPU_PHASE_TIMES)
+/* Where each thread's time in run() goes, summed over runs and printed to
+ * stderr by destroy(): fork (region entry after run() began), pack, wait for
+ * the last packer, items, wait for the last item, merge. Not in normal
+ * builds: it takes a clock reading per phase and thread. */
+enum { AK_PHASE_ENTER, AK_PHASE_PACKED, AK_PHASE_PACK_WAITED, AK_PHASE_ITEMS, AK_PHASE_ITEMS_WAITED,
+       AK_PHASE_MERGED, AK_PHASE_COUNT };
+typedef struct cpu_phase_times {
+    double sum[AK_PHASE_COUNT]; /* [AK_PHASE_ENTER]: entry - start of run(), then each phase's length */
+    double last;                /* the clock at this thread's previous mark */
+    int64_t runs, items;
+    char pad[64];               /* threads' slots on separate cache lines */
+} cpu_phase_times;
+
+static double phase_clock(void) { return omp_get_wtime(); }
+
+static void phase_mark(cpu_phase_times *t, int phase, double run_start)
+{
+    const double now = phase_clock();
+    t->sum[phase] += now - (phase == AK_PHASE_ENTER ? run_start : t->last);
+    t->last = now;
+}
+
+static void phase_times_report(const cpu_state *s);
+#define AK_PHASE(p) phase_mark(&s->times[tid], (p), run_start)
+#else
+#define AK_PHASE(p) ((void)0)
+#endif
+
 /* ---- check / explain / create / destroy ---------------------------------------------- */
 
 static int cpu_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
@@ -229,6 +263,10 @@ static void cpu_destroy(void *state)
     free(s->part_lse);
     free(s->pack);
     free(s->kv_pack);
+#if defined(AK_CPU_PHASE_TIMES)
+    phase_times_report(s);
+    free(s->times);
+#endif
     free(s->scratch);
     free(s->scratch_mem);
     free(s->scratch_ptrs);
@@ -391,6 +429,10 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
                               s->work_cap);
     }
     if (st == AK_OK) st = alloc_scratch(s);
+#if defined(AK_CPU_PHASE_TIMES)
+    if (st == AK_OK && !(s->times = calloc((size_t)s->threads + 1, sizeof *s->times)))
+        st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu phase times");
+#endif
     if (st == AK_OK && s->kern->pack_tile) st = alloc_pack(s);
     if (st != AK_OK) {
         cpu_destroy(s);
@@ -687,6 +729,9 @@ static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
     ak_cpu_ctx c;
     fill_ctx(s, a, &c);
     const ak_cpu_kernels *kern = s->kern;
+#if defined(AK_CPU_PHASE_TIMES)
+    const double run_start = phase_clock();
+#endif
 #pragma omp parallel num_threads(s->threads) if (s->num_work > 1)
     {
         int tid = 0;
@@ -694,6 +739,7 @@ static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
         tid = omp_get_thread_num();
 #endif
         const ak_cpu_scratch *sc = &s->scratch[tid];
+        AK_PHASE(AK_PHASE_ENTER);
         /* the packed requests' K/V tiles, every thread a share of each */
         for (int r = 0; r < s->num_reqs && s->num_packed > 0; r++) {
             const ak_cpu_pack *pk = &s->pack[r];
@@ -702,17 +748,55 @@ static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
             for (int i = 0; i < pk->tiles * s->cfg.num_kv_heads; i++)
                 kern->pack_tile(&c, r, i / pk->tiles, pk->t0 + i % pk->tiles, sc);
         }
+        AK_PHASE(AK_PHASE_PACKED);
         if (s->num_packed > 0) {
 #pragma omp barrier
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < s->num_work; i++) kern->run_item(&c, &s->work[i], sc);
-        /* the implied barrier: every partial state is written before a merge */
+        AK_PHASE(AK_PHASE_PACK_WAITED);
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int i = 0; i < s->num_work; i++) {
+            kern->run_item(&c, &s->work[i], sc);
+#if defined(AK_CPU_PHASE_TIMES)
+            s->times[tid].items++;
+#endif
+        }
+        AK_PHASE(AK_PHASE_ITEMS);
+        /* every partial state is written before a merge */
+#pragma omp barrier
+        AK_PHASE(AK_PHASE_ITEMS_WAITED);
 #pragma omp for schedule(dynamic, 1)
         for (int i = 0; i < s->num_merges; i++) merge_item(&c, &s->merges[i], sc->o);
+        AK_PHASE(AK_PHASE_MERGED);
+#if defined(AK_CPU_PHASE_TIMES)
+        s->times[tid].runs++;
+#endif
     }
+#if defined(AK_CPU_PHASE_TIMES)
+    s->times[s->threads].sum[0] += phase_clock() - run_start;
+    s->times[s->threads].runs++;
+#endif
     return AK_OK;
 }
+
+#if defined(AK_CPU_PHASE_TIMES)
+static void phase_times_report(const cpu_state *s)
+{
+    const cpu_phase_times *all = &s->times[s->threads];
+    if (all->runs == 0) return;
+    const double ms = 1e3 / (double)all->runs;
+    fprintf(stderr, "# cpu phase times, ms per run (%lld runs, %d threads, %d items, %s): wall %.3f\n",
+            (long long)all->runs, s->threads, s->num_work, s->kern->isa, all->sum[0] * ms);
+    fprintf(stderr, "# thread    fork    pack  p_wait   items  i_wait   merge  items/run\n");
+    double busy = 0;
+    for (int t = 0; t < s->threads; t++) {
+        const cpu_phase_times *x = &s->times[t];
+        fprintf(stderr, "# %6d %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %10.1f\n", t, x->sum[0] * ms, x->sum[1] * ms,
+                x->sum[2] * ms, x->sum[3] * ms, x->sum[4] * ms, x->sum[5] * ms, (double)x->items / (double)all->runs);
+        busy += x->sum[AK_PHASE_ITEMS];
+    }
+    fprintf(stderr, "# items busy %.1f%% of threads x wall\n", 100.0 * busy / (all->sum[0] * s->threads));
+}
+#endif
 
 static const int64_t *cpu_slot_mapping(void *state) { return ((cpu_state *)state)->meta.slot_mapping; }
 
