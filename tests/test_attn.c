@@ -89,6 +89,10 @@ static const attn_case fixed_cases[] = {
      {{4, 3000}, {8, 2500}, {2, 4100}, {3, 700}}},
     {"non-causal decode on empty kv f16", 8, 2, 64, 64, AK_F16, 0, 0, 0, -1, 0, 16, NHD, PAGED, 3,
      {{1, 0}, {1, 5}, {4, 0}}},
+    /* whole row tiles with no key: each warp's rows are loaded by other
+     * warps, and nothing may land over the zero rows the epilogue writes */
+    {"non-causal prefill on empty kv bf16 d128 mha", 8, 8, 128, 128, AK_BF16, 0, 0, 0, -1, 0, 16, NHD, PAGED, 3,
+     {{40, 0}, {17, 33}, {130, 0}}},
     /* a 64-token chunk on a 3036 prefix, 8/2 heads (32 tokens a GPU tile):
      * split chunks of 512 keys put a boundary (3072) inside the second
      * tile's diagonal (3068..3099), so some rows see nothing in a chunk */

@@ -77,7 +77,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 /* Waits until at most N groups are still in flight. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); /* shared-memory reads stay after it */
 }
 
 /* ---- tensor cores ------------------------------------------------------------ */

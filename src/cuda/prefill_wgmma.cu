@@ -48,6 +48,8 @@ template <int D> struct wg_traits {
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
     static_assert(D % 64 == 0, "head dims are multiples of 64 (one swizzle block)");
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
+    /* the most a block may use (head dim 128: 230,448 bytes) */
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
 #define RESCALE_SLACK 8.0f /* as in prefill.cu */
@@ -201,7 +203,10 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
-        {
+        /* q's rows, unless no key tile follows: then nothing reads them and
+         * the epilogue writes its zero rows there, while other warps' copies
+         * (each warp's rows come from several warps) could still land */
+        if (n_tiles > 0) {
             const int c = threadIdx.x % tr::CHUNKS;
 #pragma unroll 4
             for (int row = threadIdx.x / tr::CHUNKS; row < ROWS; row += tr::THREADS / tr::CHUNKS) {
@@ -323,9 +328,9 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
             }
         }
         g0 += n_tiles;
-        /* every copy landed (with no key tiles q's were never waited for);
-         * this warp's q rows are free for the epilogue: its warpgroup's
-         * MMAs are done and the other reads only its own rows */
+        /* every copy landed (the full barriers covered them); this warp's q
+         * rows are free for the epilogue: its warpgroup's MMAs are done and
+         * the other reads only its own rows */
         cp_async_commit();
         cp_async_wait<0>();
         /* epilogue (prefill.cu's, one m tile a warp) */
