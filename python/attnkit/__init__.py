@@ -377,7 +377,10 @@ class Backend:
     @property
     def slot_mapping(self):
         """Address of the current plan's slot mapping ([planned_tokens] int64 on
-        config.device), or None before the first plan."""
+        config.device), or None before the first plan and for ragged storage
+        (contiguous K/V have no cache slots)."""
+        if not self._paged:
+            return None
         return _lib.ak_backend_slot_mapping(self._handle())
 
     # -- plan / run ---------------------------------------------------------
@@ -456,7 +459,11 @@ class Backend:
 
     def kv_update(self, k_cache, v_cache, k, v, stream=None):
         """ak_kv_update with this backend's planned slot mapping (capturable in
-        the same CUDA graph as run()); k has the planned number of tokens."""
+        the same CUDA graph as run()); k has the planned number of tokens.
+        Paged storage only: a ragged backend's K/V are the caller's tensors."""
+        if not self._paged:
+            raise InvalidArgument("kv_update: config.kv_storage is 'ragged', whose K/V have no cache "
+                                  "slots; write a paged cache with attnkit.kv_update(..., slot_mapping)")
         kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
         ka, va = _as_arg(k, "k"), _as_arg(v, "v")
         _check_device((kc, vc, ka, va), self._device)

@@ -277,6 +277,53 @@ class TestForward(unittest.TestCase):
                           attnkit.View(sc.v_cache, (kv_total, 2, 8)), v["o"], v["lse"])
                     self.assertLess(max_abs_diff(sc.o, sc.reference()[0]), TOL)
 
+    def test_ragged_prepared_memoryview(self):
+        # what bench/peers.py's attnkit_varlen column does, on the CPU: ragged
+        # storage, no block table, K/V [sum kv_len, kv_heads, head_dim] in
+        # memoryview buffers, one prepared run called twice; a prompt prefill,
+        # a chunk on a prefix and a decode in one batch
+        kw = dict(num_qo_heads=6, num_kv_heads=2, head_dim=8)
+        reqs = [(4, 4), (3, 7), (1, 5)]
+        kv_total = sum(kv for _, kv in reqs)
+        # the formula reads a paged scene with page size 1 and blocks in order,
+        # whose cache is then the contiguous K/V
+        sc = Scene(attnkit.Config(page_size=1, **kw), reqs, seed=12, spare_blocks=0)
+        sc.block_table, first = [], 0
+        for _, kv in reqs:
+            sc.block_table.append(list(range(first, first + kv)))
+            first += kv
+        want_o, want_lse = sc.reference()
+        cfg = attnkit.Config(kv_storage="ragged", **kw)
+        lim = attnkit.Limits(max_reqs=len(reqs), max_tokens=sc.num_tokens)
+        for backend in CPU_BACKENDS:
+            with self.subTest(backend=backend), attnkit.Backend(cfg, lim, name=backend) as b:
+                self.assertEqual(b.config.kv_storage, "ragged")
+                b.plan(array.array("i", sc.qo_indptr), array.array("i", sc.kv_lens))
+                self.assertIsNone(b.slot_mapping)
+                k = attnkit.View(memoryview(sc.k_cache), (kv_total, 2, 8))
+                v = attnkit.View(memoryview(sc.v_cache), (kv_total, 2, 8))
+                call = b.prepare_run(attnkit.View(memoryview(sc.q), (sc.num_tokens, 6, 8)), k, v,
+                                     attnkit.View(memoryview(sc.o), (sc.num_tokens, 6, 8)),
+                                     attnkit.View(memoryview(sc.lse), (sc.num_tokens, 6)))
+                for step in range(2):
+                    sc.poison()
+                    call()
+                    self.assertLess(max_abs_diff(sc.o, want_o), TOL, f"o, run {step}")
+                    self.assertLess(max_abs_diff(sc.lse, want_lse), TOL, f"lse, run {step}")
+                # fewer K/V rows than the plan's sum of kv_len: refused, o untouched
+                sc.poison()
+                short = attnkit.View(memoryview(sc.k_cache), (kv_total - 1, 2, 8))
+                with self.assertRaises(attnkit.InvalidArgument):
+                    b.run(attnkit.View(sc.q, (sc.num_tokens, 6, 8)), short, short,
+                          attnkit.View(sc.o, (sc.num_tokens, 6, 8)))
+                self.assertTrue(all(math.isnan(x) for x in sc.o), "a refused run wrote o")
+                # ragged K/V have no cache slots: kv_update is refused, and says why
+                pool = attnkit.View(array.array("f", [0.0] * (4 * 2 * 2 * 8)), (4, 2, 2, 8))
+                new = attnkit.View(array.array("f", [0.0] * (sc.num_tokens * 2 * 8)), (sc.num_tokens, 2, 8))
+                with self.assertRaises(attnkit.InvalidArgument) as cm:
+                    b.kv_update(pool, pool, new, new)
+                self.assertIn("ragged", str(cm.exception))
+
 
 class TestKvUpdate(unittest.TestCase):
     def test_backend_slot_mapping(self):
