@@ -300,6 +300,8 @@ class TestForward(unittest.TestCase):
                 self.assertEqual(b.config.kv_storage, "ragged")
                 b.plan(array.array("i", sc.qo_indptr), array.array("i", sc.kv_lens))
                 self.assertIsNone(b.slot_mapping)
+                # the library itself says NULL for ragged storage (attnkit.h)
+                self.assertFalse(attnkit._lib.ak_backend_slot_mapping(b._handle()))
                 k = attnkit.View(memoryview(sc.k_cache), (kv_total, 2, 8))
                 v = attnkit.View(memoryview(sc.v_cache), (kv_total, 2, 8))
                 call = b.prepare_run(attnkit.View(memoryview(sc.q), (sc.num_tokens, 6, 8)), k, v,

@@ -311,7 +311,9 @@ ak_graph_support ak_backend_graph_support(const ak_backend *b)
 }
 const int64_t *ak_backend_slot_mapping(const ak_backend *b)
 {
-    if (!b || !b->planned || !b->vt->slot_mapping) return NULL;
+    /* ragged K/V have no cache slots: NULL, as the header says, whatever a
+     * backend keeps in its buffer */
+    if (!b || !b->planned || !b->vt->slot_mapping || b->cfg.kv_storage == AK_KV_RAGGED) return NULL;
     return b->vt->slot_mapping(b->state);
 }
 int ak_backend_planned_tokens(const ak_backend *b) { return b && b->planned ? b->plan.num_tokens : 0; }
