@@ -15,8 +15,15 @@
  * them.
  *
  * Q, K and V tiles share one layout (wgmma.cuh: 64-element column blocks,
- * 128-byte swizzle), filled with cp.async through the page table by the
- * same loader as the other kernels (load_kv_tile, attn.cuh), STAGES deep.
+ * 128-byte swizzle), filled with cp.async through the page table (or the
+ * ragged rows) by the same loader as the other kernels (load_kv_tile,
+ * attn.cuh), STAGES deep. Every thread loads its part of each tile one tile
+ * ahead; the stages pass between loaders and readers through mbarriers
+ * (full: every thread's copies landed; empty: every thread finished reading
+ * it), so there is no block barrier per tile, only one per item. Within a
+ * warpgroup S of tile t is issued with P.V of tile t - 1 (the softmax of t
+ * overlaps that P.V); between the warpgroups, named barriers make them take
+ * turns at issuing their MMAs. Measured steps: BENCHMARKS.md (session 3).
  *
  * Built only for sm_90a (CMake compiles this file for that target alone
  * when the build includes sm_90); elsewhere its kernels are empty and
