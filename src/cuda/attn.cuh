@@ -180,6 +180,23 @@ struct prefill_kernel_info {
     int threads, smem, rows; /* rows: query rows a tile (tokens x heads packed) */
 };
 
+/* A family's kernel table: Info<D, T>::get() for head dims 64, 128 and 256
+ * in f16 or bf16; fn NULL for any other head dim. */
+template <template <int, typename> class Info, typename T> inline prefill_kernel_info prefill_table_of(int head_dim)
+{
+    switch (head_dim) {
+    case 64: return Info<64, T>::get();
+    case 128: return Info<128, T>::get();
+    case 256: return Info<256, T>::get();
+    }
+    const prefill_kernel_info none = {NULL, 0, 0, 0};
+    return none;
+}
+template <template <int, typename> class Info> inline prefill_kernel_info prefill_table(int head_dim, ak_dtype dtype)
+{
+    return dtype == AK_BF16 ? prefill_table_of<Info, __nv_bfloat16>(head_dim) : prefill_table_of<Info, __half>(head_dim);
+}
+
 /* The kernel of a family for a head dim and dtype; fn NULL if there is none
  * (the wgmma ones exist only in a build that targets sm_90). */
 prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype);

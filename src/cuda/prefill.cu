@@ -335,28 +335,19 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 
 /* ---- the launcher ------------------------------------------------------------- */
 
-template <int D, typename T> static prefill_kernel_info pick_dim()
-{
-    prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES,
-                             prefill_traits<D>::ROWS};
-    return k;
-}
-
-template <typename T> static prefill_kernel_info pick_type(int head_dim)
-{
-    switch (head_dim) {
-    case 64: return pick_dim<64, T>();
-    case 128: return pick_dim<128, T>();
-    case 256: return pick_dim<256, T>();
+template <int D, typename T> struct mma_prefill_info {
+    static prefill_kernel_info get()
+    {
+        const prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES,
+                                       prefill_traits<D>::ROWS};
+        return k;
     }
-    const prefill_kernel_info none = {NULL, 0, 0, 0};
-    return none;
-}
+};
 
 prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype)
 {
     if (f == PREFILL_WGMMA) return ak_cuda_prefill_wgmma_kernel(head_dim, dtype);
-    return dtype == AK_BF16 ? pick_type<__nv_bfloat16>(head_dim) : pick_type<__half>(head_dim);
+    return prefill_table<mma_prefill_info>(head_dim, dtype);
 }
 
 ak_status ak_cuda_prefill_occupancy(prefill_family f, int head_dim, ak_dtype dtype, int *ctas_per_sm)

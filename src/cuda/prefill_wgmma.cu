@@ -400,28 +400,19 @@ __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params
     else prefill_wgmma_body<D, T, 0>(p);
 }
 
-template <int D, typename T> static prefill_kernel_info wg_kernel()
-{
-    prefill_kernel_info k = {prefill_wgmma_kernel<D, T>, wg_traits<D>::THREADS, wg_traits<D>::SMEM_BYTES,
-                             wg_traits<D>::ROWS};
-    return k;
-}
-
-template <typename T> static prefill_kernel_info wg_pick(int head_dim)
-{
-    switch (head_dim) {
-    case 64: return wg_kernel<64, T>();
-    case 128: return wg_kernel<128, T>();
-    case 256: return wg_kernel<256, T>();
+template <int D, typename T> struct wgmma_prefill_info {
+    static prefill_kernel_info get()
+    {
+        const prefill_kernel_info k = {prefill_wgmma_kernel<D, T>, wg_traits<D>::THREADS, wg_traits<D>::SMEM_BYTES,
+                                       wg_traits<D>::ROWS};
+        return k;
     }
-    const prefill_kernel_info none = {NULL, 0, 0, 0};
-    return none;
-}
+};
 
 prefill_kernel_info ak_cuda_prefill_wgmma_kernel(int head_dim, ak_dtype dtype)
 {
 #if defined(AK_WGMMA)
-    return dtype == AK_BF16 ? wg_pick<__nv_bfloat16>(head_dim) : wg_pick<__half>(head_dim);
+    return prefill_table<wgmma_prefill_info>(head_dim, dtype);
 #else
     (void)head_dim;
     (void)dtype;
