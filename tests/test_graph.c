@@ -78,6 +78,44 @@ static int step_lengths(uint64_t *rng, int s, int n, int mixed, int32_t *qo, int
     return qo[n];
 }
 
+/* Layer l's o and lse as a replay left them (on the device: T rows captured,
+ * the step's first N) against cpu_ref's o_ref / l_ref: no NaN in the step's
+ * rows, and rows past them keep their 0xff poison. Raises *worst and
+ * *worst_lse; returns 0, with why filled, when a row is wrong. */
+static int check_graph_output(ak_dtype dtype, const void *o_dev, const void *lse_dev, int N, int T, int Hq, int D,
+                              const float *o_ref, const float *l_ref, double *worst, double *worst_lse, int s, int l,
+                              char *why, size_t why_cap)
+{
+    const size_t esz = ak_dtype_size(dtype);
+    char *oh = malloc(esz * T * Hq * D);
+    float *lh = malloc(sizeof(float) * T * Hq), *of = malloc(sizeof(float) * T * Hq * D);
+    double *rd = malloc(sizeof(double) * T * Hq * D), *ld = malloc(sizeof(double) * T * Hq);
+    cudaMemcpy(oh, o_dev, esz * T * Hq * D, cudaMemcpyDeviceToHost);
+    cudaMemcpy(lh, lse_dev, 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
+    int ok = 1;
+    for (int i = 0; i < N * Hq * D; i++) {
+        of[i] = ak_load_as_f32(oh, dtype, i);
+        rd[i] = o_ref[i];
+        if (isnan(of[i])) ok = 0;
+    }
+    for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
+    /* rows past the step's tokens (a capture of more) keep their poison */
+    for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
+        if ((unsigned char)oh[i] != 0xff) ok = 0;
+    for (int i = N * Hq; i < T * Hq; i++)
+        if (!isnan(lh[i])) ok = 0;
+    const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
+    if (e > *worst) *worst = e;
+    if (le > *worst_lse) *worst_lse = le;
+    if (!ok) snprintf(why, why_cap, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
+    free(oh);
+    free(lh);
+    free(of);
+    free(rd);
+    free(ld);
+    return ok;
+}
+
 static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
 {
     const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
@@ -169,9 +207,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         before_v[l] = malloc(pool_bytes);
     }
     char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * T * Hk * D), *vh = malloc(esz * T * Hk * D);
-    char *oh = malloc(esz * T * Hq * D);
     float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
-    float *lh = malloc(sizeof(float) * T * Hq);
     int32_t *tok_req = malloc(sizeof(int32_t) * T); /* request of each query token */
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -305,28 +341,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ok = 0;
                 break;
             }
-            cudaMemcpy(oh, o_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(lh, lse_dev[l], 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
-            float *of = malloc(sizeof(float) * N * Hq * D);
-            double *rd = malloc(sizeof(double) * N * Hq * D), *ld = malloc(sizeof(double) * N * Hq);
-            for (int i = 0; i < N * Hq * D; i++) {
-                of[i] = ak_load_as_f32(oh, gc->dtype, i);
-                rd[i] = o_ref[i];
-                if (isnan(of[i])) ok = 0;
-            }
-            for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
-            /* rows past the step's tokens (a capture of more) keep their poison */
-            for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
-                if ((unsigned char)oh[i] != 0xff) ok = 0;
-            for (int i = N * Hq; i < T * Hq; i++)
-                if (!isnan(lh[i])) ok = 0;
-            const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
-            if (e > worst) worst = e;
-            if (le > worst_lse) worst_lse = le;
-            if (!ok) snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
-            free(of);
-            free(rd);
-            free(ld);
+            if (!check_graph_output(gc->dtype, o_dev[l], lse_dev[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
+                                    l, why, sizeof why))
+                ok = 0;
         }
     }
     const double tol = tolerance(gc->dtype);
@@ -355,10 +372,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     free(qh);
     free(kh);
     free(vh);
-    free(oh);
     free(o_ref);
     free(l_ref);
-    free(lh);
     free(bt);
     free(ids);
     ak_backend_destroy(ref);
@@ -455,10 +470,7 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
         cudaMalloc(&v_dev[l], esz * KT * Hk * D);
     }
     char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * KT * Hk * D), *vh = malloc(esz * KT * Hk * D);
-    char *oh = malloc(esz * T * Hq * D);
-    float *lh = malloc(sizeof(float) * T * Hq), *o_ref = malloc(sizeof(float) * T * Hq * D);
-    float *l_ref = malloc(sizeof(float) * T * Hq), *of = malloc(sizeof(float) * T * Hq * D);
-    double *rd = malloc(sizeof(double) * T * Hq * D), *ld = malloc(sizeof(double) * T * Hq);
+    float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
     int32_t qo[16], kvl[16];
     ak_batch batch;
     ak_batch_init(&batch);
@@ -553,24 +565,9 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
                 break;
             }
             ak_backend_destroy(ref);
-            cudaMemcpy(oh, o_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(lh, lse_dev[l], 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
-            for (int i = 0; i < N * Hq * D; i++) {
-                of[i] = ak_load_as_f32(oh, gc->dtype, i);
-                rd[i] = o_ref[i];
-                if (isnan(of[i])) ok = 0;
-            }
-            for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
-            /* rows past the step's tokens (a capture of more) keep their poison */
-            for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
-                if ((unsigned char)oh[i] != 0xff) ok = 0;
-            for (int i = N * Hq; i < T * Hq; i++)
-                if (!isnan(lh[i])) ok = 0;
-            const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
-            if (e > worst) worst = e;
-            if (le > worst_lse) worst_lse = le;
-            if (!ok)
-                snprintf(why, sizeof why, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
+            if (!check_graph_output(gc->dtype, o_dev[l], lse_dev[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
+                                    l, why, sizeof why))
+                ok = 0;
         }
     }
     const double tol = tolerance(gc->dtype);
@@ -592,13 +589,8 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
     free(qh);
     free(kh);
     free(vh);
-    free(oh);
-    free(lh);
     free(o_ref);
     free(l_ref);
-    free(of);
-    free(rd);
-    free(ld);
     ak_backend_destroy(b);
 }
 
