@@ -288,7 +288,7 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
             uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
             {
                 float s[NT][4], f[2];
-                if (n_tiles > 0) fill(0);
+                fill(0);
                 begin_tile(0);
                 issue_s(0, s);
                 pass_turn();
