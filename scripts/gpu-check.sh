@@ -31,16 +31,19 @@ fi
 note build ok
 
 if want test; then
-    timeout ${AK_TEST_TIMEOUT:-500} stdbuf -oL $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1
-    rc=$?
+    # the suite under both prefill kernels side by side (wgmma is the default
+    # on an H100; mma.sync is the other family), each bounded in time
+    timeout ${AK_TEST_TIMEOUT:-500} stdbuf -oL $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1 &
+    pid_wgmma=$!
+    AK_CUDA_PREFILL=mma timeout ${AK_TEST_TIMEOUT:-500} $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu-mma.log" 2>&1 &
+    pid_mma=$!
+    wait $pid_wgmma; rc=$?
+    wait $pid_mma; rc_mma=$?
     grep -E "^FAIL" "$LOG/test-gpu.log" | head -20
     grep -E "graph replay|merge of|invariance" "$LOG/test-gpu.log" | cut -c1-150
     note "gpu tests" "$(tail -1 "$LOG/test-gpu.log") (rc $rc)"
-    # the other prefill kernel (mma.sync; the default on an H100 is wgmma)
-    AK_CUDA_PREFILL=mma timeout ${AK_TEST_TIMEOUT:-500} $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu-mma.log" 2>&1
-    rc=$?
     grep -E "^FAIL" "$LOG/test-gpu-mma.log" | head -10
-    note "gpu tests, mma prefill" "$(tail -1 "$LOG/test-gpu-mma.log") (rc $rc)"
+    note "gpu tests, mma prefill" "$(tail -1 "$LOG/test-gpu-mma.log") (rc $rc_mma)"
     $BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
     note "cpu tests" "$(tail -1 "$LOG/test-cpu.log")"
 fi
@@ -49,18 +52,22 @@ if want sanitize; then
     # the GPU suite under memcheck is slow (the sweeps, and the mixed graph
     # replays with their f64 reference): the fixed cases that reach every
     # kernel path, each run bounded in time
-    for tool in memcheck racecheck; do
+    # the two tools run side by side (each its own process per filter)
+    for tool in memcheck racecheck; do (
         for f in "decode gqa4" "decode mha" "decode long context" "merge of" "graph replay gqa4" \
                  "graph replay mixed gqa4" "invariance" "bad" "slot" "prefill" "chunk" "verify" "gqa160" \
                  "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16" \
                  "ragged prefill bf16 d128 gqa4" "ragged cross attention, kv 0" "ragged decode batch" \
                  "ragged mixed decode+chunks" "ragged verify on long keys" "ragged:" \
                  "graph replay ragged prefill gqa4"; do
-            timeout 120 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
+            timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
                 >>"$LOG/sanitize-$tool.log" 2>&1
             rc=$?
             [[ $rc -ne 0 ]] && echo "$tool '$f' rc=$rc" | tee -a "$LOG/sanitize-$tool.rc"
-        done
+        done ) &
+    done
+    wait
+    for tool in memcheck racecheck; do
         errs=$(grep -cE "^========= (Invalid|Race|Error)" "$LOG/sanitize-$tool.log")
         summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/sanitize-$tool.log" | sort | uniq -c | tr '\n' ';')
         note "compute-sanitizer $tool" "$errs error lines; $summ"
