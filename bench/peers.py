@@ -530,7 +530,14 @@ def setup_flex(sc):
     if sc.dev.type != "cuda":
         raise Skip("CUDA only")
     dense = sc.dense_copy()
-    if not _compiled_flex:  # one compiled function: torch recompiles per shape, then goes dynamic
+    if not _compiled_flex:  # one compiled function, recompiled per shape
+        # dynamo gives up after 8 recompiles of a function (recompile_limit;
+        # cache_size_limit before torch 2.6) and then runs flex_attention
+        # unfused, materializing the scores: a full run has more shapes
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), 1024))
         _compiled_flex.append(torch.compile(flex_attention))
     flex = _compiled_flex[0]
 
