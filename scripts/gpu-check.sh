@@ -2,9 +2,10 @@
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
 # (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
 # short table last.
-#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu compare
-# `all` is every stage but compare (issue 6's paged/ragged/varlen sweep, ~5 min:
-# name it on its own). Logs go to $OUT (or ./gpu-check-logs) so they come back
+#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu compare peers
+# `all` is every stage but compare (issue 6's paged/ragged/varlen sweep, ~5 min)
+# and peers (issue 7's bench/peers.py --quick with FlashInfer, ~4 min): name
+# them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back
 # with the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -166,6 +167,30 @@ if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
     note compare "$(grep -c winner "$LOG/compare.txt") shapes (rc $rc); $LOG/compare.csv, compare.svg"
 fi
 
+if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then
+    # issue 7: bench/peers.py --quick, attnkit beside FlashInfer, SDPA, Flex
+    # and torch's varlen on the same data. FlashInfer comes from the wheels in
+    # .whl/ (bench/README.md), installed into /tmp/site; its JIT builds its
+    # kernels on first use (~1 min), cached under /tmp/fi
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
+    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    timeout 420 python3 bench/peers.py --quick --lib $BUILD/libattnkit.so --csv "$LOG/peers.csv" \
+        >"$LOG/peers.txt" 2>&1
+    rc=$?
+    grep -E "^(model|llama|qwen)" "$LOG/peers.txt"
+    note peers "$(grep -cE '^(llama|qwen)' "$LOG/peers.txt") shapes (rc $rc); $LOG/peers.csv"
+fi
+
 echo
 echo "==== gpu-check summary ($(date -u +%F), $(head -1 "$LOG/gpu.txt" | cut -d, -f1))"
 printf '%s\n' "${summary[@]}"
+# the device tool brings back only a few files from $OUT: pack the logs into one
+if [[ -n ${OUT:-} && $LOG == "$OUT" ]]; then
+    tar czf /tmp/gpu-check-logs.tgz -C "$LOG" . && find "$LOG" -mindepth 1 -delete &&
+        mv /tmp/gpu-check-logs.tgz "$LOG/" && echo "logs: $LOG/gpu-check-logs.tgz"
+fi
