@@ -4,7 +4,8 @@
  * One attention API over a paged KV cache, with pluggable backends (CPU and
  * CUDA) chosen by a selector. An engine's step looks like this:
  *
- *     ak_backend_plan(b, &batch, stream);           host only, never syncs
+ *     ak_backend_plan(b, &batch, stream);           host only (waits only if the copy of
+ *                                                  two plans ago has not yet run)
  *     for each layer:
  *         ak_kv_update(&kv, k, v, slot_mapping, n, stream);   (unless the backend
  *                                                  writes the KV itself)
@@ -354,7 +355,8 @@ typedef struct ak_run_args {
     const ak_tensor *q;      /* [num_tokens, num_qo_heads, head_dim_qk], cfg.q_dtype */
     const ak_paged_kv *kv;   /* paged storage: this layer's cache */
     const ak_tensor *k;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_qk]; request
-                                r's keys are rows kv_indptr[r] .. kv_indptr[r + 1] - 1 */
+                                r's keys are rows sum(kv_lens[0..r)) .. + kv_lens[r] - 1
+                                (kv_indptr of ak_batch_meta) */
     const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo] */
     ak_tensor *o;            /* [num_tokens, num_qo_heads, head_dim_vo], cfg.o_dtype, OUT */
     ak_tensor *lse;          /* [num_tokens, num_qo_heads] f32, OUT; NULL if not wanted */
@@ -375,8 +377,9 @@ ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, con
 void ak_backend_destroy(ak_backend *b); /* accepts NULL */
 
 /* Host side: validates the batch and fills the backend's static buffers
- * (CUDA: asynchronous copies on `stream` from pinned staging). Never
- * synchronises with the device and never reads device memory. The host arrays
+ * (CUDA: asynchronous copies on `stream` from pinned staging). Never reads
+ * device memory, and waits on the device only when both staging buffers are
+ * still in flight (below). The host arrays
  * of `batch` may be reused as soon as it returns. A plan stays in force for any
  * number of run() calls (all layers of a step). CUDA: the copies are ordered
  * on `stream`; run() must be on the same stream or ordered after it, and
@@ -401,11 +404,12 @@ ak_graph_support ak_backend_graph_support(const ak_backend *b);
 
 /* The slot mapping of the current plan in the backend's static buffer, on
  * cfg.device: [num_tokens] int64 (paged storage only: NULL for ragged K/V,
- * which have no cache slots, and before the first plan). Its address never
+ * which have no cache slots, and while no plan is in force: before the first
+ * plan or after a failed one). Its address never
  * changes, so an ak_kv_update that reads it can be captured in the same
  * graph as run(). */
 const int64_t *ak_backend_slot_mapping(const ak_backend *b);
-/* Query tokens of the current plan (0 before the first plan). */
+/* Query tokens of the current plan (0 while no plan is in force). */
 int ak_backend_planned_tokens(const ak_backend *b);
 
 /* ------------------------------------------------------------------------ */
@@ -417,8 +421,9 @@ const char *ak_backend_name_at(int i); /* NULL if i is out of range */
 
 /* Writes, for cfg, every backend with "chosen", "available" or its reasons, and
  * which rule chose (the AK_BACKEND override, or the selector's rule-table row
- * with the evidence it cites). Returns the
- * status ak_backend_create(cfg, NULL, NULL, ...) would return for the choice.
+ * with the evidence it cites). Returns the status of the selection that
+ * ak_backend_create(cfg, lim, NULL, ...) makes (failures inside the chosen
+ * backend's create() itself, e.g. out of memory, are not included).
  * buf is always NUL-terminated (truncated if cap is too small). */
 ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 

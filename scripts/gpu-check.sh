@@ -160,7 +160,7 @@ if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
     $BUILD/attnkit-bench --compare paged,ragged,varlen --batch 4 --q-len 2048 --check 2>>"$LOG/bench.err" |
         tee "$LOG/compare-check.txt" | grep -E "^llama|winner"
     timeout 540 $BUILD/attnkit-bench --compare paged,ragged,varlen --sweep --model llama3-8b \
-        --csv "$LOG/compare.csv" >"$LOG/compare.txt" 2>>"$LOG/compare.err"
+        --max-tokens 65536 --csv "$LOG/compare.csv" >"$LOG/compare.txt" 2>>"$LOG/compare.err"
     rc=$?
     grep -E "winner" "$LOG/compare.txt" | cut -c1-150
     python3 bench/plot_compare.py "$LOG/compare.csv" -o "$LOG/compare.svg"

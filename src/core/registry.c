@@ -53,9 +53,9 @@ static const select_rule rules[] = {
      "would run one token per prefill tile, unsplit (not yet measured: see docs/BACKENDS.md)"},
     {"cuda ragged", AK_DEVICE_CUDA, AK_KV_RAGGED, RULE_ANY, {"cuda_varlen", "cuda_paged"},
      "prefill with no prefix on contiguous K/V: cuda_varlen equals cuda_paged's ragged mode within 4% and "
-     "plans one launch, no merge; both run attention 1.03-1.27x faster than on the paged cache (H200 "
-     "llama3-8b bf16, 26 shapes; H100 qwen2.5/mistral/gemma2/llama3-70b-tp8, 12 shapes: docs/BACKENDS.md, "
-     "attnkit-bench --compare paged,ragged,varlen)"},
+     "plans one launch, no merge; both run attention 1.03-1.27x faster than on the paged cache, equal at "
+     "llama3-8b 1x16384 (H200 llama3-8b bf16, 26 shapes; H100 qwen2.5/mistral/gemma2/llama3-70b-tp8, "
+     "12 shapes: docs/BACKENDS.md, attnkit-bench --compare paged,ragged,varlen)"},
     {"cuda paged", AK_DEVICE_CUDA, AK_KV_PAGED, RULE_ANY, {"cuda_paged"},
      "the only CUDA backend that reads a paged cache"},
     /* cpu_ref is last on the CPU: always correct, never fast */
