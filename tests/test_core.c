@@ -212,6 +212,38 @@ static void core_merge(test_ctx *t)
           ak_status_str(st), worst);
 }
 
+/* AK_CPU_ISA asks the cpu backend for one kernel: obeyed where it can run, an
+ * error naming the variable where it cannot (never quietly the automatic one). */
+static void core_cpu_isa(test_ctx *t, const ak_attn_config *base, const ak_limits *lim)
+{
+    ak_attn_config cfg = *base;
+    cfg.device.kind = AK_DEVICE_CPU;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_F32;
+    char buf[4096];
+    ak_backend *b = NULL;
+    setenv("AK_CPU_ISA", "scalar", 1);
+    ak_status st = ak_backend_create(&cfg, lim, "cpu", &b);
+    ak_status ex = ak_explain(&cfg, buf, sizeof buf);
+    CHECK(t, "AK_CPU_ISA=scalar is obeyed", st == AK_OK && ex == AK_OK && strstr(buf, "scalar kernels"),
+          "status %s / %s: %s", ak_status_str(st), ak_status_str(ex), st == AK_OK ? buf : ak_last_error());
+    ak_backend_destroy(b);
+    const char *bad[][2] = {{"sse9", "expected scalar, avx2, avx512 or amx"},
+                            {"amx", "bf16 q and K/V only"}}; /* f32 config: never the AMX kernel */
+    for (int i = 0; i < 2; i++) {
+        b = NULL;
+        setenv("AK_CPU_ISA", bad[i][0], 1);
+        st = ak_backend_create(&cfg, lim, "cpu", &b);
+        char name[64];
+        snprintf(name, sizeof name, "AK_CPU_ISA=%s is an error naming it", bad[i][0]);
+        CHECK(t, name,
+              st == AK_ERR_INVALID_ARG && b == NULL && strstr(ak_last_error(), "AK_CPU_ISA=") &&
+                  strstr(ak_last_error(), bad[i][1]),
+              "status %s: %s", ak_status_str(st), ak_last_error());
+        ak_backend_destroy(b);
+    }
+    unsetenv("AK_CPU_ISA");
+}
+
 static void core_selector(test_ctx *t)
 {
     ak_attn_config cfg;
@@ -238,6 +270,7 @@ static void core_selector(test_ctx *t)
     for (int i = 0; i < ak_backend_count(); i++) lists = lists && strstr(ak_last_error(), ak_backend_name_at(i));
     CHECK(t, "AK_BACKEND=nope fails and lists every backend", lists, "status %s: %s", ak_status_str(st), ak_last_error());
     unsetenv("AK_BACKEND");
+    core_cpu_isa(t, &cfg, &lim);
     /* a CUDA config on a machine without CUDA is an error with reasons */
     cfg.device.kind = AK_DEVICE_CUDA;
     st = ak_backend_create(&cfg, &lim, NULL, &b);

@@ -160,30 +160,49 @@ static int cpu_has_amx_bf16(void)
 #endif
 #endif
 
-/* The best kernel this CPU runs for cfg; AK_CPU_ISA=scalar|avx2|avx512|amx
- * asks for one (for tests and comparisons) and is honoured only where the CPU
- * has it. The AMX kernel serves configs whose q and K/V are both bf16. */
-static const ak_cpu_kernels *pick_kernels(const ak_attn_config *cfg)
+/* The best kernel this CPU runs for cfg into *out; 0 on success. The AMX kernel
+ * serves configs whose q and K/V are both bf16. AK_CPU_ISA asks for one kernel
+ * (for tests and comparisons): scalar, avx2, avx512 (AVX-512 without AMX) or
+ * amx. A kernel this CPU, build or config cannot run, or an unknown name, is an
+ * error (-1, the reason in why) rather than quietly the automatic choice. */
+static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, char *why, size_t cap)
 {
-    const char *want = getenv("AK_CPU_ISA");
-    if (want && strcmp(want, "scalar") == 0) return &ak_cpu_kernels_scalar;
-#if defined(__x86_64__) || defined(__i386__)
-    const int avx2 = ak_cpu_has_avx2_fma_f16c();
-    const int avx512 = avx2 && cpu_has_avx512f();
-    if (want && strcmp(want, "avx2") == 0 && avx2) return &ak_cpu_kernels_avx2;
-#if defined(AK_CPU_HAVE_AMX)
+    int avx2 = 0, avx512 = 0, amx = 0;
     const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
-    const int plain = want && strcmp(want, "avx512") == 0;
-    if (avx512 && bf16 && !plain && cpu_has_amx_bf16()) return &ak_cpu_kernels_avx512_amx;
-#else
-    (void)cfg;
+    const ak_cpu_kernels *avx2_k = NULL, *avx512_k = NULL, *amx_k = NULL;
+#if defined(__x86_64__) || defined(__i386__)
+    avx2 = ak_cpu_has_avx2_fma_f16c();
+    avx512 = avx2 && cpu_has_avx512f();
+    avx2_k = &ak_cpu_kernels_avx2;
+    avx512_k = &ak_cpu_kernels_avx512;
+#if defined(AK_CPU_HAVE_AMX)
+    amx = avx512 && cpu_has_amx_bf16();
+    amx_k = &ak_cpu_kernels_avx512_amx;
 #endif
-    if (avx512) return &ak_cpu_kernels_avx512;
-    if (avx2) return &ak_cpu_kernels_avx2;
-#else
-    (void)cfg;
 #endif
-    return &ak_cpu_kernels_scalar;
+    *out = amx && bf16 ? amx_k : avx512 ? avx512_k : avx2 ? avx2_k : &ak_cpu_kernels_scalar;
+    const char *want = getenv("AK_CPU_ISA");
+    if (!want || !*want) return 0;
+    if (!strcmp(want, "scalar")) {
+        *out = &ak_cpu_kernels_scalar;
+    } else if (!strcmp(want, "avx2") && avx2) {
+        *out = avx2_k;
+    } else if (!strcmp(want, "avx512") && avx512) {
+        *out = avx512_k;
+    } else if (!strcmp(want, "amx") && amx && bf16) {
+        *out = amx_k;
+    } else if (!strcmp(want, "avx2") || !strcmp(want, "avx512") || !strcmp(want, "amx")) {
+        snprintf(why, cap, "AK_CPU_ISA=%s: %s", want,
+                 !strcmp(want, "avx2")     ? "this CPU (or build) has no AVX2+FMA+F16C"
+                 : !strcmp(want, "avx512") ? "this CPU (or build) has no AVX-512F"
+                 : !bf16                   ? "the AMX kernel serves bf16 q and K/V only"
+                                           : "this CPU (or build) has no AMX-BF16");
+        return -1;
+    } else {
+        snprintf(why, cap, "AK_CPU_ISA=%s: expected scalar, avx2, avx512 or amx", want);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- phase times (builds with -DAK_CPU_PHASE_TIMES only) ------------------------------- */
@@ -239,7 +258,8 @@ static int tile_tokens_for(const ak_attn_config *cfg)
 static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
     (void)dev;
-    const ak_cpu_kernels *k = pick_kernels(cfg);
+    const ak_cpu_kernels *k;
+    if (pick_kernels(cfg, &k, buf, cap)) return; /* the reason create() will fail with */
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const int all_heads_tokens = k->in_place_rows / group;
     snprintf(buf, cap,
@@ -378,7 +398,11 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cpu state");
     s->cfg = *cfg;
     s->lim = *lim;
-    s->kern = pick_kernels(cfg);
+    char why[160];
+    if (pick_kernels(cfg, &s->kern, why, sizeof why)) {
+        free(s);
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s", why);
+    }
     s->threads = ak_num_threads();
     if (s->threads < 1) s->threads = 1;
     s->group = cfg->num_qo_heads / cfg->num_kv_heads;
