@@ -65,6 +65,7 @@ def main():
     if torch is None and not args.no_torch:
         return 2
     flops = cpu_sdpa.causal_flops(args.seq_len)
+    print(cpu_sdpa.host_line())
     print("# %s prefill %d causal %s, %d/%d heads, head_dim %d; medians of %d calls; %d CPUs; attnkit isa %s%s" % (
         cpu_sdpa.MODEL, args.seq_len, args.dtype, cpu_sdpa.NUM_QO_HEADS, cpu_sdpa.NUM_KV_HEADS,
         cpu_sdpa.HEAD_DIM, args.iters, nproc, args.isa or "auto",

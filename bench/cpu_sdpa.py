@@ -46,6 +46,39 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BENCH = os.path.join(REPO_ROOT, "build", "attnkit-bench")
 
 
+def host_line():
+    """One line on the CPU these figures come from: model, CPUs, cores and
+    threads per core (/proc/cpuinfo; torch's threads scale with the physical
+    cores, so two hosts of the same model can still differ)."""
+    model, cpus, cores = "unknown CPU", 0, set()
+    phys = core = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key, val = key.strip(), val.strip()
+                if key == "processor":
+                    cpus += 1
+                elif key == "model name":
+                    model = val
+                elif key == "physical id":
+                    phys = val
+                elif key == "core id":
+                    core = val
+                elif not key and phys is not None and core is not None:  # end of one CPU's block
+                    cores.add((phys, core))
+                    phys = core = None
+    except OSError:
+        pass
+    if phys is not None and core is not None:
+        cores.add((phys, core))
+    usable = len(START_AFFINITY) if START_AFFINITY else os.cpu_count()
+    text = "# host: %s; %d CPUs online, %d usable here" % (model, cpus or os.cpu_count(), usable)
+    if cores:
+        text += "; %d cores x %g threads per core" % (len(cores), (cpus or len(cores)) / len(cores))
+    return text
+
+
 def causal_flops(seq_len):
     """FLOPs of one causal prefill: QK^T and PV, 2 FLOPs per multiply-add each."""
     visible_keys = seq_len * (seq_len + 1) // 2
@@ -181,6 +214,7 @@ def main():
     threads = args.threads if args.threads > 0 else torch.get_num_threads()
     torch.set_num_threads(threads)
     flops = causal_flops(args.seq_len)
+    print(host_line())
     print("# %s prefill, %d tokens, causal, %d/%d heads, head_dim %d: %.3g GFLOP per call" % (
         MODEL, args.seq_len, NUM_QO_HEADS, NUM_KV_HEADS, HEAD_DIM, flops / 1e9))
     print("# %d threads on both sides; torch %s; attnkit backend %s; medians of %d calls" % (
