@@ -149,8 +149,11 @@ if want cpu && [[ -x $BUILD/attnkit-bench ]]; then
     lscpu | grep -E "Thread\(s\) per core|Core\(s\) per socket|Socket" | tee -a "$LOG/cpu.txt"
     timeout 400 python3 bench/cpu_sdpa.py --threads "$(nproc)" --bench $BUILD/attnkit-bench --check \
         2>&1 | tee "$LOG/cpu-sdpa.txt" | tail -8
+    # bf16 over thread counts, both sides in one run (the host line first)
+    timeout 200 python3 bench/cpu_scaling.py --threads "1,4,$(nproc)" --iters 5 --bench $BUILD/attnkit-bench \
+        2>&1 | tee "$LOG/cpu-scaling.txt" | tail -5
     $BUILD/attnkit-bench 2>&1 | tee "$LOG/default-run.txt" | tail -4
-    note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, default-run.txt"
+    note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, cpu-scaling.txt, default-run.txt"
 fi
 
 if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
