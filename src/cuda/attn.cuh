@@ -152,6 +152,25 @@ __device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
     return dot * p.scale_log2;
 }
 
+/* The causal / end / window mask of one row of an m16n8 accumulator tile of
+ * S (NT n-tiles of 8 keys from t0, in either prefill kernel): h = 0 is the
+ * row of elements 0-1, h = 1 that of elements 2-3; the row's query sits at
+ * position pos and sees keys [pos - window_left, min(pos, kv_end - 1)]. */
+template <int NT>
+__device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4], int h, int pos, int t0, int kv_end,
+                                         int lane)
+{
+    const int hi = min(p.causal ? pos : INT_MAX, kv_end - 1);
+    const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) {
+            const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
+            if (key > hi || key < lo) s[n][e] = -INFINITY;
+        }
+}
+
 /* Which kernel serves decode: tensor cores (mma) or CUDA cores. */
 typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1 } decode_engine;
 

@@ -177,19 +177,9 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        /* this row sees keys [lo, hi] */
-                        const int pos = it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb;
-                        const int hi = min(p.causal ? pos : INT_MAX, it.kv_end - 1);
-                        const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int e = 2 * h; e < 2 * h + 2; e++) {
-                                const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                                if (key > hi || key < lo) s[mt][n][e] = -INFINITY;
-                            }
-                    }
+                    for (int h = 0; h < 2; h++)
+                        mask_row(p, s[mt], h, it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb, t0,
+                                 it.kv_end, lane);
             }
             /* s is now a logit in base 2 (soft-capped) or a raw dot product
              * whose logit is s * scale: exp2 takes one FFMA either way */

@@ -80,18 +80,7 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
     }
     if (masked) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int pos = h ? row_pos1 : row_pos0;
-            const int hi = min(p.causal ? pos : INT_MAX, kv_end - 1);
-            const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; e++) {
-                    const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                    if (key > hi || key < lo) s[n][e] = -INFINITY;
-                }
-        }
+        for (int h = 0; h < 2; h++) mask_row(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane);
     }
     const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
     float tmax[2];
