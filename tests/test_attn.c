@@ -238,6 +238,20 @@ static void run_case(test_ctx *t, const attn_case *tc)
     free(l);
 }
 
+/* A sweep case's shape: 2 KV heads of a GQA group, no window. */
+static attn_case sweep_case(int head_dim, int group, ak_dtype dtype, int causal)
+{
+    attn_case tc;
+    memset(&tc, 0, sizeof tc);
+    tc.num_kv_heads = 2;
+    tc.num_qo_heads = 2 * group;
+    tc.head_dim_qk = tc.head_dim_vo = head_dim;
+    tc.dtype = dtype;
+    tc.causal = causal;
+    tc.window_left = -1;
+    return tc;
+}
+
 /* The sweep: head dims x GQA x page sizes x dtypes, each on a decode batch with
  * ragged lengths and on a small prefill/extend batch. */
 static void run_sweep(test_ctx *t)
@@ -251,14 +265,7 @@ static void run_sweep(test_ctx *t)
         for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
             for (size_t p = 0; p < sizeof pages / sizeof *pages; p++)
                 for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
-                    attn_case tc;
-                    memset(&tc, 0, sizeof tc);
-                    tc.num_kv_heads = 2;
-                    tc.num_qo_heads = 2 * groups[g];
-                    tc.head_dim_qk = tc.head_dim_vo = head_dims[a];
-                    tc.dtype = dtypes[d];
-                    tc.causal = 1;
-                    tc.window_left = -1;
+                    attn_case tc = sweep_case(head_dims[a], groups[g], dtypes[d], 1);
                     tc.page_size = pages[p];
                     tc.layout = (a + p) % 2 ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
                     tc.storage = AK_KV_PAGED;
@@ -295,14 +302,7 @@ static void run_ragged_sweep(test_ctx *t)
         for (size_t g = 0; g < sizeof groups / sizeof *groups; g++)
             for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++)
                 for (int cross = 0; cross < 2; cross++) {
-                    attn_case tc;
-                    memset(&tc, 0, sizeof tc);
-                    tc.num_kv_heads = 2;
-                    tc.num_qo_heads = 2 * groups[g];
-                    tc.head_dim_qk = tc.head_dim_vo = head_dims[a];
-                    tc.dtype = dtypes[d];
-                    tc.causal = !cross;
-                    tc.window_left = -1;
+                    attn_case tc = sweep_case(head_dims[a], groups[g], dtypes[d], !cross);
                     tc.layout = AK_LAYOUT_NHD;
                     tc.storage = AK_KV_RAGGED;
                     snprintf(name, sizeof name, "sweep ragged %s d%d g%d %s", cross ? "cross" : "prefill",
