@@ -116,6 +116,76 @@ static int check_graph_output(ak_dtype dtype, const void *o_dev, const void *lse
     return ok;
 }
 
+/* The backend `name` for a graph case, or NULL after reporting why the case
+ * does not run: unsupported, a failed create, or graph support below need. */
+static ak_backend *create_for_graphs(test_ctx *t, const char *name, const char *case_name, const ak_attn_config *cfg,
+                                     const ak_limits *lim, ak_graph_support need)
+{
+    ak_backend *b = NULL;
+    const ak_status st = ak_backend_create(cfg, lim, name, &b);
+    if (st == AK_ERR_UNSUPPORTED) {
+        t_skip(t, name, case_name, "unsupported");
+        return NULL;
+    }
+    if (st != AK_OK) {
+        t_fail(t, name, case_name, "create: %s", ak_last_error());
+        return NULL;
+    }
+    if (ak_backend_graph_support(b) < need) {
+        t_skip(t, name, case_name, "backend declares graph support %s",
+               ak_graph_support_name(ak_backend_graph_support(b)));
+        ak_backend_destroy(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* The fixed device buffers a captured graph reads and writes, per layer: q
+ * and o [tokens, Hq, D], lse [tokens, Hq] f32, K and V [kv_rows, Hk, D]. */
+#define GRAPH_MAX_LAYERS 4
+typedef struct graph_bufs {
+    void *q[GRAPH_MAX_LAYERS], *o[GRAPH_MAX_LAYERS], *lse[GRAPH_MAX_LAYERS], *k[GRAPH_MAX_LAYERS],
+        *v[GRAPH_MAX_LAYERS];
+    int layers;
+} graph_bufs;
+_Static_assert(LAYERS <= GRAPH_MAX_LAYERS, "graph_bufs holds every layer of a paged case");
+
+static void graph_bufs_alloc(graph_bufs *g, int layers, size_t esz, int tokens, int Hq, int kv_rows, int Hk, int D)
+{
+    g->layers = layers;
+    for (int l = 0; l < layers; l++) {
+        cudaMalloc(&g->q[l], esz * tokens * Hq * D);
+        cudaMalloc(&g->o[l], esz * tokens * Hq * D);
+        cudaMalloc(&g->lse[l], 4 * (size_t)tokens * Hq);
+        cudaMalloc(&g->k[l], esz * kv_rows * Hk * D);
+        cudaMalloc(&g->v[l], esz * kv_rows * Hk * D);
+    }
+}
+
+static void graph_bufs_free(graph_bufs *g)
+{
+    for (int l = 0; l < g->layers; l++) {
+        cudaFree(g->q[l]);
+        cudaFree(g->o[l]);
+        cudaFree(g->lse[l]);
+        cudaFree(g->k[l]);
+        cudaFree(g->v[l]);
+    }
+}
+
+/* The verdict of a graph case: every check passed and the worst errors are
+ * within the dtype's tolerance. */
+static void report_graph_case(test_ctx *t, const char *name, const char *case_name, ak_dtype dtype, int ok,
+                              const char *why, double worst, double worst_lse, int steps, int layers)
+{
+    const double tol = tolerance(dtype);
+    if (ok && worst <= tol && worst_lse <= 2e-3)
+        t_pass(t, name, case_name, "%d steps x %d layers, worst rel err %.2e, lse err %.2e", steps, layers, worst,
+               worst_lse);
+    else
+        t_fail(t, name, case_name, "%s worst rel err %.2e (tol %.0e), lse err %.2e", why, worst, tol, worst_lse);
+}
+
 static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
 {
     const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
@@ -141,23 +211,10 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     lim.max_blocks_per_req = max_blocks;
     lim.num_cache_blocks = num_blocks;
 
-    ak_backend *b = NULL;
-    ak_status st = ak_backend_create(&cfg, &lim, name, &b);
-    if (st == AK_ERR_UNSUPPORTED) {
-        t_skip(t, name, gc->name, "unsupported");
-        return;
-    }
-    if (st != AK_OK) {
-        t_fail(t, name, gc->name, "create: %s", ak_last_error());
-        return;
-    }
-    if (ak_backend_graph_support(b) == AK_GRAPH_NEVER ||
-        (gc->mixed && ak_backend_graph_support(b) != AK_GRAPH_ALWAYS)) {
-        t_skip(t, name, gc->name, "backend declares graph support %s",
-               ak_graph_support_name(ak_backend_graph_support(b)));
-        ak_backend_destroy(b);
-        return;
-    }
+    /* a decode case replays over decode batches, a mixed one over any */
+    ak_backend *b = create_for_graphs(t, name, gc->name, &cfg, &lim, gc->mixed ? AK_GRAPH_ALWAYS : AK_GRAPH_DECODE_ONLY);
+    if (!b) return;
+    ak_status st;
 
     ak_kv_cache_config kc;
     ak_kv_cache_config_init(&kc);
@@ -174,14 +231,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     const size_t pool_bytes = (size_t)num_blocks * P * Hk * D * esz;
 
     /* fixed device buffers the graph reads and writes */
-    void *q_dev[LAYERS], *o_dev[LAYERS], *lse_dev[LAYERS], *k_dev[LAYERS], *v_dev[LAYERS];
-    for (int l = 0; l < LAYERS; l++) {
-        cudaMalloc(&q_dev[l], esz * T * Hq * D);
-        cudaMalloc(&o_dev[l], esz * T * Hq * D);
-        cudaMalloc(&lse_dev[l], 4 * (size_t)T * Hq);
-        cudaMalloc(&k_dev[l], esz * T * Hk * D);
-        cudaMalloc(&v_dev[l], esz * T * Hk * D);
-    }
+    graph_bufs g;
+    graph_bufs_alloc(&g, LAYERS, esz, T, Hq, T, Hk, D);
     uint64_t rng = t->seed ^ name_hash(gc->name);
     int32_t qo[64], kvl[64], *bt = malloc(sizeof(int32_t) * (size_t)R * max_blocks);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_blocks);
@@ -234,13 +285,13 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ak_store_from_f32(before_v[l], gc->dtype, (int64_t)i, rng_uniform(&rng));
             cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
             for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, rng_uniform(&rng));
-            cudaMemcpy(q_dev[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(g.q[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
             for (int i = 0; i < T * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * rng_uniform(&rng));
             for (int i = 0; i < T * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, rng_uniform(&rng));
-            cudaMemcpy(k_dev[l], kh, esz * T * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemcpy(v_dev[l], vh, esz * T * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemset(o_dev[l], 0xff, esz * T * Hq * D); /* poison */
-            cudaMemset(lse_dev[l], 0xff, 4 * (size_t)T * Hq);
+            cudaMemcpy(g.k[l], kh, esz * T * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(g.v[l], vh, esz * T * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemset(g.o[l], 0xff, esz * T * Hq * D); /* poison */
+            cudaMemset(g.lse[l], 0xff, 4 * (size_t)T * Hq);
         }
         st = ak_backend_plan(b, &batch, stream);
         if (st != AK_OK) {
@@ -259,9 +310,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             for (int l = 0; l < LAYERS && st == AK_OK; l++) {
                 ak_paged_kv view;
                 ak_kv_cache_layer(cache, l, &view);
-                ak_tensor kt = ak_tensor_3d(k_dev[l], gc->dtype, T, Hk, D), vt = ak_tensor_3d(v_dev[l], gc->dtype, T, Hk, D);
-                ak_tensor qt = ak_tensor_3d(q_dev[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(o_dev[l], gc->dtype, T, Hq, D);
-                ak_tensor lt = ak_tensor_2d(lse_dev[l], AK_F32, T, Hq);
+                ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, T, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, T, Hk, D);
+                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, D);
+                ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, T, Hq);
                 if (!ak_backend_forward_includes_kv_update(b))
                     st = ak_kv_update(&view, &kt, &vt, ak_backend_slot_mapping(b), T, stream);
                 ak_run_args a;
@@ -291,8 +342,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             ak_kv_cache_layer(cache, l, &view);
             cudaMemcpy(hk, view.k_data, pool_bytes, cudaMemcpyDeviceToHost);
             cudaMemcpy(hv, view.v_data, pool_bytes, cudaMemcpyDeviceToHost);
-            cudaMemcpy(kh, k_dev[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(vh, v_dev[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(kh, g.k[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(vh, g.v[l], esz * T * Hk * D, cudaMemcpyDeviceToHost);
             /* every new token's K/V at its slot; put the old row back in the
              * copy of the pools, which must then equal the pools as uploaded */
             for (int i = 0; i < N && ok; i++) {
@@ -323,7 +374,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             hview.k_data = hk;
             hview.v_data = hv;
             hview.device.kind = AK_DEVICE_CPU;
-            cudaMemcpy(qh, q_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(qh, g.q[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
             ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
             ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
             ak_attn_config *rc = &ref_cfg;
@@ -341,27 +392,16 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ok = 0;
                 break;
             }
-            if (!check_graph_output(gc->dtype, o_dev[l], lse_dev[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
+            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
                                     l, why, sizeof why))
                 ok = 0;
         }
     }
-    const double tol = tolerance(gc->dtype);
-    if (ok && worst <= tol && worst_lse <= 2e-3)
-        t_pass(t, name, gc->name, "%d steps x %d layers, worst rel err %.2e, lse err %.2e", STEPS, LAYERS, worst,
-               worst_lse);
-    else
-        t_fail(t, name, gc->name, "%s worst rel err %.2e (tol %.0e), lse err %.2e", why, worst, tol, worst_lse);
+    report_graph_case(t, name, gc->name, gc->dtype, ok, why, worst, worst_lse, STEPS, LAYERS);
 
     if (exec) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
-    for (int l = 0; l < LAYERS; l++) {
-        cudaFree(q_dev[l]);
-        cudaFree(o_dev[l]);
-        cudaFree(lse_dev[l]);
-        cudaFree(k_dev[l]);
-        cudaFree(v_dev[l]);
-    }
+    graph_bufs_free(&g);
     for (int l = 0; l < LAYERS; l++) {
         free(before_k[l]);
         free(before_v[l]);
@@ -386,6 +426,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
 /* Longest prompt (causal cases) or query (cross) and longest cross K/V; the
  * reference is cpu_ref, f64 on one thread, so steps stay small. */
 enum { RG_LAYERS = 2, RG_STEPS = 8, RG_MAX_Q = 96, RG_MAX_KV = 200 };
+_Static_assert(RG_LAYERS <= GRAPH_MAX_LAYERS, "graph_bufs holds every layer of a ragged case");
 
 typedef struct ragged_graph_case {
     const char *name;
@@ -440,35 +481,16 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
     lim.max_reqs = R;
     lim.max_tokens = T;
 
-    ak_backend *b = NULL;
-    ak_status st = ak_backend_create(&cfg, &lim, name, &b);
-    if (st == AK_ERR_UNSUPPORTED) {
-        t_skip(t, name, gc->name, "unsupported");
-        return;
-    }
-    if (st != AK_OK) {
-        t_fail(t, name, gc->name, "create: %s", ak_last_error());
-        return;
-    }
-    if (ak_backend_graph_support(b) != AK_GRAPH_ALWAYS) {
-        t_skip(t, name, gc->name, "backend declares graph support %s",
-               ak_graph_support_name(ak_backend_graph_support(b)));
-        ak_backend_destroy(b);
-        return;
-    }
+    ak_backend *b = create_for_graphs(t, name, gc->name, &cfg, &lim, AK_GRAPH_ALWAYS);
+    if (!b) return;
+    ak_status st;
     ak_attn_config ref_cfg = cfg;
     ref_cfg.device.kind = AK_DEVICE_CPU;
     ref_cfg.o_dtype = AK_F32;
 
     /* fixed device buffers the graph reads and writes */
-    void *q_dev[RG_LAYERS], *o_dev[RG_LAYERS], *lse_dev[RG_LAYERS], *k_dev[RG_LAYERS], *v_dev[RG_LAYERS];
-    for (int l = 0; l < RG_LAYERS; l++) {
-        cudaMalloc(&q_dev[l], esz * T * Hq * D);
-        cudaMalloc(&o_dev[l], esz * T * Hq * D);
-        cudaMalloc(&lse_dev[l], 4 * (size_t)T * Hq);
-        cudaMalloc(&k_dev[l], esz * KT * Hk * D);
-        cudaMalloc(&v_dev[l], esz * KT * Hk * D);
-    }
+    graph_bufs g;
+    graph_bufs_alloc(&g, RG_LAYERS, esz, T, Hq, KT, Hk, D);
     char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * KT * Hk * D), *vh = malloc(esz * KT * Hk * D);
     float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
     int32_t qo[16], kvl[16];
@@ -493,11 +515,11 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
             for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, rng_uniform(&rng));
             for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * rng_uniform(&rng));
             for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, rng_uniform(&rng));
-            cudaMemcpy(q_dev[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
-            cudaMemcpy(k_dev[l], kh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemcpy(v_dev[l], vh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
-            cudaMemset(o_dev[l], 0xff, esz * T * Hq * D);
-            cudaMemset(lse_dev[l], 0xff, 4 * (size_t)T * Hq);
+            cudaMemcpy(g.q[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(g.k[l], kh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemcpy(g.v[l], vh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
+            cudaMemset(g.o[l], 0xff, esz * T * Hq * D);
+            cudaMemset(g.lse[l], 0xff, 4 * (size_t)T * Hq);
         }
         st = ak_backend_plan(b, &batch, stream);
         if (st != AK_OK) {
@@ -514,11 +536,11 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
                 break;
             }
             for (int l = 0; l < RG_LAYERS && st == AK_OK; l++) {
-                ak_tensor qt = ak_tensor_3d(q_dev[l], gc->dtype, T, Hq, D);
-                ak_tensor ot = ak_tensor_3d(o_dev[l], gc->dtype, T, Hq, D);
-                ak_tensor kt = ak_tensor_3d(k_dev[l], gc->dtype, KT, Hk, D);
-                ak_tensor vt = ak_tensor_3d(v_dev[l], gc->dtype, KT, Hk, D);
-                ak_tensor lt = ak_tensor_2d(lse_dev[l], AK_F32, T, Hq);
+                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D);
+                ak_tensor ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, D);
+                ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, KT, Hk, D);
+                ak_tensor vt = ak_tensor_3d(g.v[l], gc->dtype, KT, Hk, D);
+                ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, T, Hq);
                 ak_run_args a;
                 ak_run_args_init(&a);
                 a.q = &qt;
@@ -543,9 +565,9 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
         }
         /* every layer against cpu_ref on the step's rows of q, K and V */
         for (int l = 0; l < RG_LAYERS && ok; l++) {
-            cudaMemcpy(qh, q_dev[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(kh, k_dev[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
-            cudaMemcpy(vh, v_dev[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(qh, g.q[l], esz * T * Hq * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(kh, g.k[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
+            cudaMemcpy(vh, g.v[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
             ak_backend *ref = NULL;
             ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
             ak_tensor kt = ak_tensor_3d(kh, gc->dtype, KN, Hk, D), vt = ak_tensor_3d(vh, gc->dtype, KN, Hk, D);
@@ -565,27 +587,16 @@ static void run_ragged_graph_case(test_ctx *t, const char *name, const ragged_gr
                 break;
             }
             ak_backend_destroy(ref);
-            if (!check_graph_output(gc->dtype, o_dev[l], lse_dev[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
+            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
                                     l, why, sizeof why))
                 ok = 0;
         }
     }
-    const double tol = tolerance(gc->dtype);
-    if (ok && worst <= tol && worst_lse <= 2e-3)
-        t_pass(t, name, gc->name, "%d steps x %d layers, worst rel err %.2e, lse err %.2e", RG_STEPS, RG_LAYERS, worst,
-               worst_lse);
-    else
-        t_fail(t, name, gc->name, "%s worst rel err %.2e (tol %.0e), lse err %.2e", why, worst, tol, worst_lse);
+    report_graph_case(t, name, gc->name, gc->dtype, ok, why, worst, worst_lse, RG_STEPS, RG_LAYERS);
 
     if (exec) cudaGraphExecDestroy(exec);
     cudaStreamDestroy(stream);
-    for (int l = 0; l < RG_LAYERS; l++) {
-        cudaFree(q_dev[l]);
-        cudaFree(o_dev[l]);
-        cudaFree(lse_dev[l]);
-        cudaFree(k_dev[l]);
-        cudaFree(v_dev[l]);
-    }
+    graph_bufs_free(&g);
     free(qh);
     free(kh);
     free(vh);
