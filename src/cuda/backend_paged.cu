@@ -751,12 +751,8 @@ ak_status ak_cuda_attn_run(void *state, const ak_run_args *a, ak_stream stream)
     return AK_OK;
 }
 
-/* Paged storage only: ragged K/V have no cache slots. */
-static const int64_t *paged_slot_mapping(void *state)
-{
-    const paged_state *s = (const paged_state *)state;
-    return s->ragged ? NULL : s->d.slot_mapping;
-}
+/* (ak_backend_slot_mapping answers NULL for ragged K/V, which have no slots) */
+static const int64_t *paged_slot_mapping(void *state) { return ((const paged_state *)state)->d.slot_mapping; }
 
 extern "C" const ak_backend_vtbl ak_backend_cuda_paged = {
     /* .api_version = */ AK_API_VERSION,
