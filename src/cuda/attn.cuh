@@ -152,6 +152,26 @@ __device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
     return dot * p.scale_log2;
 }
 
+/* Issues the cp.async copies of an item's query tile into shared memory: ROWS
+ * rows (token i, head g of the tile's hb heads: row i * hb + g) of CHUNKS
+ * 16-byte chunks, the block's THREADS threads striding over them; rows past
+ * the item's tokens or heads are zero-filled. at(row, chunk) is the element
+ * offset of a chunk in the kernel's shared-memory layout. */
+template <int ROWS, int THREADS, int CHUNKS, typename T, typename At>
+__device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_item &it, int head0, int hb, int heads,
+                                            T *qs, At at)
+{
+    const int c = threadIdx.x % CHUNKS;
+#pragma unroll 4
+    for (int row = threadIdx.x / CHUNKS; row < ROWS; row += THREADS / CHUNKS) {
+        const int i = row / hb, g = row - i * hb;
+        const bool valid = i < it.ntok && g < heads;
+        const T *src =
+            (const T *)p.q + (valid ? (it.tok0 + i) * p.q_stride_tok + (head0 + g) * p.q_stride_head + c * 8 : 0);
+        cp_async_16(qs + at(row, c), src, valid ? 16 : 0);
+    }
+}
+
 /* The causal / end / window mask of one row of an m16n8 accumulator tile of
  * S (NT n-tiles of 8 keys from t0, in either prefill kernel): h = 0 is the
  * row of elements 0-1, h = 1 that of elements 2-3; the row's query sits at

@@ -87,18 +87,8 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
         /* q rows (zero past the tile's tokens and heads), in the first group */
-        {
-            const int c = threadIdx.x % tr::CHUNKS;
-#pragma unroll 4
-            for (int row = threadIdx.x / tr::CHUNKS; row < tr::ROWS; row += tr::THREADS / tr::CHUNKS) {
-                const int i = row / hb, g = row - i * hb;
-                const bool valid = i < it.ntok && g < heads;
-                const T *src = (const T *)p.q + (valid ? (it.tok0 + i) * p.q_stride_tok +
-                                                             (head0 + g) * p.q_stride_head + c * 8
-                                                       : 0);
-                cp_async_16(qs + swz<D>(row, c), src, valid ? 16 : 0);
-            }
-        }
+        load_q_tile<tr::ROWS, tr::THREADS, tr::CHUNKS>(p, it, head0, hb, heads, qs,
+                                                       [](int row, int c) { return swz<D>(row, c); });
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)

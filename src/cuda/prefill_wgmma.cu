@@ -202,18 +202,9 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         /* q's rows, unless no key tile follows: then nothing reads them and
          * the epilogue writes its zero rows there, while other warps' copies
          * (each warp's rows come from several warps) could still land */
-        if (n_tiles > 0) {
-            const int c = threadIdx.x % tr::CHUNKS;
-#pragma unroll 4
-            for (int row = threadIdx.x / tr::CHUNKS; row < ROWS; row += tr::THREADS / tr::CHUNKS) {
-                const int i = row / hb, g = row - i * hb;
-                const bool valid = i < it.ntok && g < heads;
-                const T *src = (const T *)p.q + (valid ? (it.tok0 + i) * p.q_stride_tok +
-                                                             (head0 + g) * p.q_stride_head + c * 8
-                                                       : 0);
-                cp_async_16(qs + sw128<ROWS>(row, c), src, valid ? 16 : 0);
-            }
-        }
+        if (n_tiles > 0)
+            load_q_tile<ROWS, tr::THREADS, tr::CHUNKS>(p, it, head0, hb, heads, qs,
+                                                       [](int row, int c) { return sw128<ROWS>(row, c); });
 
         const int pos_last = it.pos0 + it.ntok - 1;
         /* the positions of this thread's two rows, and of the warp's first
