@@ -1,6 +1,8 @@
 /*
- * internal.h - what the library's own files share: the backend vtable, the
- * backend object, error reporting, reasons, metadata capacity.
+ * internal.h - what the library's own files share: error reporting, reasons,
+ * validation of the public structs, metadata capacity, device memory and the
+ * CUDA services the core calls (src/cuda/service/). The backend protocol has
+ * its own header, backend.h.
  * Never included by users (the public API is include/attnkit.h).
  */
 #ifndef AK_INTERNAL_H
@@ -47,53 +49,6 @@ void ak_reason_add(ak_reasons *why, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-
-/* ---- the backend protocol ------------------------------------------------ */
-
-/* Sizes of a plan, reported by a backend's plan() to the core. */
-typedef struct ak_plan_info {
-    int num_reqs;
-    int num_tokens;        /* sum of q_len */
-    int64_t num_kv_tokens; /* sum of kv_len */
-} ak_plan_info;
-
-typedef struct ak_backend_vtbl {
-    int api_version;       /* AK_API_VERSION */
-    const char *name;
-    ak_device_kind device;
-    int forward_includes_kv_update; /* explicit in every backend, no default */
-    ak_graph_support graph_support;
-    /* Appends one reason per unsupported aspect of cfg; returns how many. */
-    int (*check)(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why);
-    ak_status (*create)(const ak_attn_config *cfg, const ak_limits *lim, void **state);
-    /* Validates the batch (through ak_batch_build_meta) and fills the static
-     * buffers; reports the plan's sizes in *info. */
-    ak_status (*plan)(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info);
-    /* Called with args already checked against cfg and the plan by the core. */
-    ak_status (*run)(void *state, const ak_run_args *args, ak_stream stream);
-    void (*destroy)(void *state);
-    /* (optional) the static slot-mapping buffer, on cfg.device */
-    const int64_t *(*slot_mapping)(void *state);
-    /* (optional) one line on how the backend will serve cfg (kernel choice) */
-    void (*explain)(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap);
-} ak_backend_vtbl;
-
-struct ak_backend {
-    const ak_backend_vtbl *vt;
-    void *state;
-    ak_attn_config cfg; /* normalised: sm_scale filled in */
-    ak_limits lim;      /* as given: max_splits 0 means the backend's own default */
-    int planned;        /* a plan() has succeeded (and no later one failed) */
-    ak_plan_info plan;  /* sizes of that plan */
-};
-
-/* The registry: every backend compiled in, in one table (registry.c). */
-extern const ak_backend_vtbl ak_backend_cpu_ref;
-extern const ak_backend_vtbl ak_backend_cpu;
-#ifdef AK_HAVE_CUDA
-extern const ak_backend_vtbl ak_backend_cuda_paged;
-extern const ak_backend_vtbl ak_backend_cuda_varlen;
-#endif
 
 /* ---- config and batch helpers ------------------------------------------- */
 

@@ -8,7 +8,7 @@
  * or cannot serve the config is an error listing every backend with its
  * reasons; it never falls back silently.
  */
-#include "internal.h"
+#include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -264,8 +264,14 @@ ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, con
     b->vt = vt;
     b->cfg = ak_config_normalized(cfg);
     b->lim = *lim;
-    const ak_status st = vt->create(&b->cfg, &b->lim, &b->state);
+    ak_status st = AK_OK;
+    if (!vt->meta_buffers) {
+        const ak_meta_capacity cap = ak_meta_capacity_of(lim);
+        st = ak_meta_alloc_host(&cap, &b->meta);
+    }
+    if (st == AK_OK) st = vt->create(&b->cfg, &b->lim, &b->state);
     if (st != AK_OK) {
+        ak_meta_free_host(&b->meta);
         free(b);
         return st;
     }
@@ -277,17 +283,24 @@ void ak_backend_destroy(ak_backend *b)
 {
     if (!b) return;
     b->vt->destroy(b->state);
+    ak_meta_free_host(&b->meta);
     free(b);
 }
 
+/* Validation and metadata happen here, once, for every backend: a backend's
+ * plan() sees only batches that passed ak_batch_build_meta (backend.h). */
 ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
 {
     if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
-    ak_plan_info info = {0, 0, 0};
     b->planned = 0; /* a failed plan leaves no plan: run() then says so */
-    const ak_status st = b->vt->plan(b->state, batch, stream, &info);
-    if (st != AK_OK) return st;
-    b->plan = info;
+    ak_batch_meta meta = b->meta;
+    if (b->vt->meta_buffers) AK_TRY(b->vt->meta_buffers(b->state, &meta));
+    AK_TRY(ak_batch_build_meta(batch, &b->cfg, &b->lim, &meta));
+    AK_TRY(b->vt->plan(b->state, batch, &meta, stream));
+    int64_t kv_total = 0;
+    for (int r = 0; r < batch->num_reqs; r++) kv_total += batch->kv_lens[r];
+    b->num_tokens = meta.qo_indptr[batch->num_reqs];
+    b->num_kv_tokens = kv_total;
     b->planned = 1;
     return AK_OK;
 }
@@ -296,7 +309,7 @@ ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream strea
 {
     if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
     if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "run() before a successful plan()");
-    AK_TRY(ak_run_args_validate(&b->cfg, &b->lim, b->plan.num_tokens, b->plan.num_kv_tokens, args));
+    AK_TRY(ak_run_args_validate(&b->cfg, &b->lim, b->num_tokens, b->num_kv_tokens, args));
     return b->vt->run(b->state, args, stream);
 }
 
@@ -317,4 +330,4 @@ const int64_t *ak_backend_slot_mapping(const ak_backend *b)
     if (!b || !b->planned || !b->vt->slot_mapping || b->cfg.kv_storage == AK_KV_RAGGED) return NULL;
     return b->vt->slot_mapping(b->state);
 }
-int ak_backend_planned_tokens(const ak_backend *b) { return b && b->planned ? b->plan.num_tokens : 0; }
+int ak_backend_planned_tokens(const ak_backend *b) { return b && b->planned ? b->num_tokens : 0; }

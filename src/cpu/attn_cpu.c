@@ -21,6 +21,7 @@
 #define _DEFAULT_SOURCE /* syscall() for the AMX permission request */
 #include "attn_cpu.h"
 
+#include "backend.h"
 #include "dtype.h"
 #include "softmax_state.h"
 
@@ -99,7 +100,7 @@ typedef struct cpu_state {
     int max_splits;
     int dqk_pad, dvo_pad;
 
-    /* the plan, host memory sized at create */
+    /* the plan, host memory sized at create (meta: the core's arrays) */
     ak_batch_meta meta;
     int32_t *kv_lens;      /* [max_reqs] */
     int num_reqs, num_tokens;
@@ -274,7 +275,6 @@ static void cpu_destroy(void *state)
 {
     cpu_state *s = state;
     if (!s) return;
-    ak_meta_free_host(&s->meta);
     free(s->kv_lens);
     free(s->natural);
     free(s->work);
@@ -439,19 +439,15 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     if (split_rows < AK_CPU_SPLIT_ROWS) split_rows = s->max_rows < AK_CPU_SPLIT_ROWS ? s->max_rows : AK_CPU_SPLIT_ROWS;
     s->part_rows = s->part_cap * split_rows;
 
-    const ak_meta_capacity cap = ak_meta_capacity_of(lim);
-    ak_status st = ak_meta_alloc_host(&cap, &s->meta);
-    if (st == AK_OK) {
-        s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
-        s->natural = malloc(sizeof(ak_cpu_work) * (size_t)s->natural_cap);
-        s->work = malloc(sizeof(ak_cpu_work) * (size_t)s->work_cap);
-        s->merges = malloc(sizeof(cpu_merge) * (size_t)(s->part_cap + 1));
-        s->part_o = alloc_floats((int64_t)s->part_rows * s->dvo_pad);
-        s->part_lse = alloc_floats((int64_t)s->part_rows);
-        if (!s->kv_lens || !s->natural || !s->work || !s->merges || !s->part_o || !s->part_lse)
-            st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu plan buffers (%d work items)",
-                              s->work_cap);
-    }
+    ak_status st = AK_OK;
+    s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
+    s->natural = malloc(sizeof(ak_cpu_work) * (size_t)s->natural_cap);
+    s->work = malloc(sizeof(ak_cpu_work) * (size_t)s->work_cap);
+    s->merges = malloc(sizeof(cpu_merge) * (size_t)(s->part_cap + 1));
+    s->part_o = alloc_floats((int64_t)s->part_rows * s->dvo_pad);
+    s->part_lse = alloc_floats((int64_t)s->part_rows);
+    if (!s->kv_lens || !s->natural || !s->work || !s->merges || !s->part_o || !s->part_lse)
+        st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu plan buffers (%d work items)", s->work_cap);
     if (st == AK_OK) st = alloc_scratch(s);
 #if defined(AK_CPU_PHASE_TIMES)
     if (st == AK_OK && !(s->times = calloc((size_t)s->threads + 1, sizeof *s->times)))
@@ -622,16 +618,12 @@ static void sort_largest_first(ak_cpu_work *a, int n)
     }
 }
 
-static ak_status cpu_plan(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info)
+static ak_status cpu_plan(void *state, const ak_batch *batch, const ak_batch_meta *meta, ak_stream stream)
 {
     (void)stream;
     cpu_state *s = state;
-    AK_TRY(ak_batch_build_meta(batch, &s->cfg, &s->lim, &s->meta));
-    int64_t kv_total = 0;
-    for (int r = 0; r < batch->num_reqs; r++) {
-        s->kv_lens[r] = batch->kv_lens[r];
-        kv_total += batch->kv_lens[r];
-    }
+    s->meta = *meta;
+    for (int r = 0; r < batch->num_reqs; r++) s->kv_lens[r] = batch->kv_lens[r];
     s->num_reqs = batch->num_reqs;
     s->num_tokens = s->meta.qo_indptr[batch->num_reqs];
 
@@ -640,10 +632,6 @@ static ak_status cpu_plan(void *state, const ak_batch *batch, ak_stream stream, 
     plan_split(s, num_natural, total);
     sort_largest_first(s->work, s->num_work);
     plan_pack(s);
-
-    info->num_reqs = batch->num_reqs;
-    info->num_tokens = s->num_tokens;
-    info->num_kv_tokens = kv_total;
     return AK_OK;
 }
 
@@ -837,4 +825,5 @@ const ak_backend_vtbl ak_backend_cpu = {
     /* .destroy = */ cpu_destroy,
     /* .slot_mapping = */ cpu_slot_mapping,
     /* .explain = */ cpu_explain,
+    /* .meta_buffers = */ NULL, /* (optional) the core's host arrays */
 };

@@ -10,8 +10,8 @@
  *     o   = sum_j exp(s_j - lse) v_j,  lse = log sum_j exp(s_j)
  * visible: j <= p when causal, and j >= p - window_left when windowed.
  */
+#include "backend.h"
 #include "dtype.h"
-#include "internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 typedef struct ref_state {
     ak_attn_config cfg;
     ak_limits lim;
-    ak_batch_meta meta; /* host copy of the plan */
+    ak_batch_meta meta; /* the plan's metadata (the core's arrays) */
     int32_t *kv_lens;   /* [max_reqs] */
     int num_reqs;
     double *scores;     /* [max keys of one request] */
@@ -39,7 +39,6 @@ static void ref_destroy(void *state)
 {
     ref_state *s = state;
     if (!s) return;
-    ak_meta_free_host(&s->meta);
     free(s->kv_lens);
     free(s->scores);
     free(s);
@@ -51,29 +50,23 @@ static ak_status ref_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate cpu_ref state");
     s->cfg = *cfg;
     s->lim = *lim;
-    const ak_meta_capacity cap = ak_meta_capacity_of(lim);
-    ak_status st = ak_meta_alloc_host(&cap, &s->meta);
     s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
-    if (st == AK_OK && !s->kv_lens) st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate kv_lens");
-    if (st != AK_OK) {
+    if (!s->kv_lens) {
         ref_destroy(s);
-        return st;
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate kv_lens");
     }
     *out = s;
     return AK_OK;
 }
 
-static ak_status ref_plan(void *state, const ak_batch *batch, ak_stream stream, ak_plan_info *info)
+static ak_status ref_plan(void *state, const ak_batch *batch, const ak_batch_meta *meta, ak_stream stream)
 {
     (void)stream;
     ref_state *s = state;
-    AK_TRY(ak_batch_build_meta(batch, &s->cfg, &s->lim, &s->meta));
     int max_kv = 0;
-    int64_t kv_total = 0;
     for (int r = 0; r < batch->num_reqs; r++) {
         s->kv_lens[r] = batch->kv_lens[r];
         if (batch->kv_lens[r] > max_kv) max_kv = batch->kv_lens[r];
-        kv_total += batch->kv_lens[r];
     }
     /* the scores row is the only buffer sized by the batch; plan may allocate */
     if (max_kv > s->scores_cap) {
@@ -82,10 +75,8 @@ static ak_status ref_plan(void *state, const ak_batch *batch, ak_stream stream, 
         s->scores = p;
         s->scores_cap = max_kv;
     }
+    s->meta = *meta;
     s->num_reqs = batch->num_reqs;
-    info->num_reqs = batch->num_reqs;
-    info->num_tokens = s->meta.qo_indptr[batch->num_reqs];
-    info->num_kv_tokens = kv_total;
     return AK_OK;
 }
 
@@ -168,5 +159,6 @@ const ak_backend_vtbl ak_backend_cpu_ref = {
     /* .run = */ ref_run,
     /* .destroy = */ ref_destroy,
     /* .slot_mapping = */ ref_slot_mapping,
-    /* .explain = */ NULL, /* (optional) */
+    /* .explain = */ NULL,      /* (optional) */
+    /* .meta_buffers = */ NULL, /* (optional) the core's host arrays */
 };

@@ -4,11 +4,10 @@
  * prompt prefill with no cached prefix (run() reads the step's own K/V; the
  * scatter into a paged cache stays the separate ak_kv_update), encoder
  * self-attention (non-causal), cross-attention (q_len and kv_len differ per
- * request, kv_len may be 0). MHA/GQA/MQA, head dims 64/128/256, f16/bf16,
- * sliding window, soft-cap, LSE.
+ * request, kv_len may be 0).
  *
- * It is the planner and kernels of backend_paged.cu in ATTN_MODE_VARLEN, not
- * a second implementation. What differs from cuda_paged's ragged mode:
+ * It is the CUDA engine (engine.cu) in ENGINE_MODE_VARLEN. What differs from
+ * cuda_paged's ragged mode:
  *   - every request with a query token goes through the prefill kernel (a
  *     q_len 1 request is a tile of one token), so run() is one launch;
  *   - nothing is split along the keys, so there is no merge pass and no
@@ -23,13 +22,11 @@
  * capture: q/o sized for the largest plan (as for cuda_paged), and K/V
  * buffers that hold every later plan's sum of kv_len.
  */
-#include "backend_paged.cuh"
-
-#include <stdio.h>
+#include "engine.cuh"
 
 static int varlen_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
 {
-    ak_cuda_attn_check(cfg, dev, why);
+    ak_cuda_engine_check(cfg, dev, why);
     if (cfg->kv_storage != AK_KV_RAGGED)
         ak_reason_add(why, "reads contiguous (ragged) K/V only; cfg.kv_storage is paged (cuda_paged reads a cache)");
     return why->count;
@@ -37,20 +34,12 @@ static int varlen_check(const ak_attn_config *cfg, const ak_device_info *dev, ak
 
 static ak_status varlen_create(const ak_attn_config *cfg, const ak_limits *lim, void **out)
 {
-    return ak_cuda_attn_create(cfg, lim, ATTN_MODE_VARLEN, out);
+    return ak_cuda_engine_create(cfg, lim, ENGINE_MODE_VARLEN, out);
 }
 
 static void varlen_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
-    int rows, tokens, heads;
-    const char *kernel;
-    if (ak_cuda_attn_prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
-        snprintf(buf, cap, "prefill: %s", ak_last_error());
-        return;
-    }
-    snprintf(buf, cap, "every request on the prefill kernel (tensor cores, %s, %d query rows a tile: %d tokens x %d "
-             "heads), no split-KV, one launch per run",
-             kernel, rows, tokens, heads);
+    ak_cuda_engine_explain(cfg, dev, ENGINE_MODE_VARLEN, buf, cap);
 }
 
 extern "C" const ak_backend_vtbl ak_backend_cuda_varlen = {
@@ -61,9 +50,10 @@ extern "C" const ak_backend_vtbl ak_backend_cuda_varlen = {
     /* .graph_support = */ AK_GRAPH_ALWAYS,
     /* .check = */ varlen_check,
     /* .create = */ varlen_create,
-    /* .plan = */ ak_cuda_attn_plan,
-    /* .run = */ ak_cuda_attn_run,
-    /* .destroy = */ ak_cuda_attn_destroy,
+    /* .plan = */ ak_cuda_engine_plan,
+    /* .run = */ ak_cuda_engine_run,
+    /* .destroy = */ ak_cuda_engine_destroy,
     /* .slot_mapping = */ NULL, /* (optional) ragged K/V have no cache slots */
     /* .explain = */ varlen_explain,
+    /* .meta_buffers = */ ak_cuda_engine_meta_buffers,
 };

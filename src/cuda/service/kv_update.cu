@@ -4,7 +4,7 @@
  * 4-byte dtype), 16-byte accesses when rows and strides allow, else 2-byte.
  * One thread block per token; capturable (no sync, no allocation).
  */
-#include "common.cuh"
+#include "../common.cuh"
 
 /* Everything the kernel reads, by value. Strides in elements. */
 struct kv_update_params {

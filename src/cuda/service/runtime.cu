@@ -1,7 +1,7 @@
 /*
  * runtime.cu - the CUDA side of device discovery and memory.
  */
-#include "common.cuh"
+#include "../common.cuh"
 
 #include <stdio.h>
 #include <string.h>

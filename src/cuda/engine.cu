@@ -1,0 +1,765 @@
+/*
+ * engine.cu - the planner and launcher of the CUDA attention kernels, which
+ * cuda_paged (backend_paged.cu) and cuda_varlen (backend_varlen.cu) are in
+ * two modes (engine.cuh). K/V come from a paged cache (block table) or from
+ * contiguous rows [sum kv_len, num_kv_heads, head_dim] (kv_indptr in
+ * tokens): the same plan, the same kernels, only the loader's addressing
+ * differs (attn.cuh).
+ *
+ * plan() (host only, on a batch the core validated and turned into metadata
+ * in this engine's pinned staging) builds three work lists:
+ *   decode items for the requests with one query token (decode.cu): each
+ *     request's visible keys split into chunks so that small batches with
+ *     long contexts still fill every SM;
+ *   prefill items for the others (prefill.cu, prefill_wgmma.cu): tiles of
+ *     query rows, the heaviest first, and split along the keys where one
+ *     tile would dominate the wave;
+ *   merge tasks for every query token whose keys were split (merge.cu).
+ * In varlen mode every request is prefill items and nothing is split.
+ * It copies them from pinned staging into static device buffers with
+ * asynchronous copies, and never waits on the device, except to reuse a
+ * staging buffer whose copy from two plans ago has not yet run.
+ * run() (device): decode, prefill (overlapping decode's tail as its
+ * programmatic dependent on sm_90), merge. Every grid is fixed at create()
+ * and every kernel reads its list's length from device memory, so run() is
+ * capturable and a capture replays after any later plan() within the limits:
+ * graph support ALWAYS.
+ */
+#include "engine.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Default cap on chunks per split when limits.max_splits is 0, and the hard
+ * cap (the merge keeps one weight per chunk in shared memory). */
+#define DEFAULT_MAX_SPLITS 64
+#define MAX_SPLITS_CAP 4096
+/* Keys per chunk are a multiple of the kernels' tiles (64 keys). */
+#define CHUNK_QUANTUM 64
+/* A prefill item is split only into chunks of at least this many keys: below
+ * it the merge costs more than the parallelism gains. */
+#define MIN_PREFILL_CHUNK 512
+#define NUM_STAGING 2
+/* Merge thread blocks per SM (one per query head and task). */
+#define MERGE_CTAS_PER_SM 8
+
+/* Metadata of one plan, host or device. The device part is what the kernels
+ * read; counts and the decode items are contiguous so one copy moves both. */
+struct plan_meta {
+    int32_t *counts;       /* [NUM_COUNTS] */
+    decode_item *items;    /* [max_items] */
+    merge_task *tasks;     /* [max_tasks] */
+    prefill_item *pitems;  /* [max_pitems] */
+    int32_t *kv_indices;   /* [max_reqs * max_blocks_per_req] */
+    int64_t *slot_mapping; /* [max_tokens] */
+    int32_t *qo_indptr;    /* [max_reqs + 1], host only */
+    int32_t *kv_indptr;    /* [max_reqs + 1], host only: the items carry page_base */
+};
+
+struct staging {
+    char *host; /* pinned */
+    plan_meta m;
+    cudaEvent_t copied; /* recorded after this buffer's copies were enqueued */
+    int in_flight;
+};
+
+/* A prefill tile before ordering: its item and its cost in key tiles. */
+struct pf_tile {
+    prefill_item it;
+    int cost;
+};
+
+struct engine_state {
+    ak_attn_config cfg;
+    ak_limits lim;
+    engine_mode mode;
+    int ragged;       /* K/V are contiguous rows: no block ids, no slot mapping */
+    int split;        /* decode kernel for q_len 1, split-KV and merges (cuda_paged) */
+    int64_t max_indices; /* block ids a plan may hold (0 when ragged) */
+    int max_slots;    /* slot-mapping entries (0 when ragged) */
+    decode_engine engine;
+    int pdl;          /* sm_90+: programmatic dependent launches */
+    int row_tiles;    /* decode: 16-head tiles per KV head (tensor cores, group > 16) */
+    int decode_ctas;  /* decode grid.x: one wave of the GPU (0: no decode kernel) */
+    int max_splits;
+    int max_items;    /* decode items */
+    /* prefill (workload ANY, or every request in varlen mode) */
+    int prefill;      /* this instance launches the prefill kernel */
+    int min_prefill_q; /* requests with at least this many query tokens go to prefill */
+    int prefill_ctas; /* prefill grid.x: one wave */
+    prefill_family pfam; /* which prefill kernel */
+    int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
+    int max_pitems;
+    int pf_slots;     /* partial slots reserved for prefill splits */
+    int max_tasks;
+    int merge_ctas;
+    size_t fixed_bytes; /* bytes from counts to the end of the decode items */
+    char *dev;          /* one device allocation: metadata, then partials */
+    plan_meta d;
+    float *o_tmp, *lse_tmp;
+    staging stg[NUM_STAGING];
+    int next_stg;
+    pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
+    /* the current plan */
+    int num_items, num_pitems, num_tasks;
+    int slot_hw; /* device slot_mapping entries past it are -1 */
+};
+
+/* Lays out a metadata block (host or device) starting at base; returns its
+ * total size. */
+static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_t *fixed)
+{
+    const ak_limits *lim = &s->lim;
+    size_t off = 0;
+#define AK_CARVE_(field, type, count)                                          \
+    do {                                                                       \
+        off = (off + 15) / 16 * 16;                                            \
+        if (m) m->field = (type *)(base + off);                                \
+        off += sizeof(type) * (size_t)(count);                                 \
+    } while (0)
+    AK_CARVE_(counts, int32_t, NUM_COUNTS);
+    AK_CARVE_(items, decode_item, s->max_items);
+    *fixed = off;
+    AK_CARVE_(tasks, merge_task, s->max_tasks);
+    AK_CARVE_(pitems, prefill_item, s->max_pitems);
+    AK_CARVE_(kv_indices, int32_t, s->max_indices);
+    AK_CARVE_(slot_mapping, int64_t, s->max_slots);
+    AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
+    AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
+#undef AK_CARVE_
+    return (off + 255) / 256 * 256;
+}
+
+/* ---- check and explain ------------------------------------------------------- */
+
+static int is_supported_dim(int d) { return d == 64 || d == 128 || d == 256; }
+
+int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+{
+    if (dev->cc_major < 8)
+        ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
+                      dev->cc_minor);
+    if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
+        (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
+        ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
+                      ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
+    if (cfg->head_dim_qk != cfg->head_dim_vo || !is_supported_dim(cfg->head_dim_qk))
+        ak_reason_add(why, "head dims %d/%d: needs head_dim_qk == head_dim_vo in {64, 128, 256}", cfg->head_dim_qk,
+                      cfg->head_dim_vo);
+    return why->count;
+}
+
+/* Decode on tensor cores from a GQA group of 2 up, CUDA cores for MHA.
+ * Measured on an H200, bf16, batch 64 x kv_len 4096, fraction of copy
+ * bandwidth (CUDA cores / tensor cores): group 1 d64 0.95 / 0.94, d128 1.02 /
+ * 0.99, d256 0.83 / 0.80; group 2 d128 0.96 / 0.98, d256 0.61 / 0.80; group 3
+ * d128 0.79 / 0.96. The FMA path pays per query head; the mma tile costs the
+ * same for 1 or 16. */
+static decode_engine choose_engine(const ak_attn_config *cfg)
+{
+    return cfg->num_qo_heads / cfg->num_kv_heads > AK_DECODE_CC_MAX_GROUP ? DECODE_TENSOR_CORES : DECODE_CUDA_CORES;
+}
+
+/* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
+ * equal in size, and whole tokens per tile when a group fits in one. */
+static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, int *heads, int *tokens)
+{
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    *row_tiles = (group + rows - 1) / rows;
+    *heads = (group + *row_tiles - 1) / *row_tiles;
+    *tokens = rows / *heads;
+}
+
+/* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
+ * (sm_90a code runs on compute capability 9.0 alone), else mma.sync.
+ * AK_CUDA_PREFILL=mma|wgmma forces one (to compare them, or to test both on
+ * one GPU); a forced kernel that cannot run here is an error, not ignored. */
+static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, prefill_family *f)
+{
+    const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 &&
+                      ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn != NULL;
+    *f = wg_ok ? PREFILL_WGMMA : PREFILL_MMA;
+    const char *env = getenv("AK_CUDA_PREFILL");
+    if (!env || !*env) return AK_OK;
+    if (!strcmp(env, "mma")) {
+        *f = PREFILL_MMA;
+    } else if (!strcmp(env, "wgmma")) {
+        if (!wg_ok)
+            return ak_set_error(AK_ERR_UNSUPPORTED,
+                                "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0 "
+                                "and a build for sm_90 (this GPU is %d.%d%s)",
+                                dev->cc_major, dev->cc_minor,
+                                ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn ? ""
+                                                                                                   : ", not built");
+        *f = PREFILL_WGMMA;
+    } else {
+        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PREFILL=%s: expected mma or wgmma", env);
+    }
+    return AK_OK;
+}
+
+/* The prefill row tile of cfg on dev: query rows, tokens and heads of a
+ * tile, and which kernel (fails on a bad AK_CUDA_PREFILL). */
+static ak_status prefill_tile(const ak_attn_config *cfg, const ak_device_info *dev, int *rows, int *tokens,
+                              int *heads, const char **kernel)
+{
+    prefill_family f;
+    AK_TRY(choose_prefill(cfg, dev, &f));
+    *rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->kv_dtype).rows;
+    int row_tiles;
+    prefill_rows(cfg, *rows, &row_tiles, heads, tokens);
+    *kernel = f == PREFILL_WGMMA ? "wgmma, sm_90a" : "mma.sync";
+    return AK_OK;
+}
+
+void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev, engine_mode mode, char *buf,
+                            size_t cap)
+{
+    int rows, heads, tokens;
+    const char *kernel;
+    if (mode == ENGINE_MODE_VARLEN) {
+        if (prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
+            snprintf(buf, cap, "prefill: %s", ak_last_error());
+            return;
+        }
+        snprintf(buf, cap,
+                 "every request on the prefill kernel (tensor cores, %s, %d query rows a tile: %d tokens x %d "
+                 "heads), no split-KV, one launch per run",
+                 kernel, rows, tokens, heads);
+        return;
+    }
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    int n = snprintf(buf, cap, "%sdecode on %s (GQA group %d %s %d)",
+                     cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
+                     choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
+                     group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
+    if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) return;
+    if (prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
+        snprintf(buf + n, cap - n, "; prefill: %s", ak_last_error());
+        return;
+    }
+    snprintf(buf + n, cap - n, "; prefill on tensor cores (%s), %d query rows a tile (%d tokens x %d heads)", kernel,
+             rows, tokens, heads);
+}
+
+/* ---- create / destroy ---------------------------------------------------------- */
+
+void ak_cuda_engine_destroy(void *state)
+{
+    engine_state *s = (engine_state *)state;
+    if (!s) return;
+    for (int i = 0; i < NUM_STAGING; i++) {
+        if (s->stg[i].copied) {
+            cudaEventSynchronize(s->stg[i].copied);
+            cudaEventDestroy(s->stg[i].copied);
+        }
+        if (s->stg[i].host) cudaFreeHost(s->stg[i].host);
+    }
+    if (s->dev) cudaFree(s->dev);
+    free(s->tiles);
+    free(s);
+}
+
+static ak_status engine_create_inner(engine_state *s)
+{
+    const ak_attn_config *cfg = &s->cfg;
+    const ak_limits *lim = &s->lim;
+    AK_CUDA_TRY(cudaSetDevice(cfg->device.index));
+    ak_device_info info;
+    AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    s->ragged = cfg->kv_storage == AK_KV_RAGGED;
+    s->split = s->mode == ENGINE_MODE_PAGED;
+    s->max_indices = s->ragged ? 0 : (int64_t)lim->max_reqs * lim->max_blocks_per_req;
+    s->max_slots = s->ragged ? 0 : lim->max_tokens;
+    s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
+    if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
+    int ctas_per_sm = 0;
+    if (s->split) {
+        s->engine = choose_engine(cfg);
+        /* programmatic dependent launches need the kernels' griddepcontrol,
+         * compiled only for sm_90+: a build for sm_80 run on an H100 has none,
+         * and a dependent launched early would then not wait */
+        int ptx = 0;
+        AK_TRY(ak_cuda_kernels_ptx_version(cfg->head_dim_qk, cfg->kv_dtype, &ptx));
+        s->pdl = info.cc_major >= 9 && ptx >= 90;
+        s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
+        AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
+        if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "decode kernel cannot be resident on this GPU");
+        /* one wave: every thread block resident at once (rounding up would leave
+         * a few blocks, each with several items, for a second wave: measured 0.62
+         * instead of 1.0 of copy for 32/32 heads) */
+        const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
+        s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
+        if (s->decode_ctas < 1) s->decode_ctas = 1;
+        s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+        s->max_tasks = lim->max_reqs;
+    }
+
+    /* varlen: every request with a query token is a prefill; paged: those
+     * with two or more (decode takes the rest) */
+    s->prefill = !s->split || cfg->workload != AK_WORKLOAD_DECODE;
+    s->min_prefill_q = s->split ? 2 : 1;
+    if (s->prefill) {
+        AK_TRY(choose_prefill(cfg, &info, &s->pfam));
+        prefill_rows(cfg, ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->kv_dtype).rows, &s->prow_tiles,
+                     &s->prow_heads, &s->ptok);
+        AK_TRY(ak_cuda_prefill_occupancy(s->pfam, cfg->head_dim_qk, cfg->kv_dtype, &ctas_per_sm));
+        if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
+        const int per_item = cfg->num_kv_heads * s->prow_tiles;
+        const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
+        s->prefill_ctas = P;
+        /* tiles: at most floor(max_tokens / ptok) + one per request of
+         * min_prefill_q or more tokens; splitting adds fewer than P items (a
+         * tile of cost c cut into chunks of `share` key tiles, share =
+         * ceil(total / P), adds fewer than c / share, and the costs sum to
+         * total), and the snake order pads the last round with fewer than P */
+        const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
+                                                                             : lim->max_tokens / s->min_prefill_q;
+        s->max_pitems = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
+        if (s->split) {
+            /* split tiles hold at most ptok tokens each, in fewer than P + P
+             * chunks (the added ones, plus one per split tile: each costs more
+             * than share, so there are fewer than P) */
+            s->pf_slots = 2 * P * s->ptok;
+            /* and no token is in more than max_splits chunks */
+            if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
+                s->pf_slots = lim->max_tokens * s->max_splits;
+            s->max_tasks += P * s->ptok;
+        }
+        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
+        if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
+    }
+    const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
+    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
+    if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
+
+    size_t fixed = 0;
+    const size_t meta_bytes = layout_meta(s, NULL, NULL, &fixed);
+    s->fixed_bytes = fixed;
+    const size_t partial = ((size_t)s->max_items + s->pf_slots) * cfg->num_qo_heads;
+    const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float);
+    AK_CUDA_TRY(cudaMalloc((void **)&s->dev, dev_bytes));
+    /* zeroed once: no kernel can ever read garbage metadata */
+    AK_CUDA_TRY(cudaMemset(s->dev, 0, dev_bytes));
+    layout_meta(s, s->dev, &s->d, &fixed);
+    if (s->max_slots > 0) /* all -1 */
+        AK_CUDA_TRY(cudaMemset(s->d.slot_mapping, 0xff, sizeof(int64_t) * (size_t)s->max_slots));
+    s->o_tmp = (float *)(s->dev + meta_bytes);
+    s->lse_tmp = s->o_tmp + partial * cfg->head_dim_vo;
+    for (int i = 0; i < NUM_STAGING; i++) {
+        AK_CUDA_TRY(cudaMallocHost((void **)&s->stg[i].host, meta_bytes));
+        memset(s->stg[i].host, 0, meta_bytes);
+        layout_meta(s, s->stg[i].host, &s->stg[i].m, &fixed);
+        AK_CUDA_TRY(cudaEventCreateWithFlags(&s->stg[i].copied, cudaEventDisableTiming));
+    }
+    return AK_OK;
+}
+
+ak_status ak_cuda_engine_create(const ak_attn_config *cfg, const ak_limits *lim, engine_mode mode, void **out)
+{
+    engine_state *s = (engine_state *)calloc(1, sizeof *s);
+    if (!s) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA backend state");
+    s->cfg = *cfg;
+    s->lim = *lim;
+    s->mode = mode;
+    const ak_status st = engine_create_inner(s);
+    if (st != AK_OK) {
+        ak_cuda_engine_destroy(s);
+        return st;
+    }
+    *out = s;
+    return AK_OK;
+}
+
+/* ---- plan: decode items, split-KV on the host ---------------------------------- */
+
+static int is_decode_req(const ak_batch *b, int r) { return b->qo_indptr[r + 1] - b->qo_indptr[r] == 1; }
+
+/* Work items for num_dec decode requests: enough to fill one wave, at least
+ * one per request, at most max_splits per request. */
+static int items_for(const engine_state *s, int num_dec)
+{
+    const int64_t cap = (int64_t)num_dec * s->max_splits;
+    const int64_t want = s->decode_ctas < cap ? s->decode_ctas : cap;
+    return num_dec > want ? num_dec : (int)want;
+}
+
+/* The first key a query at position pos sees (the window's start). */
+static int window_lo(const ak_attn_config *cfg, int pos)
+{
+    return cfg->window_left >= 0 && pos - cfg->window_left > 0 ? pos - cfg->window_left : 0;
+}
+
+/* Visible keys of a decode request: [lo, kv_len). */
+static int visible_lo(const ak_attn_config *cfg, int kv_len) { return window_lo(cfg, kv_len - 1); }
+
+static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
+
+static int round_up(int x, int q) { return (x + q - 1) / q * q; }
+
+/* The smallest chunk (a multiple of CHUNK_QUANTUM) whose chunk count over
+ * every decode request fits the item budget. */
+static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int max_len)
+{
+    int lo = CHUNK_QUANTUM, hi = round_up(max_len, CHUNK_QUANTUM);
+    const int floor_split = (max_len + s->max_splits - 1) / s->max_splits;
+    if (floor_split > lo) lo = round_up(floor_split, CHUNK_QUANTUM);
+    if (hi < lo) hi = lo;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2 / CHUNK_QUANTUM * CHUNK_QUANTUM;
+        int64_t n = 0;
+        for (int r = 0; r < b->num_reqs; r++)
+            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]), mid);
+        if (n <= budget)
+            hi = mid;
+        else
+            lo = mid + CHUNK_QUANTUM;
+    }
+    return lo;
+}
+
+/* Decode items and their merge tasks into m; returns the item count. */
+static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m, int *num_tasks)
+{
+    int num_dec = 0, max_len = 1;
+    for (int r = 0; r < b->num_reqs; r++) {
+        if (!is_decode_req(b, r)) continue;
+        num_dec++;
+        const int len = b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]);
+        if (len > max_len) max_len = len;
+    }
+    if (num_dec == 0) return 0;
+    const int budget = items_for(s, num_dec);
+    /* with no spare items nothing is split, so no merge is needed */
+    const int chunk = budget > num_dec ? pick_chunk(s, b, budget, max_len) : INT32_MAX;
+    int n = 0, partials = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        if (!is_decode_req(b, r)) continue;
+        const int lo = visible_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
+        const int k = chunks_of(len, chunk);
+        for (int i = 0; i < k; i++) {
+            decode_item it;
+            it.req = r;
+            it.tok = bm->qo_indptr[r];
+            it.page_base = bm->kv_indptr[r];
+            it.lo = lo;
+            it.unused = 0;
+            it.kv_begin = lo + i * (k > 1 ? chunk : 0);
+            it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : b->kv_lens[r];
+            it.out = k > 1 ? partials + i : -1;
+            m->items[n++] = it;
+        }
+        if (k > 1) {
+            merge_task t = {bm->qo_indptr[r], partials, k, 1};
+            m->tasks[(*num_tasks)++] = t;
+            partials += k;
+        }
+    }
+    return n;
+}
+
+/* ---- plan: prefill items ------------------------------------------------------- */
+
+/* The cost of a prefill item: its key tiles, plus one for the q load and the
+ * epilogue. */
+static int item_cost(const prefill_item *it) { return (it->kv_end - it->kv_begin + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM + 1; }
+
+static int by_cost_desc(const void *a, const void *b)
+{
+    const int ca = ((const pf_tile *)a)->cost, cb = ((const pf_tile *)b)->cost;
+    return ca > cb ? -1 : ca < cb;
+}
+
+/* Prefill items of every request with min_prefill_q or more query tokens
+ * (two, or one in varlen mode), in the order the fixed grid takes them, and
+ * (when splitting) the merge tasks of split tiles; returns the item count
+ * (padding included). Partial slots of prefill splits start after the decode
+ * ones (max_items). */
+static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m,
+                              int *num_tasks, int *num_pitems)
+{
+    const ak_attn_config *c = &s->cfg;
+    const int P = s->prefill_ctas, nt = s->ptok;
+    int n = 0;
+    int64_t total = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
+        if (q_len < s->min_prefill_q) continue;
+        const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
+        for (int j = 0; j < q_len; j += nt) {
+            prefill_item it;
+            it.tok0 = q0 + j;
+            it.ntok = q_len - j < nt ? q_len - j : nt;
+            it.pos0 = prefix + j;
+            it.page_base = bm->kv_indptr[r];
+            const int pos_last = it.pos0 + it.ntok - 1;
+            const int lo = window_lo(c, it.pos0);
+            const int hi = c->causal && pos_last < kv_len - 1 ? pos_last : kv_len - 1; /* last visible key */
+            it.kv_begin = lo;
+            it.kv_end = hi + 1 > lo ? hi + 1 : lo;
+            it.out = -1;
+            it.unused = 0;
+            if (n >= s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+            s->tiles[n].it = it;
+            s->tiles[n].cost = item_cost(&it);
+            total += s->tiles[n].cost;
+            n++;
+        }
+    }
+    if (n == 0) {
+        *num_pitems = 0;
+        return AK_OK;
+    }
+    /* split-KV: a tile costing more than a fair share of the wave (total / P)
+     * would finish last alone; cut its keys into chunks of that share (which
+     * keeps the bounds create() sized the buffers by). Not in varlen mode:
+     * its runs are one launch, with no merge after it. */
+    const int64_t share = (total + P - 1) / P;
+    const int min_chunk = MIN_PREFILL_CHUNK;
+    int slots = 0;
+    const int n_tiles = n;
+    for (int i = 0; s->split && i < n_tiles; i++) {
+        prefill_item it = s->tiles[i].it;
+        const int len = it.kv_end - it.kv_begin;
+        if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
+        int chunk = (int)share * CHUNK_QUANTUM; /* share < cost <= len / 64 + 2: no overflow */
+        if (chunk < min_chunk) chunk = min_chunk;
+        if (len > (int64_t)chunk * s->max_splits) chunk = round_up((len + s->max_splits - 1) / s->max_splits,
+                                                                   CHUNK_QUANTUM);
+        const int k = chunks_of(len, chunk);
+        if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_pitems ||
+            *num_tasks + it.ntok > s->max_tasks)
+            continue; /* out of scratch: leave it whole (never reached within the bounds) */
+        const int base = s->max_items + slots;
+        for (int x = 0; x < k; x++) {
+            prefill_item part = it;
+            part.kv_begin = it.kv_begin + x * chunk;
+            part.kv_end = x < k - 1 ? part.kv_begin + chunk : it.kv_end;
+            part.out = base + x * it.ntok;
+            pf_tile *dst = x == 0 ? &s->tiles[i] : &s->tiles[n++];
+            dst->it = part;
+            dst->cost = item_cost(&part);
+        }
+        for (int t = 0; t < it.ntok; t++) {
+            merge_task task = {it.tok0 + t, base + t, k, it.ntok};
+            m->tasks[(*num_tasks)++] = task;
+        }
+        slots += k * it.ntok;
+    }
+    /* heaviest first, dealt to the P blocks of each KV head in a snake order
+     * (round j goes left to right when even, right to left when odd), so each
+     * block's total is close to total / P; holes in the last round are padding */
+    qsort(s->tiles, n, sizeof *s->tiles, by_cost_desc);
+    const int rounds = (n + P - 1) / P;
+    if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+    for (int j = 0; j < rounds; j++)
+        for (int x = 0; x < P; x++) {
+            const int src = j * P + (j % 2 ? P - 1 - x : x);
+            prefill_item *dst = &m->pitems[j * P + x];
+            if (src < n) {
+                *dst = s->tiles[src].it;
+            } else {
+                memset(dst, 0, sizeof *dst);
+            }
+        }
+    *num_pitems = rounds * P;
+    return AK_OK;
+}
+
+/* The staging buffer this plan writes: the core builds the batch metadata
+ * straight into it (ragged: kv_indptr in tokens, no block ids, no cache
+ * slots), so plan() copies nothing twice. */
+ak_status ak_cuda_engine_meta_buffers(void *state, ak_batch_meta *meta)
+{
+    engine_state *s = (engine_state *)state;
+    staging *st = &s->stg[s->next_stg];
+    if (st->in_flight) {
+        /* the copy from NUM_STAGING plans ago must have left this buffer */
+        AK_CUDA_TRY(cudaEventSynchronize(st->copied));
+        st->in_flight = 0;
+    }
+    memset(meta, 0, sizeof *meta);
+    meta->qo_indptr = st->m.qo_indptr;
+    meta->kv_indptr = st->m.kv_indptr;
+    meta->kv_indices = s->ragged ? NULL : st->m.kv_indices;
+    meta->slot_mapping = s->ragged ? NULL : st->m.slot_mapping;
+    return AK_OK;
+}
+
+ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_meta *bm, ak_stream stream)
+{
+    engine_state *s = (engine_state *)state;
+    staging *st = &s->stg[s->next_stg]; /* bm's arrays: ak_cuda_engine_meta_buffers */
+    const int R = b->num_reqs;
+    int num_tasks = 0, num_pitems = 0;
+    const int num_items = s->split ? plan_decode(s, b, bm, &st->m, &num_tasks) : 0;
+    /* a decode instance of cuda_paged never gets here with q_len > 1
+     * (ak_batch_build_meta refuses such a batch) */
+    if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems));
+    st->m.counts[COUNT_DECODE] = num_items;
+    st->m.counts[COUNT_PREFILL] = num_pitems;
+    st->m.counts[COUNT_MERGE] = num_tasks;
+
+    /* asynchronous copies into the fixed device buffers, used lengths only */
+    cudaStream_t cs = ak_cuda_stream(stream);
+    const int num_tokens = bm->qo_indptr[R];
+    const int num_indices = s->ragged ? 0 : bm->kv_indptr[R];
+    const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.counts) + sizeof(decode_item) * num_items;
+    AK_CUDA_TRY(cudaMemcpyAsync(s->d.counts, st->m.counts, head_bytes, cudaMemcpyHostToDevice, cs));
+    if (num_tasks > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.tasks, st->m.tasks, sizeof(merge_task) * num_tasks, cudaMemcpyHostToDevice,
+                                    cs));
+    if (num_pitems > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.pitems, st->m.pitems, sizeof(prefill_item) * num_pitems,
+                                    cudaMemcpyHostToDevice, cs));
+    if (num_indices > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.kv_indices, st->m.kv_indices, sizeof(int32_t) * num_indices,
+                                    cudaMemcpyHostToDevice, cs));
+    /* Slots past this plan's tokens become -1 on the device (only those a
+     * larger earlier plan left behind need writing): a kv_update captured
+     * with more tokens than this plan has then skips the extra rows. */
+    if (!s->ragged) {
+        const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
+        for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
+        if (slots > 0)
+            AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
+                                        cudaMemcpyHostToDevice, cs));
+        s->slot_hw = num_tokens;
+    }
+    AK_CUDA_TRY(cudaEventRecord(st->copied, cs));
+    st->in_flight = 1;
+    s->next_stg = (s->next_stg + 1) % NUM_STAGING;
+
+    s->num_items = num_items;
+    s->num_pitems = num_pitems;
+    s->num_tasks = num_tasks;
+    return AK_OK;
+}
+
+/* ---- run ------------------------------------------------------------------------- */
+
+static const char *mode_name(const engine_state *s)
+{
+    return s->mode == ENGINE_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
+}
+
+/* 16-byte vector access needs aligned rows: base and row strides. */
+static ak_status check_aligned(const engine_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
+{
+    if ((uintptr_t)data % 16 != 0 || s0 % 8 != 0 || s1 % 8 != 0)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "%s: %s needs 16-byte aligned data and row strides that are multiples of "
+                            "8 elements (stride %lld, %lld)",
+                            name, mode_name(s), (long long)s0, (long long)s1);
+    return AK_OK;
+}
+
+/* Where the loader finds K/V: the paged cache's pools, or the ragged tensors
+ * as pages of one token (load_kv_tile in attn.cuh). */
+static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, attn_params *p)
+{
+    const ak_attn_config *c = &s->cfg;
+    if (s->ragged) {
+        const ak_tensor *k = a->k, *v = a->v;
+        AK_TRY(check_aligned(s, "args.k", k->data, k->stride[0], k->stride[1]));
+        AK_TRY(check_aligned(s, "args.v", v->data, v->stride[0], v->stride[1]));
+        /* the loader keeps one per-thread head offset for K and V */
+        if (k->stride[1] != v->stride[1])
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "args.v->stride[1] = %lld differs from args.k->stride[1] = %lld: %s reads K and V "
+                                "with one head stride",
+                                (long long)v->stride[1], (long long)k->stride[1], mode_name(s));
+        p->k_pool = k->data;
+        p->v_pool = v->data;
+        p->k_block_stride = k->stride[0];
+        p->v_block_stride = v->stride[0];
+        p->kv_stride_slot = 0;
+        p->kv_stride_head = k->stride[1];
+        p->kv_indices = NULL;
+        p->page_size = 1;
+        p->page_shift = 0;
+        p->ragged = 1;
+        return AK_OK;
+    }
+    const ak_paged_kv *kv = a->kv;
+    const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
+    AK_TRY(check_aligned(s, "args.kv->k_data", kv->k_data, kbs, 0));
+    AK_TRY(check_aligned(s, "args.kv->v_data", kv->v_data, vbs, 0));
+    p->k_pool = kv->k_data;
+    p->v_pool = kv->v_data;
+    p->k_block_stride = kbs;
+    p->v_block_stride = vbs;
+    p->kv_stride_slot = kv->layout == AK_LAYOUT_NHD ? (int64_t)kv->num_kv_heads * c->head_dim_qk : c->head_dim_qk;
+    p->kv_stride_head = kv->layout == AK_LAYOUT_NHD ? c->head_dim_qk : (int64_t)kv->page_size * c->head_dim_qk;
+    p->kv_indices = s->d.kv_indices;
+    p->page_size = c->page_size;
+    p->page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
+    p->ragged = 0;
+    return AK_OK;
+}
+
+ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream)
+{
+    engine_state *s = (engine_state *)state;
+    const ak_attn_config *c = &s->cfg;
+    AK_TRY(check_aligned(s, "args.q", a->q->data, a->q->stride[0], a->q->stride[1]));
+    AK_TRY(check_aligned(s, "args.o", a->o->data, a->o->stride[0], a->o->stride[1]));
+    if (a->lse && a->lse->stride[1] != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.lse->stride[1] = %lld, %s needs 1",
+                            (long long)a->lse->stride[1], mode_name(s));
+
+    attn_params p;
+    memset(&p, 0, sizeof p);
+    AK_TRY(set_kv_addressing(s, a, &p));
+    p.q = a->q->data;
+    p.q_stride_tok = a->q->stride[0];
+    p.q_stride_head = a->q->stride[1];
+    p.o = a->o->data;
+    p.o_stride_tok = a->o->stride[0];
+    p.o_stride_head = a->o->stride[1];
+    p.lse = a->lse ? (float *)a->lse->data : NULL;
+    p.lse_stride_tok = a->lse ? a->lse->stride[0] : 0;
+    p.o_tmp = s->o_tmp;
+    p.lse_tmp = s->lse_tmp;
+    p.counts = s->d.counts;
+    p.items = s->d.items;
+    p.pitems = s->d.pitems;
+    p.tasks = s->d.tasks;
+    p.num_qo_heads = c->num_qo_heads;
+    p.num_kv_heads = c->num_kv_heads;
+    p.group = c->num_qo_heads / c->num_kv_heads;
+    p.row_tiles = s->row_tiles;
+    p.prow_tiles = s->prow_tiles;
+    p.prow_heads = s->prow_heads;
+    p.causal = c->causal;
+    p.window_left = c->window_left;
+    const float log2e = 1.4426950408889634f;
+    p.scale_log2 = c->sm_scale * log2e;
+    p.soft_cap = c->logits_soft_cap;
+    p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
+    p.cap_log2 = c->logits_soft_cap * log2e;
+    p.max_splits = s->max_splits;
+
+    /* Outside a capture, kernels with nothing to do are not launched. Under
+     * capture every kernel of the mode is, since the graph must serve any
+     * later plan (varlen: the prefill kernel only). */
+    cudaStream_t cs = ak_cuda_stream(stream);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    AK_CUDA_TRY(cudaStreamIsCapturing(cs, &capture));
+    const int all = capture != cudaStreamCaptureStatusNone;
+    const int decode = s->split && (all || s->num_items > 0);
+    const int prefill = s->prefill && (all || s->num_pitems > 0);
+    const int merge = s->split && (all || s->num_tasks > 0);
+    if (decode) AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->decode_ctas, cs));
+    if (prefill)
+        AK_TRY(ak_cuda_prefill_launch(&p, s->pfam, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
+    if (merge)
+        AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->merge_ctas, s->pdl && (decode || prefill),
+                                    cs));
+    return AK_OK;
+}
+
+/* (ak_backend_slot_mapping answers NULL for ragged K/V, which have no slots) */
+const int64_t *ak_cuda_engine_slot_mapping(void *state) { return ((const engine_state *)state)->d.slot_mapping; }
