@@ -105,27 +105,6 @@ int ak_num_threads(void);
 static inline int ak_ceil_div(int a, int b) { return (a + b - 1) / b; }
 static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Element offset of (block, slot, head, dim 0) in a paged K or V pool. */
-static inline int64_t ak_paged_offset(const ak_paged_kv *kv, int64_t block_stride,
-                                      int head_dim, int64_t block, int slot, int head)
-{
-    const int64_t row = kv->layout == AK_LAYOUT_NHD
-                            ? (int64_t)slot * kv->num_kv_heads + head
-                            : (int64_t)head * kv->page_size + slot;
-    return block * block_stride + row * head_dim;
-}
-
-static inline int64_t ak_kv_k_block_stride(const ak_paged_kv *kv)
-{
-    return kv->k_block_stride ? kv->k_block_stride
-                              : (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_qk;
-}
-static inline int64_t ak_kv_v_block_stride(const ak_paged_kv *kv)
-{
-    return kv->v_block_stride ? kv->v_block_stride
-                              : (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_vo;
-}
-
 #ifdef __cplusplus
 }
 #endif

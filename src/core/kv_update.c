@@ -4,6 +4,7 @@
  * a kernel (src/cuda/kv_update.cu).
  */
 #include "internal.h"
+#include "kv_addr.h"
 
 #include <string.h>
 
@@ -64,7 +65,7 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
                                 (long long)slot_mapping[i], (long long)num_slots);
 
     const size_t esz = ak_dtype_size(kv->dtype);
-    const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
+    const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
     for (int i = 0; i < num_tokens; i++) {
         const int64_t slot = slot_mapping[i];
         if (slot < 0) continue;
@@ -73,8 +74,8 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
         for (int h = 0; h < kv->num_kv_heads; h++) {
             const char *ks = (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * esz;
             const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * esz;
-            char *kd = (char *)kv->k_data + ak_paged_offset(kv, kbs, kv->head_dim_qk, block, off, h) * esz;
-            char *vd = (char *)kv->v_data + ak_paged_offset(kv, vbs, kv->head_dim_vo, block, off, h) * esz;
+            char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * esz;
+            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * esz;
             memcpy(kd, ks, esz * (size_t)kv->head_dim_qk);
             memcpy(vd, vs, esz * (size_t)kv->head_dim_vo);
         }

@@ -14,16 +14,12 @@
 #ifndef AK_SOFTMAX_STATE_H
 #define AK_SOFTMAX_STATE_H
 
+#include "hostdev.h"
+
 #include <math.h>
 
-#if defined(__CUDACC__)
-#define AK_SM_HD __host__ __device__ __forceinline__
-#else
-#define AK_SM_HD static inline
-#endif
-
 /* log(exp(a) + exp(b)), correct when either or both are -inf. */
-AK_SM_HD float ak_lse_add(float a, float b)
+AK_HD float ak_lse_add(float a, float b)
 {
     const float mx = fmaxf(a, b);
     if (mx == -INFINITY) return -INFINITY;
@@ -31,20 +27,20 @@ AK_SM_HD float ak_lse_add(float a, float b)
 }
 
 /* Weight of a part with log-sum-exp lse_part in a whole with lse_total. */
-AK_SM_HD float ak_lse_weight(float lse_part, float lse_total)
+AK_HD float ak_lse_weight(float lse_part, float lse_total)
 {
     return lse_total == -INFINITY ? 0.0f : expf(lse_part - lse_total);
 }
 
 /* One online-softmax step: fold a new running max in. Returns the factor by
  * which the old d and o must be scaled (0 when the old max was -inf). */
-AK_SM_HD float ak_rescale_factor(float m_old, float m_new)
+AK_HD float ak_rescale_factor(float m_old, float m_new)
 {
     return m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
 }
 
 /* Final lse of a state {m, d}: -inf when it saw no key. */
-AK_SM_HD float ak_state_lse(float m, float d)
+AK_HD float ak_state_lse(float m, float d)
 {
     return d > 0.0f ? m + logf(d) : -INFINITY;
 }

@@ -470,8 +470,8 @@ static int64_t keys_seen(const ak_attn_config *c, int p0, int cnt, int kv_len)
 {
     int64_t seen = 0;
     for (int t = 0; t < cnt; t++) {
-        const int lo = ak_cpu_visible_lo(p0 + t, c->window_left);
-        const int hi = ak_cpu_visible_hi(p0 + t, kv_len, c->causal);
+        const int lo = ak_visible_lo(p0 + t, c->window_left);
+        const int hi = ak_visible_hi(p0 + t, kv_len, c->causal);
         if (hi >= lo) seen += hi - lo + 1;
     }
     return seen;
@@ -494,8 +494,8 @@ static int plan_natural(cpu_state *s, int64_t *total)
         for (int qb = 0; qb < q_len; qb += tt) {
             const int cnt = q_len - qb < tt ? q_len - qb : tt;
             const int p0 = kv_len - q_len + qb;
-            const int k_lo = ak_cpu_visible_lo(p0, c->window_left);
-            const int k_hi = ak_cpu_visible_hi(p0 + cnt - 1, kv_len, c->causal);
+            const int k_lo = ak_visible_lo(p0, c->window_left);
+            const int k_hi = ak_visible_hi(p0 + cnt - 1, kv_len, c->causal);
             ak_cpu_work w;
             w.req = r;
             w.kv_heads = all_heads ? c->num_kv_heads : 1;
@@ -581,7 +581,7 @@ static void plan_pack(cpu_state *s)
         ak_cpu_pack *pk = &s->pack[r];
         pk->first = -1;
         if (q_len <= s->max_tokens_all_heads || kv_len == 0) continue;
-        pk->t0 = ak_cpu_visible_lo(kv_len - q_len, s->cfg.window_left) / tile;
+        pk->t0 = ak_visible_lo(kv_len - q_len, s->cfg.window_left) / tile;
         pk->tiles = ak_ceil_div(kv_len, tile) - pk->t0;
         if (used + (int64_t)pk->tiles * heads > s->pack_cap) continue;
         pk->first = (int32_t)used;
@@ -693,25 +693,17 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     c->kv_indices = s->meta.kv_indices;
 
     if (cfg->kv_storage == AK_KV_PAGED) {
-        const ak_paged_kv *kv = a->kv;
-        const int nhd = kv->layout == AK_LAYOUT_NHD;
-        c->page_size = kv->page_size;
-        c->k_base = kv->k_data;
-        c->v_base = kv->v_data;
-        c->k_block_stride = ak_kv_k_block_stride(kv);
-        c->v_block_stride = ak_kv_v_block_stride(kv);
-        c->k_slot_stride = nhd ? (int64_t)kv->num_kv_heads * kv->head_dim_qk : kv->head_dim_qk;
-        c->v_slot_stride = nhd ? (int64_t)kv->num_kv_heads * kv->head_dim_vo : kv->head_dim_vo;
-        c->k_head_stride = nhd ? kv->head_dim_qk : (int64_t)kv->page_size * kv->head_dim_qk;
-        c->v_head_stride = nhd ? kv->head_dim_vo : (int64_t)kv->page_size * kv->head_dim_vo;
+        c->page_size = a->kv->page_size;
+        c->k_base = a->kv->k_data;
+        c->v_base = a->kv->v_data;
+        c->k_addr = ak_paged_k_strides(a->kv);
+        c->v_addr = ak_paged_v_strides(a->kv);
     } else {
         c->page_size = 0;
         c->k_base = a->k->data;
         c->v_base = a->v->data;
-        c->k_slot_stride = a->k->stride[0];
-        c->k_head_stride = a->k->stride[1];
-        c->v_slot_stride = a->v->stride[0];
-        c->v_head_stride = a->v->stride[1];
+        c->k_addr = ak_ragged_strides(a->k);
+        c->v_addr = ak_ragged_strides(a->v);
     }
 
     c->q = a->q->data;

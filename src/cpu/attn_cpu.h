@@ -13,6 +13,8 @@
 #define AK_ATTN_CPU_H
 
 #include "internal.h"
+#include "kv_addr.h"
+#include "visible.h"
 
 #include <stdint.h>
 
@@ -79,15 +81,12 @@ typedef struct ak_cpu_ctx {
     const int32_t *kv_indptr;     /* [num_reqs + 1]: paged in blocks, ragged in rows */
     const int32_t *kv_indices;    /* paged: block ids */
 
-    /* K/V row (request r, key j, KV head g): paged, block b = kv_indices[
-     * kv_indptr[r] + j / page_size], slot s = j % page_size:
-     *   base + b * block_stride + s * slot_stride + g * head_stride
-     * ragged: base + (kv_indptr[r] + j) * slot_stride + g * head_stride
-     * (elements; page_size = 0 marks ragged). */
+    /* K/V row (request r, key j, KV head g), kv_addr.h: paged, block b =
+     * kv_indices[kv_indptr[r] + j / page_size], slot j % page_size; ragged
+     * (page_size = 0), block kv_indptr[r] + j, slot 0. */
     int page_size;
     const char *k_base, *v_base;
-    int64_t k_block_stride, k_slot_stride, k_head_stride;
-    int64_t v_block_stride, v_slot_stride, v_head_stride;
+    ak_kv_strides k_addr, v_addr;
 
     const char *q;                /* [num_tokens, num_qo_heads, head_dim_qk] */
     int64_t q_stride0, q_stride1;
@@ -142,19 +141,6 @@ typedef struct ak_cpu_kernels {
      * into ctx->kv_pack where ctx->pack[r] says. */
     void (*pack_tile)(const ak_cpu_ctx *ctx, int r, int g, int t, const ak_cpu_scratch *scr);
 } ak_cpu_kernels;
-
-/* The keys [lo, hi] a query at position p sees among kv_len (as cpu_ref):
- * j <= p when causal, j >= p - window_left when windowed. Empty when lo > hi.
- * Both bounds grow with p, so a tile of consecutive queries sees
- * [lo(first), hi(last)]. */
-static inline int ak_cpu_visible_lo(int p, int window_left)
-{
-    return window_left >= 0 && p - window_left > 0 ? p - window_left : 0;
-}
-static inline int ak_cpu_visible_hi(int p, int kv_len, int causal)
-{
-    return causal && p < kv_len - 1 ? p : kv_len - 1;
-}
 
 extern const ak_cpu_kernels ak_cpu_kernels_scalar;
 #if defined(__x86_64__) || defined(__i386__)

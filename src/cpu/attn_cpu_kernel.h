@@ -128,22 +128,22 @@ static void key_offsets(const ak_cpu_ctx *c, int r, int j0, int n, int64_t *koff
     if (c->page_size == 0) {
         for (int j = 0; j < n; j++) {
             const int64_t row = (int64_t)c->kv_indptr[r] + j0 + j;
-            koff[j] = row * c->k_slot_stride;
-            voff[j] = row * c->v_slot_stride;
+            koff[j] = row * c->k_addr.block; /* a ragged row is a block of one slot */
+            voff[j] = row * c->v_addr.block;
         }
         return;
     }
     const int32_t *blocks = c->kv_indices + c->kv_indptr[r];
     int b = j0 / c->page_size, slot = j0 % c->page_size;
-    int64_t kb = blocks[b] * c->k_block_stride, vb = blocks[b] * c->v_block_stride;
+    int64_t kb = blocks[b] * c->k_addr.block, vb = blocks[b] * c->v_addr.block;
     for (int j = 0; j < n; j++) {
-        koff[j] = kb + slot * c->k_slot_stride;
-        voff[j] = vb + slot * c->v_slot_stride;
+        koff[j] = kb + slot * c->k_addr.slot;
+        voff[j] = vb + slot * c->v_addr.slot;
         if (++slot == c->page_size && j + 1 < n) {
             slot = 0;
             b++;
-            kb = blocks[b] * c->k_block_stride;
-            vb = blocks[b] * c->v_block_stride;
+            kb = blocks[b] * c->k_addr.block;
+            vb = blocks[b] * c->v_addr.block;
         }
     }
 }
@@ -155,7 +155,7 @@ static void load_kv_tile(const ak_cpu_ctx *c, int g, int n, int is_v, int in_pla
                          const void **rows)
 {
     const char *base = is_v ? c->v_base : c->k_base;
-    const int64_t head_off = (int64_t)g * (is_v ? c->v_head_stride : c->k_head_stride);
+    const int64_t head_off = (int64_t)g * (is_v ? c->v_addr.head : c->k_addr.head);
     const int dim = is_v ? c->head_dim_vo : c->head_dim_qk;
     const int dpad = is_v ? c->dvo_pad : c->dqk_pad;
     const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
@@ -185,7 +185,7 @@ static int prefetch_lines(const ak_cpu_ctx *c, int g0, int nh, const int64_t *ko
     for (int is_v = 0; is_v < 2; is_v++) {
         const int64_t bytes = (is_v ? c->head_dim_vo : c->head_dim_qk) * esz;
         const char *base = is_v ? c->v_base : c->k_base;
-        const int64_t head_stride = is_v ? c->v_head_stride : c->k_head_stride;
+        const int64_t head_stride = is_v ? c->v_addr.head : c->k_addr.head;
         const int64_t *off = is_v ? voff : koff;
         for (int j = 0; j < n; j++)
             for (int h = 0; h < nh; h++) {
@@ -929,8 +929,8 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
      * with t, so the tile's keys are [lo[0], hi[ntok - 1]] */
     for (int t = 0; t < ntok; t++) {
         const int p = kv_len - q_len + w->q_begin + t;
-        int lo = ak_cpu_visible_lo(p, c->window_left);
-        int hi = ak_cpu_visible_hi(p, kv_len, c->causal);
+        int lo = ak_visible_lo(p, c->window_left);
+        int hi = ak_visible_hi(p, kv_len, c->causal);
         if (lo < w->kv_begin) lo = w->kv_begin;
         if (hi > w->kv_end - 1) hi = w->kv_end - 1;
         sc->lo[t] = lo;

@@ -89,12 +89,15 @@ static const void *kv_row(const ref_state *s, const ak_run_args *a, int r, int j
         const int64_t row = s->meta.kv_indptr[r] + j;
         return (const char *)t->data + (row * t->stride[0] + g * t->stride[1]) * esz;
     }
+    /* the layouts of ak_paged_kv as attnkit.h states them, written out here
+     * rather than shared with the fast backends: the oracle stays independent */
     const ak_paged_kv *kv = a->kv;
-    const int page = kv->page_size;
-    const int64_t block = s->meta.kv_indices[s->meta.kv_indptr[r] + j / page];
-    const int64_t off = is_v ? ak_paged_offset(kv, ak_kv_v_block_stride(kv), kv->head_dim_vo, block, j % page, g)
-                             : ak_paged_offset(kv, ak_kv_k_block_stride(kv), kv->head_dim_qk, block, j % page, g);
-    return (const char *)(is_v ? kv->v_data : kv->k_data) + off * esz;
+    const int page = kv->page_size, dim = is_v ? kv->head_dim_vo : kv->head_dim_qk;
+    const int64_t block = s->meta.kv_indices[s->meta.kv_indptr[r] + j / page], slot = j % page;
+    int64_t block_stride = is_v ? kv->v_block_stride : kv->k_block_stride;
+    if (block_stride == 0) block_stride = (int64_t)page * kv->num_kv_heads * dim;
+    const int64_t row = kv->layout == AK_LAYOUT_NHD ? slot * kv->num_kv_heads + g : (int64_t)g * page + slot;
+    return (const char *)(is_v ? kv->v_data : kv->k_data) + (block * block_stride + row * dim) * esz;
 }
 
 static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)

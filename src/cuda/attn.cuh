@@ -14,6 +14,7 @@
 #define AK_CUDA_ATTN_CUH
 
 #include "common.cuh"
+#include "visible.h"
 
 /* One unit of decode work: request `req`'s keys [kv_begin, kv_end) for one KV
  * head (grid.y). out >= 0: a partial state written to o_tmp/lse_tmp slot
@@ -85,6 +86,9 @@ struct attn_params {
     int max_splits;         /* most partial slots of one merge (merge scratch) */
 };
 
+/* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
+ * LOG2E on the way in, the LSE converted back with LN2 on the way out. */
+#define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
@@ -180,8 +184,8 @@ template <int NT>
 __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4], int h, int pos, int t0, int kv_end,
                                          int lane)
 {
-    const int hi = min(p.causal ? pos : INT_MAX, kv_end - 1);
-    const int lo = p.window_left >= 0 ? pos - p.window_left : INT_MIN;
+    const int hi = ak_visible_hi(pos, kv_end, p.causal);
+    const int lo = ak_visible_lo(pos, p.window_left);
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll

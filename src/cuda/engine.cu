@@ -27,6 +27,9 @@
  */
 #include "engine.cuh"
 
+#include "kv_addr.h"
+#include "visible.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -386,14 +389,8 @@ static int items_for(const engine_state *s, int num_dec)
     return num_dec > want ? num_dec : (int)want;
 }
 
-/* The first key a query at position pos sees (the window's start). */
-static int window_lo(const ak_attn_config *cfg, int pos)
-{
-    return cfg->window_left >= 0 && pos - cfg->window_left > 0 ? pos - cfg->window_left : 0;
-}
-
-/* Visible keys of a decode request: [lo, kv_len). */
-static int visible_lo(const ak_attn_config *cfg, int kv_len) { return window_lo(cfg, kv_len - 1); }
+/* Visible keys of a decode request: [lo, kv_len) (visible.h). */
+static int decode_lo(const ak_attn_config *cfg, int kv_len) { return ak_visible_lo(kv_len - 1, cfg->window_left); }
 
 static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
 
@@ -411,7 +408,7 @@ static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int 
         const int mid = (lo + hi) / 2 / CHUNK_QUANTUM * CHUNK_QUANTUM;
         int64_t n = 0;
         for (int r = 0; r < b->num_reqs; r++)
-            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]), mid);
+            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), mid);
         if (n <= budget)
             hi = mid;
         else
@@ -427,7 +424,7 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
     for (int r = 0; r < b->num_reqs; r++) {
         if (!is_decode_req(b, r)) continue;
         num_dec++;
-        const int len = b->kv_lens[r] - visible_lo(&s->cfg, b->kv_lens[r]);
+        const int len = b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]);
         if (len > max_len) max_len = len;
     }
     if (num_dec == 0) return 0;
@@ -437,7 +434,7 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
     int n = 0, partials = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         if (!is_decode_req(b, r)) continue;
-        const int lo = visible_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
+        const int lo = decode_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
         const int k = chunks_of(len, chunk);
         for (int i = 0; i < k; i++) {
             decode_item it;
@@ -495,8 +492,8 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.pos0 = prefix + j;
             it.page_base = bm->kv_indptr[r];
             const int pos_last = it.pos0 + it.ntok - 1;
-            const int lo = window_lo(c, it.pos0);
-            const int hi = c->causal && pos_last < kv_len - 1 ? pos_last : kv_len - 1; /* last visible key */
+            const int lo = ak_visible_lo(it.pos0, c->window_left);
+            const int hi = ak_visible_hi(pos_last, kv_len, c->causal);
             it.kv_begin = lo;
             it.kv_end = hi + 1 > lo ? hi + 1 : lo;
             it.out = -1;
@@ -656,11 +653,22 @@ static ak_status check_aligned(const engine_state *s, const char *name, const vo
     return AK_OK;
 }
 
+/* The kernels' K/V addressing (kv_addr.h): a row's slot and head strides are
+ * the same for K and V, since their head dims are equal. */
+static void set_kv_strides(attn_params *p, const void *k, const void *v, ak_kv_strides ka, ak_kv_strides va)
+{
+    p->k_pool = k;
+    p->v_pool = v;
+    p->k_block_stride = ka.block;
+    p->v_block_stride = va.block;
+    p->kv_stride_slot = ka.slot;
+    p->kv_stride_head = ka.head;
+}
+
 /* Where the loader finds K/V: the paged cache's pools, or the ragged tensors
  * as pages of one token (load_kv_tile in attn.cuh). */
 static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, attn_params *p)
 {
-    const ak_attn_config *c = &s->cfg;
     if (s->ragged) {
         const ak_tensor *k = a->k, *v = a->v;
         AK_TRY(check_aligned(s, "args.k", k->data, k->stride[0], k->stride[1]));
@@ -671,12 +679,7 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
                                 "args.v->stride[1] = %lld differs from args.k->stride[1] = %lld: %s reads K and V "
                                 "with one head stride",
                                 (long long)v->stride[1], (long long)k->stride[1], mode_name(s));
-        p->k_pool = k->data;
-        p->v_pool = v->data;
-        p->k_block_stride = k->stride[0];
-        p->v_block_stride = v->stride[0];
-        p->kv_stride_slot = 0;
-        p->kv_stride_head = k->stride[1];
+        set_kv_strides(p, k->data, v->data, ak_ragged_strides(k), ak_ragged_strides(v));
         p->kv_indices = NULL;
         p->page_size = 1;
         p->page_shift = 0;
@@ -684,18 +687,13 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
         return AK_OK;
     }
     const ak_paged_kv *kv = a->kv;
-    const int64_t kbs = ak_kv_k_block_stride(kv), vbs = ak_kv_v_block_stride(kv);
-    AK_TRY(check_aligned(s, "args.kv->k_data", kv->k_data, kbs, 0));
-    AK_TRY(check_aligned(s, "args.kv->v_data", kv->v_data, vbs, 0));
-    p->k_pool = kv->k_data;
-    p->v_pool = kv->v_data;
-    p->k_block_stride = kbs;
-    p->v_block_stride = vbs;
-    p->kv_stride_slot = kv->layout == AK_LAYOUT_NHD ? (int64_t)kv->num_kv_heads * c->head_dim_qk : c->head_dim_qk;
-    p->kv_stride_head = kv->layout == AK_LAYOUT_NHD ? c->head_dim_qk : (int64_t)kv->page_size * c->head_dim_qk;
+    const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
+    AK_TRY(check_aligned(s, "args.kv->k_data", kv->k_data, ka.block, 0));
+    AK_TRY(check_aligned(s, "args.kv->v_data", kv->v_data, va.block, 0));
+    set_kv_strides(p, kv->k_data, kv->v_data, ka, va);
     p->kv_indices = s->d.kv_indices;
-    p->page_size = c->page_size;
-    p->page_shift = (c->page_size & (c->page_size - 1)) == 0 ? __builtin_ctz(c->page_size) : -1;
+    p->page_size = s->cfg.page_size;
+    p->page_shift = (s->cfg.page_size & (s->cfg.page_size - 1)) == 0 ? __builtin_ctz(s->cfg.page_size) : -1;
     p->ragged = 0;
     return AK_OK;
 }
@@ -735,11 +733,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.prow_heads = s->prow_heads;
     p.causal = c->causal;
     p.window_left = c->window_left;
-    const float log2e = 1.4426950408889634f;
-    p.scale_log2 = c->sm_scale * log2e;
+    p.scale_log2 = c->sm_scale * LOG2E;
     p.soft_cap = c->logits_soft_cap;
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
-    p.cap_log2 = c->logits_soft_cap * log2e;
+    p.cap_log2 = c->logits_soft_cap * LOG2E;
     p.max_splits = s->max_splits;
 
     /* Outside a capture, kernels with nothing to do are not launched. Under

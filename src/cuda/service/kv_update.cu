@@ -5,18 +5,18 @@
  * One thread block per token; capturable (no sync, no allocation).
  */
 #include "../common.cuh"
+#include "kv_addr.h"
 
 /* Everything the kernel reads, by value. Strides in elements. */
 struct kv_update_params {
     const char *k_src, *v_src;     /* [num_tokens, num_kv_heads, head_dim] */
     int64_t k_tok_stride, k_head_stride, v_tok_stride, v_head_stride;
     char *k_pool, *v_pool;
-    int64_t k_block_stride, v_block_stride;
+    ak_kv_strides k_addr, v_addr;  /* a row's place in the pools (kv_addr.h) */
     const int64_t *slot_mapping;   /* [num_tokens] */
     int64_t num_slots;             /* num_blocks * page_size */
     int page_size, num_kv_heads, head_dim_qk, head_dim_vo;
     int elem_bytes;
-    int hnd;                       /* 1: HND layout, 0: NHD */
 };
 
 /* Copies one row of `row_bytes` in units of VEC. */
@@ -42,8 +42,8 @@ __global__ void kv_update_kernel(kv_update_params p)
         const int is_v = row >= p.num_kv_heads;
         const int h = is_v ? row - p.num_kv_heads : row;
         const int dim = is_v ? p.head_dim_vo : p.head_dim_qk;
-        const int64_t prow = p.hnd ? (int64_t)h * p.page_size + off : (int64_t)off * p.num_kv_heads + h;
-        const int64_t dst_el = block * (is_v ? p.v_block_stride : p.k_block_stride) + prow * dim;
+        const ak_kv_strides a = is_v ? p.v_addr : p.k_addr;
+        const int64_t dst_el = block * a.block + off * a.slot + h * a.head;
         const int64_t src_el = is_v ? token * p.v_tok_stride + h * p.v_head_stride
                                     : token * p.k_tok_stride + h * p.k_head_stride;
         char *dst = (is_v ? p.v_pool : p.k_pool) + dst_el * p.elem_bytes;
@@ -66,8 +66,8 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.v_head_stride = v->stride[1];
     p.k_pool = (char *)kv->k_data;
     p.v_pool = (char *)kv->v_data;
-    p.k_block_stride = ak_kv_k_block_stride(kv);
-    p.v_block_stride = ak_kv_v_block_stride(kv);
+    p.k_addr = ak_paged_k_strides(kv);
+    p.v_addr = ak_paged_v_strides(kv);
     p.slot_mapping = slot_mapping;
     p.num_slots = (int64_t)kv->num_blocks * kv->page_size;
     p.page_size = kv->page_size;
@@ -75,7 +75,6 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.head_dim_qk = kv->head_dim_qk;
     p.head_dim_vo = kv->head_dim_vo;
     p.elem_bytes = (int)ak_dtype_size(kv->dtype);
-    p.hnd = kv->layout == AK_LAYOUT_HND;
 
     /* 16-byte path when every row start is 16-byte aligned */
     const int eb = p.elem_bytes;
@@ -84,7 +83,7 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
                       aligned16(p.head_dim_qk, eb) && aligned16(p.head_dim_vo, eb) &&
                       aligned16(p.k_tok_stride, eb) && aligned16(p.k_head_stride, eb) &&
                       aligned16(p.v_tok_stride, eb) && aligned16(p.v_head_stride, eb) &&
-                      aligned16(p.k_block_stride, eb) && aligned16(p.v_block_stride, eb);
+                      aligned16(p.k_addr.block, eb) && aligned16(p.v_addr.block, eb);
     /* enough warps to cover the rows of a token, at most 8 */
     const int warps = 2 * kv->num_kv_heads < 8 ? 2 * kv->num_kv_heads : 8;
     cudaStream_t s = ak_cuda_stream(stream);

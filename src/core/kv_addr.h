@@ -1,0 +1,57 @@
+/*
+ * kv_addr.h - how a K or V row is addressed, the one definition for
+ * ak_kv_update, the cpu backend and the CUDA engine (which hands the strides
+ * to its kernels; cpu_ref keeps its own on purpose: it is the oracle).
+ *
+ * A row (block, slot, head) of head_dim elements starts at element
+ *     block * strides.block + slot * strides.slot + head * strides.head
+ * of its pool. Paged pools (ak_paged_kv): NHD blocks are [page_size,
+ * num_kv_heads, head_dim], HND blocks [num_kv_heads, page_size, head_dim],
+ * a block stride of 0 means packed. Ragged K/V [rows, num_kv_heads,
+ * head_dim] are pages of one token: block = row, slot 0.
+ */
+#ifndef AK_KV_ADDR_H
+#define AK_KV_ADDR_H
+
+#include "attnkit.h"
+
+typedef struct ak_kv_strides {
+    int64_t block, slot, head; /* elements */
+} ak_kv_strides;
+
+static inline ak_kv_strides ak_paged_strides(ak_kv_layout layout, int page_size, int num_kv_heads, int head_dim,
+                                             int64_t block_stride)
+{
+    ak_kv_strides s;
+    s.block = block_stride ? block_stride : (int64_t)page_size * num_kv_heads * head_dim;
+    s.slot = layout == AK_LAYOUT_NHD ? (int64_t)num_kv_heads * head_dim : head_dim;
+    s.head = layout == AK_LAYOUT_NHD ? head_dim : (int64_t)page_size * head_dim;
+    return s;
+}
+
+/* The K and V pools of a paged view. */
+static inline ak_kv_strides ak_paged_k_strides(const ak_paged_kv *kv)
+{
+    return ak_paged_strides(kv->layout, kv->page_size, kv->num_kv_heads, kv->head_dim_qk, kv->k_block_stride);
+}
+static inline ak_kv_strides ak_paged_v_strides(const ak_paged_kv *kv)
+{
+    return ak_paged_strides(kv->layout, kv->page_size, kv->num_kv_heads, kv->head_dim_vo, kv->v_block_stride);
+}
+
+/* Ragged K or V, [rows, num_kv_heads, head_dim] with any strides. */
+static inline ak_kv_strides ak_ragged_strides(const ak_tensor *t)
+{
+    ak_kv_strides s;
+    s.block = t->stride[0];
+    s.slot = 0;
+    s.head = t->stride[1];
+    return s;
+}
+
+static inline int64_t ak_kv_offset(ak_kv_strides s, int64_t block, int slot, int head)
+{
+    return block * s.block + slot * s.slot + head * s.head;
+}
+
+#endif /* AK_KV_ADDR_H */
