@@ -81,6 +81,10 @@ typedef enum ak_dtype {
 const char *ak_dtype_name(ak_dtype t); /* "f32", "f16", "bf16", "fp8_e4m3" */
 size_t ak_dtype_size(ak_dtype t);      /* bytes per element, 0 if unknown */
 
+/* Converts n elements between dtypes in host memory (f32, f16, bf16), rounding
+ * to nearest even; src and dst may not overlap unless equal. */
+ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst /* OUT */, ak_dtype dst_dtype, size_t n);
+
 typedef enum ak_device_kind {
     AK_DEVICE_CPU = 0,
     AK_DEVICE_CUDA = 1,
@@ -106,6 +110,11 @@ typedef struct ak_device_info {
  * was built without CUDA or no GPU/driver is present). Never fails. */
 int ak_device_count(ak_device_kind kind);
 ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
+
+/* Threads the CPU backends run on: AK_NUM_THREADS if set and > 0, else
+ * OpenMP's default (1 in a build without OpenMP). Read at each backend's
+ * create(). */
+int ak_cpu_num_threads(void);
 
 /* Opaque stream handle: a cudaStream_t for CUDA backends (NULL = legacy default
  * stream), ignored on the CPU. */

@@ -12,9 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef AK_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
 
 /* ---- results ----------------------------------------------------------- */
 
@@ -75,103 +72,32 @@ int t_backends(const test_ctx *t, const char **names, int cap)
     return n;
 }
 
-/* ---- random ------------------------------------------------------------- */
-
-uint64_t rng_next(uint64_t *s)
-{
-    /* splitmix64 */
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-uint64_t name_hash(const char *s)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
-    return h;
-}
-
-float rng_uniform(uint64_t *s) { return (float)((rng_next(s) >> 40) * (2.0 / 16777216.0) - 1.0); }
-
-int rng_int(uint64_t *s, int lo, int hi) { return lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1)); }
-
-void rng_shuffle_i32(uint64_t *s, int32_t *a, int n)
-{
-    for (int i = n - 1; i > 0; i--) {
-        const int j = (int)(rng_next(s) % (uint64_t)(i + 1));
-        const int32_t x = a[i];
-        a[i] = a[j];
-        a[j] = x;
-    }
-}
-
 /* ---- device memory ----------------------------------------------------- */
 
-static inline int on_gpu(ak_device dev) { return dev.kind == AK_DEVICE_CUDA; }
-
-static void *dev_alloc(ak_device dev, size_t bytes)
-{
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(dev)) {
-        void *p = NULL;
-        if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
-        return p;
-    }
-#endif
-    (void)dev;
-    return malloc(bytes);
-}
-
-static void dev_free(ak_device dev, void *p)
-{
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(dev)) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)dev;
-    free(p);
-}
-
+/* A failed copy or sync means the device (or an earlier kernel) faulted:
+ * nothing after it can be trusted, so the run stops here. */
 void dev_copy_to(ak_device dev, void *dst, const void *src, size_t bytes)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(dev)) {
-        if (cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) abort();
-        return;
+    if (scn_upload(dev, NULL, dst, src, bytes)) {
+        fprintf(stderr, "upload of %zu bytes failed: %s\n", bytes, scn_last_device_error());
+        abort();
     }
-#endif
-    (void)dev;
-    memcpy(dst, src, bytes);
 }
 
 void dev_copy_from(ak_device dev, void *dst, const void *src, size_t bytes)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(dev)) {
-        if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) abort();
-        return;
+    if (scn_download(dev, NULL, dst, src, bytes)) {
+        fprintf(stderr, "download of %zu bytes failed: %s\n", bytes, scn_last_device_error());
+        abort();
     }
-#endif
-    (void)dev;
-    memcpy(dst, src, bytes);
 }
 
 void dev_sync(ak_device dev)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(dev)) {
-        const cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            fprintf(stderr, "CUDA error after sync: %s\n", cudaGetErrorString(e));
-            abort();
-        }
+    if (scn_sync(dev)) {
+        fprintf(stderr, "device error after sync: %s\n", scn_last_device_error());
+        abort();
     }
-#endif
-    (void)dev;
 }
 
 int tbuf_alloc(tbuf *b, ak_device dev, size_t bytes)
@@ -180,7 +106,7 @@ int tbuf_alloc(tbuf *b, ak_device dev, size_t bytes)
     b->dev = dev;
     b->bytes = bytes;
     b->host = malloc(bytes + 2 * GUARD_BYTES);
-    b->raw = dev_alloc(dev, bytes + 2 * GUARD_BYTES);
+    b->raw = scn_alloc(dev, bytes + 2 * GUARD_BYTES);
     if (!b->host || !b->raw) {
         tbuf_free(b);
         return -1;
@@ -192,7 +118,7 @@ int tbuf_alloc(tbuf *b, ak_device dev, size_t bytes)
 void tbuf_free(tbuf *b)
 {
     free(b->host);
-    if (b->raw) dev_free(b->dev, b->raw);
+    scn_free(b->dev, b->raw);
     memset(b, 0, sizeof *b);
 }
 
@@ -257,7 +183,7 @@ static float round_to(ak_dtype t, float x)
 /* Fills n elements of dtype t at dst from f32 src (or random if src NULL). */
 static void store_row(void *dst, ak_dtype t, const float *src, int n, uint64_t *rng)
 {
-    for (int i = 0; i < n; i++) ak_store_from_f32(dst, t, i, src ? src[i] : rng_uniform(rng));
+    for (int i = 0; i < n; i++) ak_store_from_f32(dst, t, i, src ? src[i] : scn_uniform(rng));
 }
 
 int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
@@ -266,26 +192,22 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
     sc->tc = *tc;
     sc->cfg = case_config(tc, dev);
     const int Hq = tc->num_qo_heads, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk, Dvo = tc->head_dim_vo;
-    const int R = tc->num_reqs, P = tc->page_size > 0 ? tc->page_size : 1;
+    const int R = tc->num_reqs;
     const ak_dtype dt = tc->dtype;
     const size_t esz = ak_dtype_size(dt);
 
-    sc->qo_indptr = calloc((size_t)R + 1, sizeof(int32_t));
-    sc->kv_lens = calloc((size_t)R + 1, sizeof(int32_t));
-    int max_blocks = 1;
+    int32_t q_lens[MAX_REQS + 1], kv_lens[MAX_REQS + 1];
     for (int r = 0; r < R; r++) {
-        sc->qo_indptr[r + 1] = sc->qo_indptr[r] + tc->reqs[r].q_len;
-        sc->kv_lens[r] = tc->reqs[r].kv_len;
-        sc->num_kv_tokens += tc->reqs[r].kv_len;
-        const int nb = (tc->reqs[r].kv_len + P - 1) / P;
-        if (nb > max_blocks) max_blocks = nb;
+        q_lens[r] = tc->reqs[r].q_len;
+        kv_lens[r] = tc->reqs[r].kv_len;
     }
-    sc->num_tokens = sc->qo_indptr[R];
+    int T = 0;
+    for (int r = 0; r < R; r++) T += q_lens[r];
 
-    /* logical inputs, rounded to the dtype so every consumer sees the same values */
-    const int T = sc->num_tokens;
+    /* logical inputs first, rounded to the dtype so every consumer sees the
+     * same values: a seed gives the same inputs whatever the page size */
     sc->q = malloc(sizeof(float) * ((size_t)T * Hq * Dqk + 1));
-    for (int64_t i = 0; i < (int64_t)T * Hq * Dqk; i++) sc->q[i] = round_to(dt, rng_uniform(rng));
+    for (int64_t i = 0; i < (int64_t)T * Hq * Dqk; i++) sc->q[i] = round_to(dt, scn_uniform(rng));
     sc->k = calloc((size_t)R + 1, sizeof(float *));
     sc->v = calloc((size_t)R + 1, sizeof(float *));
     /* K is scaled up so the softmax is peaked enough to notice a wrong key */
@@ -293,9 +215,13 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         const int L = tc->reqs[r].kv_len;
         sc->k[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dqk + 1));
         sc->v[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dvo + 1));
-        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++) sc->k[r][i] = round_to(dt, 2.0f * rng_uniform(rng));
-        for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++) sc->v[r][i] = round_to(dt, rng_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++) sc->k[r][i] = round_to(dt, 2.0f * scn_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++) sc->v[r][i] = round_to(dt, scn_uniform(rng));
     }
+
+    const int paged = tc->storage == AK_KV_PAGED;
+    if (scn_batch_build(&sc->b, R, q_lens, kv_lens, paged ? tc->page_size : 0, 0, 0, rng)) return -1;
+    sc->lim = sc->b.lim;
 
     /* q on the device, rows padded */
     if (tbuf_alloc(&sc->q_buf, dev, esz * ((size_t)T * Hq * (Dqk + ROW_PAD) + 1))) return -1;
@@ -307,18 +233,8 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         }
     tbuf_upload(&sc->q_buf);
 
-    ak_limits_init(&sc->lim);
-    sc->lim.max_reqs = R > 0 ? R : 1;
-    sc->lim.max_tokens = T > 0 ? T : 1;
-    sc->lim.max_blocks_per_req = max_blocks;
-
-    ak_batch_init(&sc->batch);
-    sc->batch.num_reqs = R;
-    sc->batch.qo_indptr = sc->qo_indptr;
-    sc->batch.kv_lens = sc->kv_lens;
-
-    if (tc->storage == AK_KV_RAGGED) {
-        const int64_t N = sc->num_kv_tokens;
+    if (!paged) {
+        const int64_t N = sc->b.num_kv_tokens;
         if (tbuf_alloc(&sc->k_rag, dev, esz * ((size_t)N * Hk * Dqk + 1)) ||
             tbuf_alloc(&sc->v_rag, dev, esz * ((size_t)N * Hk * Dvo + 1)))
             return -1;
@@ -331,52 +247,23 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         }
         tbuf_upload(&sc->k_rag);
         tbuf_upload(&sc->v_rag);
-        sc->lim.num_cache_blocks = 1;
         return 0;
     }
 
-    /* paged: blocks in shuffled order, a few spare blocks that stay random */
-    int total_blocks = 0;
-    for (int r = 0; r < R; r++) total_blocks += (tc->reqs[r].kv_len + P - 1) / P;
-    const int num_blocks = total_blocks + 5;
-    ak_kv_cache_config kc;
-    ak_kv_cache_config_init(&kc);
-    kc.num_blocks = num_blocks;
-    kc.page_size = P;
-    kc.num_kv_heads = Hk;
-    kc.head_dim_qk = Dqk;
-    kc.head_dim_vo = Dvo;
-    kc.dtype = dt;
-    kc.layout = tc->layout;
-    kc.device = dev;
-    if (ak_kv_cache_create(&kc, &sc->cache) != AK_OK) return -1;
+    /* paged: the batch's shuffled blocks, and its spare blocks that stay random */
+    const int P = tc->page_size, num_blocks = sc->b.num_blocks;
+    if (scn_cache_create(&sc->cfg, 1, num_blocks, &sc->cache)) return -1;
     ak_kv_cache_layer(sc->cache, 0, &sc->kv);
-    sc->lim.num_cache_blocks = num_blocks;
 
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_blocks);
-    ak_kv_cache_alloc(sc->cache, num_blocks, ids);
-    rng_shuffle_i32(rng, ids, num_blocks);
-    /* rows padded with a spare column of garbage ids, never read */
-    sc->bt_stride = max_blocks + 1;
-    sc->block_table = malloc(sizeof(int32_t) * ((size_t)R * sc->bt_stride + 1));
-    int next = 0;
-    for (int r = 0; r < R; r++) {
-        const int nb = (tc->reqs[r].kv_len + P - 1) / P;
-        for (int i = 0; i < sc->bt_stride; i++)
-            sc->block_table[r * sc->bt_stride + i] = i < nb ? ids[next++] : -7;
-    }
-    free(ids);
-    sc->batch.block_table = sc->block_table;
-    sc->batch.block_table_stride = sc->bt_stride;
-
-    /* pool images: random everywhere, then the logical rows at their slots */
+    /* pool images: random everywhere, then the logical rows at their slots,
+     * written by the test's own scatter (not ak_kv_update) */
     const size_t kpool = (size_t)num_blocks * P * Hk * Dqk, vpool = (size_t)num_blocks * P * Hk * Dvo;
     char *kimg = malloc(kpool * esz), *vimg = malloc(vpool * esz);
     store_row(kimg, dt, NULL, (int)kpool, rng);
     store_row(vimg, dt, NULL, (int)vpool, rng);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < tc->reqs[r].kv_len; j++) {
-            const int64_t blk = sc->block_table[r * sc->bt_stride + j / P];
+            const int64_t blk = sc->b.block_table[r * sc->b.bt_stride + j / P];
             const int s = j % P;
             for (int h = 0; h < Hk; h++) {
                 const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
@@ -400,9 +287,7 @@ void scene_free(scene *sc)
     free(sc->k);
     free(sc->v);
     free(sc->q);
-    free(sc->qo_indptr);
-    free(sc->kv_lens);
-    free(sc->block_table);
+    scn_batch_free(&sc->b);
     ak_kv_cache_destroy(sc->cache);
     tbuf_free(&sc->q_buf);
     tbuf_free(&sc->k_rag);
@@ -422,7 +307,7 @@ void dense_attention(const scene *sc, double *o, double *lse)
     for (int r = 0; r < tc->num_reqs; r++) {
         const int L = tc->reqs[r].kv_len, Q = tc->reqs[r].q_len;
         for (int i = 0; i < Q; i++) {
-            const int t = sc->qo_indptr[r] + i, pos = L - Q + i;
+            const int t = sc->b.qo_indptr[r] + i, pos = L - Q + i;
             for (int h = 0; h < Hq; h++) {
                 const int g = h / (Hq / Hk);
                 double mx = -INFINITY;
@@ -469,7 +354,7 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     ak_status st = ak_backend_create(&sc->cfg, &sc->lim, name, &b);
     if (st != AK_OK) return st;
     const ak_attn_config *c = &sc->cfg;
-    const int T = sc->num_tokens, Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
+    const int T = sc->b.num_tokens, Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
     const size_t oes = ak_dtype_size(c->o_dtype);
     tbuf ob, lb;
     tbuf_alloc(&ob, c->device, oes * ((size_t)T * Hq * (Dvo + ROW_PAD) + 1));
@@ -485,8 +370,8 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     ot.stride[0] = (int64_t)Hq * (Dvo + ROW_PAD);
     ak_tensor lt = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
     lt.stride[0] = Hq + LSE_PAD;
-    ak_tensor kt = ak_tensor_3d(tbuf_data(&sc->k_rag), c->kv_dtype, sc->num_kv_tokens, c->num_kv_heads, Dqk);
-    ak_tensor vt = ak_tensor_3d(tbuf_data(&sc->v_rag), c->kv_dtype, sc->num_kv_tokens, c->num_kv_heads, Dvo);
+    ak_tensor kt = ak_tensor_3d(tbuf_data(&sc->k_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dqk);
+    ak_tensor vt = ak_tensor_3d(tbuf_data(&sc->v_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dvo);
 
     ak_run_args a;
     ak_run_args_init(&a);
@@ -499,7 +384,7 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
         a.k = &kt;
         a.v = &vt;
     }
-    st = ak_backend_plan(b, &sc->batch, NULL);
+    st = ak_backend_plan(b, &sc->b.batch, NULL);
     if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
     dev_sync(c->device);
     tbuf_download(&ob);

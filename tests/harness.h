@@ -7,6 +7,7 @@
 #define AK_TEST_HARNESS_H
 
 #include "attnkit.h"
+#include "scene_core.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -33,13 +34,9 @@ int t_storage_selected(const test_ctx *t, ak_kv_storage s);
 /* Backends of the device under test (in registry order). */
 int t_backends(const test_ctx *t, const char **names, int cap);
 
-/* ---- random ------------------------------------------------------------- */
-
-uint64_t rng_next(uint64_t *s);
-uint64_t name_hash(const char *s);         /* FNV-1a: a per-case seed that survives ASLR */
-float rng_uniform(uint64_t *s);            /* [-1, 1) */
-int rng_int(uint64_t *s, int lo, int hi);  /* [lo, hi] */
-void rng_shuffle_i32(uint64_t *s, int32_t *a, int n);
+/* Random values (scn_rng_next, scn_uniform, scn_rng_int, scn_shuffle_i32,
+ * scn_name_hash), device memory and batches come from tools/scene_core.h,
+ * shared with attnkit-bench. */
 
 /* ---- buffers: host mirror + device copy, with guard bytes --------------- */
 
@@ -93,15 +90,10 @@ typedef struct scene {
     attn_case tc;
     ak_attn_config cfg;
     ak_limits lim;
-    int num_tokens;
-    int64_t num_kv_tokens;
+    scn_batch b;          /* the batch: lengths, block table of shuffled ids */
     /* logical data, already rounded to the dtype, as f32 */
     float *q;             /* [num_tokens, Hq, Dqk] */
     float **k, **v;       /* per request [kv_len, Hkv, D] */
-    /* batch */
-    int32_t *qo_indptr, *kv_lens, *block_table;
-    int bt_stride;
-    ak_batch batch;
     /* storage on the device */
     ak_kv_cache *cache;   /* paged */
     ak_paged_kv kv;
@@ -109,9 +101,10 @@ typedef struct scene {
 } scene;
 
 ak_attn_config case_config(const attn_case *tc, ak_device dev);
-/* Builds a scene: random inputs, shuffled block ids, unused cache slots filled
- * with random values, K/V written through the block table by the test's own
- * scatter (not ak_kv_update). Returns 0 on success. */
+/* Builds a scene: random inputs, the batch (scn_batch_build: shuffled block
+ * ids, an unused column, spare blocks), unused cache slots filled with random
+ * values, K/V written through the block table by the test's own scatter (not
+ * ak_kv_update). Returns 0 on success. */
 int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng);
 void scene_free(scene *sc);
 

@@ -160,15 +160,15 @@ static void run_case(test_ctx *t, const attn_case *tc)
     const ak_device cpu = {AK_DEVICE_CPU, 0};
 
     /* oracle: cpu_ref on a CPU twin of the scene (same seed -> same data) */
-    uint64_t seed = t->seed ^ name_hash(tc->name);
+    uint64_t seed = t->seed ^ scn_name_hash(tc->name);
     uint64_t rng = seed;
     scene ref_sc;
     if (scene_build(&ref_sc, tc, cpu, &rng)) {
         t_fail(t, "cpu_ref", tc->name, "cannot build the scene");
         return;
     }
-    const int64_t n_o = (int64_t)ref_sc.num_tokens * tc->num_qo_heads * tc->head_dim_vo;
-    const int64_t n_l = (int64_t)ref_sc.num_tokens * tc->num_qo_heads;
+    const int64_t n_o = (int64_t)ref_sc.b.num_tokens * tc->num_qo_heads * tc->head_dim_vo;
+    const int64_t n_l = (int64_t)ref_sc.b.num_tokens * tc->num_qo_heads;
     double *dense_o = malloc(sizeof(double) * (size_t)(n_o + 1));
     double *dense_l = malloc(sizeof(double) * (size_t)(n_l + 1));
     float *ref_o = malloc(sizeof(float) * (size_t)(n_o + 1));

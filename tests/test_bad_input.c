@@ -196,7 +196,7 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         t_skip(t, backend, bc->name, "the baseline is already a decode batch");
         return;
     }
-    uint64_t rng = t->seed ^ name_hash(bc->name);
+    uint64_t rng = t->seed ^ scn_name_hash(bc->name);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
         t_fail(t, backend, bc->name, "cannot build the scene");
@@ -207,15 +207,15 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.cfg = sc.cfg;
     in.lim = sc.lim;
     in.name = backend;
-    in.batch = sc.batch;
-    memcpy(in.qo, sc.qo_indptr, sizeof(int32_t) * 4);
-    memcpy(in.kvl, sc.kv_lens, sizeof(int32_t) * 3);
-    if (!ragged) memcpy(in.bt, sc.block_table, sizeof(int32_t) * 3 * (size_t)sc.bt_stride);
+    in.batch = sc.b.batch;
+    memcpy(in.qo, sc.b.qo_indptr, sizeof(int32_t) * 4);
+    memcpy(in.kvl, sc.b.kv_lens, sizeof(int32_t) * 3);
+    if (!ragged) memcpy(in.bt, sc.b.block_table, sizeof(int32_t) * 3 * (size_t)sc.b.bt_stride);
     in.batch.qo_indptr = in.qo;
     in.batch.kv_lens = in.kvl;
     in.batch.block_table = in.bt;
     in.kv = sc.kv;
-    const int T = sc.num_tokens, Hq = tc.num_qo_heads, D = tc.head_dim_qk;
+    const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, D = tc.head_dim_qk;
     const size_t esz = ak_dtype_size(tc.dtype);
     tbuf ob, lb, nb;
     tbuf_alloc(&ob, t->device, esz * (size_t)T * Hq * D);
@@ -234,8 +234,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.args.o = &in.o;
     in.args.lse = &in.lse;
     if (ragged) {
-        in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), tc.dtype, sc.num_kv_tokens, tc.num_kv_heads, D);
-        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), tc.dtype, sc.num_kv_tokens, tc.num_kv_heads, D);
+        in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), tc.dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
+        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), tc.dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
         in.args.k = &in.k;
         in.args.v = &in.v;
     } else {

@@ -46,7 +46,7 @@ static void core_dtypes(test_ctx *t)
     uint64_t rng = t->seed;
     double worst16 = 0, worstbf = 0;
     for (int i = 0; i < 100000; i++) {
-        const float x = rng_uniform(&rng) * 1000.0f;
+        const float x = scn_uniform(&rng) * 1000.0f;
         const double e16 = fabs(ak_f16_to_f32(ak_f32_to_f16(x)) - x) / fabs(x);
         const double ebf = fabs(ak_bf16_to_f32(ak_f32_to_bf16(x)) - x) / fabs(x);
         if (e16 > worst16) worst16 = e16;
@@ -150,8 +150,8 @@ static void core_kv_update(test_ctx *t)
     memset(kv.v_data, 0x22, 4 * 4 * 2 * 4 * 2);
     uint16_t k[3][2][8], v[3][2][4];
     uint64_t rng = t->seed;
-    for (int i = 0; i < 3 * 2 * 8; i++) ((uint16_t *)k)[i] = ak_f32_to_bf16(rng_uniform(&rng));
-    for (int i = 0; i < 3 * 2 * 4; i++) ((uint16_t *)v)[i] = ak_f32_to_bf16(rng_uniform(&rng));
+    for (int i = 0; i < 3 * 2 * 8; i++) ((uint16_t *)k)[i] = ak_f32_to_bf16(scn_uniform(&rng));
+    for (int i = 0; i < 3 * 2 * 4; i++) ((uint16_t *)v)[i] = ak_f32_to_bf16(scn_uniform(&rng));
     const int64_t slots[3] = {13, -1, 2};
     ak_tensor kt = ak_tensor_3d(k, AK_BF16, 3, 2, 8), vt = ak_tensor_3d(v, AK_BF16, 3, 2, 4);
     ak_status st = ak_kv_update(&kv, &kt, &vt, slots, 3, NULL);
@@ -177,8 +177,8 @@ static void core_merge(test_ctx *t)
     enum { T = 2, S = 3, H = 2, D = 5 };
     float v[T][S][H][D], s[T][S][H], vo[T][H][D], so[T][H];
     uint64_t rng = t->seed;
-    for (int i = 0; i < T * S * H * D; i++) ((float *)v)[i] = rng_uniform(&rng);
-    for (int i = 0; i < T * S * H; i++) ((float *)s)[i] = 3.0f * rng_uniform(&rng);
+    for (int i = 0; i < T * S * H * D; i++) ((float *)v)[i] = scn_uniform(&rng);
+    for (int i = 0; i < T * S * H; i++) ((float *)s)[i] = 3.0f * scn_uniform(&rng);
     for (int i = 0; i < S; i++) s[0][i][1] = -INFINITY;
     s[1][2][0] = -INFINITY;
     v[1][2][0][0] = NAN; /* an empty part's output is never read */

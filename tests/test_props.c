@@ -50,7 +50,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
     tc.num_reqs = R;
     for (int r = 0; r < R; r++) tc.reqs[r] = (req_spec){L[r], L[r]};
 
-    uint64_t rng = t->seed ^ name_hash(tname);
+    uint64_t rng = t->seed ^ scn_name_hash(tname);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
         t_fail(t, name, tname, "cannot build the scene");
@@ -80,7 +80,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
     float *whole_o = malloc(sizeof(float) * (size_t)T * Hq * D);
     int done[R] = {0, 0};
     int32_t qo[R + 1], kvl[R];
-    ak_batch batch = sc.batch;
+    ak_batch batch = sc.b.batch;
     batch.qo_indptr = qo;
     batch.kv_lens = kvl;
     for (int s = 0; s < STEPS && st == AK_OK; s++) {
@@ -99,7 +99,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
                     ak_store_from_f32(kh, dt, (int64_t)row * Hk * D + e, sc.k[r][(int64_t)j * Hk * D + e]);
                     ak_store_from_f32(vh, dt, (int64_t)row * Hk * D + e, sc.v[r][(int64_t)j * Hk * D + e]);
                 }
-                const int tok = sc.qo_indptr[r] + j;
+                const int tok = sc.b.qo_indptr[r] + j;
                 for (int e = 0; e < Hq * D; e++)
                     ak_store_from_f32(qh, dt, (int64_t)row * Hq * D + e, sc.q[(int64_t)tok * Hq * D + e]);
             }
@@ -127,7 +127,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
         float *step_o = malloc(sizeof(float) * (size_t)n * Hq * D);
         fetch_f32(t->device, tbuf_data(&ob), dt, (int64_t)n * Hq * D, step_o);
         for (int r = 0; r < R; r++)
-            memcpy(chunk_o + (int64_t)(sc.qo_indptr[r] + done[r]) * Hq * D, step_o + (int64_t)qo[r] * Hq * D,
+            memcpy(chunk_o + (int64_t)(sc.b.qo_indptr[r] + done[r]) * Hq * D, step_o + (int64_t)qo[r] * Hq * D,
                    sizeof(float) * (size_t)chunks[r][s] * Hq * D);
         free(step_o);
         tbuf_free(&qb);
@@ -135,7 +135,7 @@ static void prop_chunked(test_ctx *t, const char *name, ak_dtype dt)
     }
     if (st == AK_OK) {
         /* one shot over the cache the chunks wrote */
-        st = ak_backend_plan(b, &sc.batch, NULL);
+        st = ak_backend_plan(b, &sc.b.batch, NULL);
         ak_tensor qt = ak_tensor_3d(tbuf_data(&sc.q_buf), dt, T, Hq, D), ot = ak_tensor_3d(tbuf_data(&ob), dt, T, Hq, D);
         qt.stride[1] = D + 8; /* the scene pads q rows */
         qt.stride[0] = (int64_t)Hq * (D + 8);
@@ -198,7 +198,7 @@ static void prop_merge(test_ctx *t, const char *name, int parts)
     tc.storage = AK_KV_PAGED;
     tc.num_reqs = 1;
     tc.reqs[0] = (req_spec){1, L};
-    uint64_t rng = t->seed ^ name_hash(tname);
+    uint64_t rng = t->seed ^ scn_name_hash(tname);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
         t_fail(t, name, tname, "cannot build the scene");
@@ -208,16 +208,16 @@ static void prop_merge(test_ctx *t, const char *name, int parts)
     int cuts[17];
     const int nblk = (L + P - 1) / P;
     cuts[0] = 0;
-    for (int i = 1; i < parts; i++) cuts[i] = cuts[i - 1] + rng_int(&rng, 1, (nblk - cuts[i - 1]) - (parts - i));
+    for (int i = 1; i < parts; i++) cuts[i] = cuts[i - 1] + scn_rng_int(&rng, 1, (nblk - cuts[i - 1]) - (parts - i));
     cuts[parts] = nblk;
     int32_t qo[18], kvl[17], *bt = malloc(sizeof(int32_t) * (size_t)parts * nblk);
     for (int i = 0; i < parts; i++) {
         qo[i] = i;
         kvl[i] = (i == parts - 1 ? L : cuts[i + 1] * P) - cuts[i] * P;
-        for (int j = 0; j < nblk; j++) bt[i * nblk + j] = j < cuts[i + 1] - cuts[i] ? sc.block_table[cuts[i] + j] : 0;
+        for (int j = 0; j < nblk; j++) bt[i * nblk + j] = j < cuts[i + 1] - cuts[i] ? sc.b.block_table[cuts[i] + j] : 0;
     }
     qo[parts] = parts;
-    ak_batch pb = sc.batch;
+    ak_batch pb = sc.b.batch;
     pb.num_reqs = parts;
     pb.qo_indptr = qo;
     pb.kv_lens = kvl;
@@ -317,7 +317,7 @@ static void prop_layout(test_ctx *t, const char *name, int decode_only)
         for (int lay = 0; lay < 2; lay++) {
             tc.page_size = pages[p];
             tc.layout = lay ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
-            uint64_t rng = t->seed ^ name_hash(tname); /* same logical data every time */
+            uint64_t rng = t->seed ^ scn_name_hash(tname); /* same logical data every time */
             scene sc;
             if (scene_build(&sc, &tc, t->device, &rng)) continue;
             const ak_status st = scene_run(&sc, name, variants ? o : first, l, bad, sizeof bad);

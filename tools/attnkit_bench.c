@@ -18,7 +18,6 @@
 #include "attnkit.h"
 #include "bench_device.h"
 #include "bench_scene.h"
-#include "internal.h" /* ak_num_threads */
 
 #include <math.h>
 #include <stdarg.h>
@@ -503,7 +502,7 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
     printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d", c->num_qo_heads, c->num_kv_heads,
            c->head_dim_qk);
     printf(",\"num_tokens\":%d,\"num_kv_tokens\":%lld,\"layers\":%d,\"graph\":%s,\"kv_update\":%s",
-           sc->num_tokens, (long long)sc->num_kv_tokens, sc->num_layers, r->graph ? "true" : "false",
+           sc->b.num_tokens, (long long)sc->b.num_kv_tokens, sc->num_layers, r->graph ? "true" : "false",
            o->kv_update ? "true" : "false");
     printf(",\"flop_per_call\":%.6g,\"bytes_per_call\":%.6g", sc->flops, sc->bytes);
     const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
@@ -579,7 +578,7 @@ static int run_layers(void *arg)
         lr->next_layer = (lr->next_layer + 1) % sc->num_layers;
         if (lr->kv_update) {
             const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
-            const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, lr->slots, sc->num_tokens, lr->stream);
+            const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, lr->slots, sc->b.num_tokens, lr->stream);
             if (st != AK_OK) {
                 snprintf(lr->err, sizeof lr->err, "ak_kv_update(layer %d): %s: %s", l, ak_status_str(st),
                          ak_last_error());
@@ -625,8 +624,8 @@ static double median_of(double *v, int n)
  * "uniform batch" support replays). */
 static int batch_is_uniform(const bench_scene *sc)
 {
-    for (int r = 1; r < sc->num_reqs; r++)
-        if (sc->qo_indptr[r + 1] - sc->qo_indptr[r] != sc->qo_indptr[1] - sc->qo_indptr[0]) return 0;
+    for (int r = 1; r < sc->b.num_reqs; r++)
+        if (sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r] != sc->b.qo_indptr[1] - sc->b.qo_indptr[0]) return 0;
     return 1;
 }
 
@@ -637,7 +636,7 @@ static const char *graph_obstacle(const bench_scene *sc, ak_backend *b)
     switch (ak_backend_graph_support(b)) {
     case AK_GRAPH_NEVER: return "the backend's run() is not capturable (graph support: never)";
     case AK_GRAPH_DECODE_ONLY:
-        return sc->num_tokens == sc->num_reqs && batch_is_uniform(sc)
+        return sc->b.num_tokens == sc->b.num_reqs && batch_is_uniform(sc)
                    ? NULL
                    : "the backend's graphs replay decode batches only (graph support: decode_only)";
     case AK_GRAPH_UNIFORM_BATCH:
@@ -700,7 +699,7 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
     double plan_us[PLAN_REPS];
     for (int i = 0; i < PLAN_REPS; i++) {
         const double t0 = bd_now();
-        const ak_status st = ak_backend_plan(b, &sc->batch, ctx->stream);
+        const ak_status st = ak_backend_plan(b, &sc->b.batch, ctx->stream);
         plan_us[i] = 1e6 * (bd_now() - t0);
         if (st != AK_OK) {
             snprintf(r->reason, sizeof r->reason, "plan: %s: %s", ak_status_str(st), ak_last_error());
@@ -838,7 +837,7 @@ static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
             const bd_ctx *c = &st->ctx[kind];
             if (kind == AK_DEVICE_CPU)
                 note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, AVX2+FMA+F16C %s\n", c->info.name,
-                     ak_num_threads(), (double)c->cache_bytes / (1 << 20),
+                     ak_cpu_num_threads(), (double)c->cache_bytes / (1 << 20),
                      c->info.cpu_has_avx2_fma_f16c ? "yes" : "no");
             else
                 note(&st->opt, "# device cuda:0 %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", c->info.name,
@@ -1062,7 +1061,7 @@ static int run_scatter(void *arg)
     const bench_scene *sc = sr->sc;
     const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
     for (int l = 0; l < sc->num_layers; l++) {
-        const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, sc->slots, sc->num_tokens, sr->stream);
+        const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, sc->slots, sc->b.num_tokens, sr->stream);
         if (st != AK_OK) {
             fprintf(stderr, "attnkit-bench: ak_kv_update(layer %d): %s: %s\n", l, ak_status_str(st), ak_last_error());
             return -1;
@@ -1101,7 +1100,7 @@ static void csv_row(FILE *f, const bd_ctx *ctx, const bench_scene *sc, const com
     fputc(',', f);
     csv_field(f, sc->model->name);
     fprintf(f, ",%d,%d,%d,%s,%d,%d,%d,%d,%d,%s,%s,%s,", c->num_qo_heads, c->num_kv_heads, c->head_dim_qk,
-            ak_dtype_name(c->kv_dtype), c->page_size, sc->shape.batch, sc->shape.q_len, sc->num_tokens,
+            ak_dtype_name(c->kv_dtype), c->page_size, sc->shape.batch, sc->shape.q_len, sc->b.num_tokens,
             sc->num_layers, v->name, v->backend, r->status);
     if (ran) fprintf(f, "%.6g,%.6g,%.6g,%.6g,", r->median_ms, scatter_ms, r->median_ms + scatter_ms, r->gflops / 1e3);
     else fprintf(f, ",%.6g,,,", scatter_ms);

@@ -8,7 +8,7 @@
 
 #include "bench_device.h"
 
-#include "internal.h" /* ak_num_threads: the library's own thread count */
+#include "scene_core.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +26,6 @@
 #define GIB ((size_t)1 << 30)
 #define MIB ((size_t)1 << 20)
 
-/* Host allocations are aligned to whole cache lines (and AVX-512 rows). */
-#define HOST_ALIGN 64
 /* When /sys does not say how large the last-level cache is. */
 #define DEFAULT_LLC_BYTES (32 * MIB)
 /* Share of the memory the bench may take: the CPU machine is shared with
@@ -209,98 +207,43 @@ void bd_close(bd_ctx *ctx)
 
 /* ---- memory ------------------------------------------------------------------ */
 
+/* The memory of scene_core.h on the bench's device and stream, with the
+ * bench's messages. */
 void *bd_malloc(const bd_ctx *ctx, size_t bytes)
 {
-    const size_t n = bytes ? bytes : 1;
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        void *p = NULL;
-        const cudaError_t e = cudaMalloc(&p, n);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            fprintf(stderr, "attnkit-bench: cudaMalloc(%zu bytes): %s\n", n, cudaGetErrorString(e));
-            return NULL;
-        }
-        return p;
-    }
-#endif
-    (void)ctx;
-    void *p = aligned_alloc(HOST_ALIGN, (n + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN);
-    if (!p) fprintf(stderr, "attnkit-bench: cannot allocate %zu host bytes\n", n);
+    void *p = scn_alloc(ctx->dev, bytes);
+    if (!p) fprintf(stderr, "attnkit-bench: cannot allocate %zu bytes: %s\n", bytes, scn_last_device_error());
     return p;
 }
 
-void bd_free(const bd_ctx *ctx, void *p)
-{
-    if (!p) return;
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        bd_cuda_warn(cudaFree(p), "cudaFree");
-        return;
-    }
-#endif
-    (void)ctx;
-    free(p);
-}
+void bd_free(const bd_ctx *ctx, void *p) { scn_free(ctx->dev, p); }
 
-/* On the GPU every copy and memset goes on the bench's stream and is waited
- * for: the stream is non-blocking, so a legacy-stream cudaMemcpy would not be
- * ordered with the kernels on it (and a pageable H2D cudaMemcpy may return
- * before its DMA is done). */
 int bd_upload(const bd_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        BD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
-        BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-        return 0;
-    }
-#endif
-    (void)ctx;
-    memcpy(dst, src, bytes);
-    return 0;
+    if (!scn_upload(ctx->dev, ctx->stream, dst, src, bytes)) return 0;
+    fprintf(stderr, "attnkit-bench: upload of %zu bytes: %s\n", bytes, scn_last_device_error());
+    return -1;
 }
 
 int bd_download(const bd_ctx *ctx, void *dst, const void *src, size_t bytes)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        BD_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)ctx->stream));
-        BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-        return 0;
-    }
-#endif
-    (void)ctx;
-    memcpy(dst, src, bytes);
-    return 0;
+    if (!scn_download(ctx->dev, ctx->stream, dst, src, bytes)) return 0;
+    fprintf(stderr, "attnkit-bench: download of %zu bytes: %s\n", bytes, scn_last_device_error());
+    return -1;
 }
 
 int bd_memset(const bd_ctx *ctx, void *dst, int byte, size_t bytes)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        BD_CUDA(cudaMemsetAsync(dst, byte, bytes, (cudaStream_t)ctx->stream));
-        BD_CUDA(cudaStreamSynchronize((cudaStream_t)ctx->stream));
-        return 0;
-    }
-#endif
-    (void)ctx;
-    memset(dst, byte, bytes);
-    return 0;
+    if (!scn_memset(ctx->dev, ctx->stream, dst, byte, bytes)) return 0;
+    fprintf(stderr, "attnkit-bench: memset of %zu bytes: %s\n", bytes, scn_last_device_error());
+    return -1;
 }
 
 int bd_sync(const bd_ctx *ctx)
 {
-#ifdef AK_HAVE_CUDA
-    if (on_gpu(ctx)) {
-        /* the whole device: the library may also have used the legacy stream
-         * (at create, for instance); an earlier kernel's fault surfaces here */
-        BD_CUDA(cudaDeviceSynchronize());
-        return 0;
-    }
-#endif
-    (void)ctx;
-    return 0;
+    if (!scn_sync(ctx->dev)) return 0;
+    fprintf(stderr, "attnkit-bench: device error: %s\n", scn_last_device_error());
+    return -1;
 }
 
 /* ---- timing ------------------------------------------------------------------- */
@@ -433,7 +376,7 @@ static int cpu_ceiling(const bd_ctx *ctx, bd_ceiling *out)
     const size_t n = bytes / sizeof(uint64_t);
     uint64_t *buf = bd_malloc(ctx, n * sizeof(uint64_t));
     if (!buf) return -1;
-    const int threads = ak_num_threads();
+    const int threads = ak_cpu_num_threads();
     /* first touch by the same threads, same schedule: pages land where they are read,
      * and untouched pages would all map the one zero page and never reach DRAM */
 #ifdef _OPENMP

@@ -3,9 +3,6 @@
  * accounting of one layer call, and the cpu_ref check. See bench_scene.h.
  */
 #include "bench_scene.h"
-#include "internal.h" /* ak_num_threads */
-
-#include "dtype.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -59,25 +56,11 @@ int bench_workload_parse(const char *s, bench_workload *w)
 
 /* ---- random data ---------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* [-1, 1) from the top 24 bits: exact in f32 */
-static float uniform_pm1(uint64_t *s)
-{
-    return (float)((double)(splitmix64(s) >> 40) * (2.0 / 16777216.0) - 1.0);
-}
-
 /* A seed per (run seed, tensor, layer), so every buffer differs. */
 static uint64_t derive_seed(uint64_t seed, uint64_t tensor, uint64_t layer)
 {
     uint64_t s = seed ^ (tensor * 0xd1b54a32d192ed03ull) ^ (layer * 0x8cb92ba72f3d8dd7ull);
-    return splitmix64(&s);
+    return scn_rng_next(&s);
 }
 
 /* Elements per independently seeded chunk: the values depend only on the seed
@@ -86,6 +69,9 @@ static uint64_t derive_seed(uint64_t seed, uint64_t tensor, uint64_t layer)
 /* Host staging for filling device memory (elements, a multiple of FILL_CHUNK). */
 #define STAGE_ELEMS (FILL_CHUNK * 128)
 
+/* Values generated at a time before their conversion to the dtype. */
+#define FILL_BATCH 1024
+
 /* Writes n random values (scale * [-1, 1), rounded to t) at dst, which holds
  * elements first .. first + n - 1 of the tensor; first % FILL_CHUNK == 0. */
 static void fill_random_host(void *dst, ak_dtype t, size_t first, size_t n, float scale, uint64_t seed)
@@ -93,14 +79,18 @@ static void fill_random_host(void *dst, ak_dtype t, size_t first, size_t n, floa
     const long long nchunks = (long long)((n + FILL_CHUNK - 1) / FILL_CHUNK);
     const size_t esz = ak_dtype_size(t);
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(ak_num_threads())
+#pragma omp parallel for schedule(static) num_threads(ak_cpu_num_threads())
 #endif
     for (long long c = 0; c < nchunks; c++) {
         uint64_t s = seed ^ ((first / FILL_CHUNK + (size_t)c) * 0x9e3779b97f4a7c15ull);
-        splitmix64(&s);
+        scn_rng_next(&s);
         const size_t lo = (size_t)c * FILL_CHUNK, hi = lo + FILL_CHUNK < n ? lo + FILL_CHUNK : n;
-        char *p = (char *)dst + lo * esz;
-        for (size_t i = 0; i < hi - lo; i++) ak_store_from_f32(p, t, (int64_t)i, scale * uniform_pm1(&s));
+        float vals[FILL_BATCH];
+        for (size_t i = lo; i < hi; i += FILL_BATCH) {
+            const size_t m = hi - i < FILL_BATCH ? hi - i : FILL_BATCH;
+            for (size_t j = 0; j < m; j++) vals[j] = scale * scn_uniform(&s);
+            ak_convert(vals, AK_F32, (char *)dst + i * esz, t, m); /* f32 to f32/f16/bf16: cannot fail */
+        }
     }
 }
 
@@ -129,17 +119,6 @@ static int fill_random(const bd_ctx *ctx, void *dst, ak_dtype t, size_t n, float
 }
 
 /* ---- the batch and its accounting ---------------------------------------------------- */
-
-/* Keys visible to the query at position p of a request with kv_len keys:
- * [*lo, *hi] (empty when *hi < *lo). */
-static void visible_range(const ak_attn_config *c, int kv_len, int p, int *lo, int *hi)
-{
-    *hi = c->causal && p < kv_len - 1 ? p : kv_len - 1;
-    *lo = c->window_left >= 0 && p - c->window_left > 0 ? p - c->window_left : 0;
-}
-
-/* Blocks left unused in every pool: they hold random data a wrong block id would read. */
-#define SPARE_BLOCKS 8
 
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
                ak_dtype dtype, int page_size, ak_kv_layout layout, uint64_t seed)
@@ -181,77 +160,43 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->workload = s->workload == BW_DECODE ? AK_WORKLOAD_DECODE : AK_WORKLOAD_ANY;
 
     /* requests: decodes first, then the prefill chunks (the order engines use
-     * when decode and prefill kernels share one batch) */
+     * when decode and prefill kernels share one batch); each its own blocks,
+     * shuffled, and spare blocks that hold random data a wrong id would read */
     const int R = s->batch;
-    sc->num_reqs = R;
-    sc->qo_indptr = calloc((size_t)R + 1, sizeof(int32_t));
-    sc->kv_lens = calloc((size_t)R, sizeof(int32_t));
-    if (!sc->qo_indptr || !sc->kv_lens) goto oom;
     const int first_chunk = s->workload == BW_MIXED ? R - s->num_prefills : 0;
-    int64_t tokens = 0;
-    for (int r = 0; r < R; r++) {
-        int q = s->q_len;
-        if (s->workload == BW_DECODE || (s->workload == BW_MIXED && r < first_chunk)) q = 1;
-        tokens += q;
-        if (tokens > INT32_MAX) {
-            fprintf(stderr, "attnkit-bench: more than %d query tokens\n", INT32_MAX);
-            return -1;
-        }
-        sc->qo_indptr[r + 1] = (int32_t)tokens;
-        sc->kv_lens[r] = q == 1 && s->workload == BW_MIXED && s->decode_kv_len ? s->decode_kv_len : s->kv_len;
-        sc->num_kv_tokens += sc->kv_lens[r];
-    }
-    sc->num_tokens = (int)tokens;
-
-    /* blocks: every request's own, in shuffled order, plus spares */
-    const int max_kv = s->decode_kv_len > s->kv_len ? s->decode_kv_len : s->kv_len;
-    const int blocks_per_req = (max_kv + page_size - 1) / page_size;
-    const int64_t nblocks = (int64_t)R * blocks_per_req + SPARE_BLOCKS;
-    if (nblocks > INT32_MAX) {
-        fprintf(stderr, "attnkit-bench: %lld cache blocks are too many\n", (long long)nblocks);
-        return -1;
-    }
-    sc->num_blocks = (int)nblocks;
-    sc->bt_stride = blocks_per_req;
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)nblocks);
-    sc->block_table = malloc(sizeof(int32_t) * ((size_t)R * blocks_per_req + 1));
-    if (!ids || !sc->block_table) {
-        free(ids);
+    int32_t *q_lens = malloc(sizeof(int32_t) * (size_t)R), *kv_lens = malloc(sizeof(int32_t) * (size_t)R);
+    if (!q_lens || !kv_lens) {
+        free(q_lens);
+        free(kv_lens);
         goto oom;
     }
-    uint64_t rs = derive_seed(seed, 1, 0);
-    for (int i = 0; i < sc->num_blocks; i++) ids[i] = i;
-    for (int i = sc->num_blocks - 1; i > 0; i--) {
-        const int j = (int)(splitmix64(&rs) % (uint64_t)(i + 1));
-        const int32_t x = ids[i];
-        ids[i] = ids[j];
-        ids[j] = x;
+    int64_t tokens = 0;
+    for (int r = 0; r < R; r++) {
+        const int decode = s->workload == BW_DECODE || (s->workload == BW_MIXED && r < first_chunk);
+        q_lens[r] = decode ? 1 : s->q_len;
+        kv_lens[r] = decode && s->workload == BW_MIXED && s->decode_kv_len ? s->decode_kv_len : s->kv_len;
+        tokens += q_lens[r];
     }
-    memcpy(sc->block_table, ids, sizeof(int32_t) * (size_t)R * blocks_per_req);
-    free(ids);
-
-    ak_batch_init(&sc->batch);
-    sc->batch.num_reqs = R;
-    sc->batch.qo_indptr = sc->qo_indptr;
-    sc->batch.kv_lens = sc->kv_lens;
-    sc->batch.block_table = sc->block_table;
-    sc->batch.block_table_stride = sc->bt_stride;
-
-    ak_limits_init(&sc->lim);
-    sc->lim.max_reqs = R;
-    sc->lim.max_tokens = sc->num_tokens;
-    sc->lim.max_blocks_per_req = blocks_per_req;
-    sc->lim.num_cache_blocks = sc->num_blocks;
+    uint64_t rs = derive_seed(seed, 1, 0);
+    const int built = tokens <= INT32_MAX ? scn_batch_build(&sc->b, R, q_lens, kv_lens, page_size, 0, 0, &rs) : -1;
+    free(q_lens);
+    free(kv_lens);
+    if (built) {
+        fprintf(stderr, "attnkit-bench: a batch of %lld query tokens does not fit in memory or int32\n",
+                (long long)tokens);
+        return -1;
+    }
+    sc->lim = sc->b.lim;
 
     /* accounting: keys each query sees, and KV rows read (each once per request) */
     const int Hq = c->num_qo_heads, Hk = c->num_kv_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
     int64_t kv_rows_read = 0;
     for (int r = 0; r < R; r++) {
-        const int Q = sc->qo_indptr[r + 1] - sc->qo_indptr[r], L = sc->kv_lens[r];
+        const int Q = sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r], L = sc->b.kv_lens[r];
         int first_lo = 0, last_hi = -1;
         for (int i = 0; i < Q; i++) {
             int lo, hi;
-            visible_range(c, L, L - Q + i, &lo, &hi);
+            scn_visible(c, L, L - Q + i, &lo, &hi);
             if (hi >= lo) sc->visible_keys += hi - lo + 1;
             if (i == 0) first_lo = lo;
             if (i == Q - 1) last_hi = hi;
@@ -261,7 +206,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     }
     sc->flops = 2.0 * (Dqk + Dvo) * (double)Hq * (double)sc->visible_keys;
     sc->bytes = (double)kv_rows_read * Hk * (Dqk + Dvo) * (double)ak_dtype_size(c->kv_dtype) +
-                (double)sc->num_tokens * Hq *
+                (double)sc->b.num_tokens * Hq *
                     ((double)Dqk * ak_dtype_size(c->q_dtype) + (double)Dvo * ak_dtype_size(c->o_dtype));
     return 0;
 oom:
@@ -300,7 +245,7 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", soft-cap %g", c->logits_soft_cap);
     snprintf(buf, cap, "%s %s (%d/%d heads, head_dim %d%s) %s page %d: %s; %d query tokens, %lld keys",
              bench_workload_name(s->workload), m->name, c->num_qo_heads, c->num_kv_heads, c->head_dim_qk, extra,
-             ak_dtype_name(c->kv_dtype), c->page_size, what, sc->num_tokens, (long long)sc->num_kv_tokens);
+             ak_dtype_name(c->kv_dtype), c->page_size, what, sc->b.num_tokens, (long long)sc->b.num_kv_tokens);
 }
 
 /* ---- storage ------------------------------------------------------------------------ */
@@ -313,36 +258,36 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
 
 ak_tensor scene_q(const bench_scene *sc, int layer)
 {
-    return ak_tensor_3d((char *)sc->q + (size_t)layer * sc->q_layer_bytes, sc->cfg.q_dtype, sc->num_tokens,
+    return ak_tensor_3d((char *)sc->q + (size_t)layer * sc->q_layer_bytes, sc->cfg.q_dtype, sc->b.num_tokens,
                         sc->cfg.num_qo_heads, sc->cfg.head_dim_qk);
 }
 
 ak_tensor scene_o(const bench_scene *sc, int layer)
 {
-    return ak_tensor_3d((char *)sc->o + (size_t)layer * sc->o_layer_bytes, sc->cfg.o_dtype, sc->num_tokens,
+    return ak_tensor_3d((char *)sc->o + (size_t)layer * sc->o_layer_bytes, sc->cfg.o_dtype, sc->b.num_tokens,
                         sc->cfg.num_qo_heads, sc->cfg.head_dim_vo);
 }
 
 ak_tensor scene_k_new(const bench_scene *sc)
 {
-    return ak_tensor_3d(sc->k_new, sc->cfg.kv_dtype, sc->num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
+    return ak_tensor_3d(sc->k_new, sc->cfg.kv_dtype, sc->b.num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
 }
 
 ak_tensor scene_v_new(const bench_scene *sc)
 {
-    return ak_tensor_3d(sc->v_new, sc->cfg.kv_dtype, sc->num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
+    return ak_tensor_3d(sc->v_new, sc->cfg.kv_dtype, sc->b.num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
 }
 
 ak_tensor scene_k_rag(const bench_scene *sc, int layer)
 {
     return ak_tensor_3d((char *)sc->k_rag + (size_t)layer * sc->k_rag_layer_bytes, sc->cfg.kv_dtype,
-                        sc->num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
+                        sc->b.num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
 }
 
 ak_tensor scene_v_rag(const bench_scene *sc, int layer)
 {
     return ak_tensor_3d((char *)sc->v_rag + (size_t)layer * sc->v_rag_layer_bytes, sc->cfg.kv_dtype,
-                        sc->num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
+                        sc->b.num_kv_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
 }
 
 /* Random tensors' ids for derive_seed. */
@@ -358,18 +303,18 @@ static int write_new_tokens(bench_scene *sc, uint64_t seed)
 {
     const bd_ctx *ctx = sc->ctx;
     const ak_attn_config *c = &sc->cfg;
-    const int T = sc->num_tokens;
+    const int T = sc->b.num_tokens;
     int nt = 0, nidx = 0;
-    if (ak_batch_meta_sizes(&sc->batch, c, &sc->lim, &nt, &nidx) != AK_OK) {
+    if (ak_batch_meta_sizes(&sc->b.batch, c, &sc->lim, &nt, &nidx) != AK_OK) {
         fprintf(stderr, "attnkit-bench: batch metadata: %s\n", ak_last_error());
         return -1;
     }
     ak_batch_meta meta;
     memset(&meta, 0, sizeof meta);
-    meta.qo_indptr = malloc(sizeof(int32_t) * ((size_t)sc->num_reqs + 1));
-    meta.kv_indptr = malloc(sizeof(int32_t) * ((size_t)sc->num_reqs + 1));
+    meta.qo_indptr = malloc(sizeof(int32_t) * ((size_t)sc->b.num_reqs + 1));
+    meta.kv_indptr = malloc(sizeof(int32_t) * ((size_t)sc->b.num_reqs + 1));
     meta.kv_indices = malloc(sizeof(int32_t) * ((size_t)nidx + 1));
-    meta.kv_last_page_len = malloc(sizeof(int32_t) * ((size_t)sc->num_reqs + 1));
+    meta.kv_last_page_len = malloc(sizeof(int32_t) * ((size_t)sc->b.num_reqs + 1));
     meta.positions = malloc(sizeof(int32_t) * ((size_t)nt + 1));
     meta.slot_mapping = malloc(sizeof(int64_t) * ((size_t)nt + 1));
     int rc = -1;
@@ -378,7 +323,7 @@ static int write_new_tokens(bench_scene *sc, uint64_t seed)
         fprintf(stderr, "attnkit-bench: out of host memory for the batch metadata\n");
         goto done;
     }
-    if (ak_batch_build_meta(&sc->batch, c, &sc->lim, &meta) != AK_OK) {
+    if (ak_batch_build_meta(&sc->b.batch, c, &sc->lim, &meta) != AK_OK) {
         fprintf(stderr, "attnkit-bench: batch metadata: %s\n", ak_last_error());
         goto done;
     }
@@ -417,21 +362,21 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     const int Hq = c->num_qo_heads, Hk = c->num_kv_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
     const size_t kv_esz = ak_dtype_size(c->kv_dtype);
     const size_t block_elems_k = (size_t)c->page_size * Hk * Dqk, block_elems_v = (size_t)c->page_size * Hk * Dvo;
-    const size_t pool_bytes = (size_t)sc->num_blocks * (block_elems_k + block_elems_v) * kv_esz;
-    sc->q_layer_bytes = ak_dtype_size(c->q_dtype) * (size_t)sc->num_tokens * Hq * Dqk;
-    sc->o_layer_bytes = ak_dtype_size(c->o_dtype) * (size_t)sc->num_tokens * Hq * Dvo;
+    const size_t pool_bytes = (size_t)sc->b.num_blocks * (block_elems_k + block_elems_v) * kv_esz;
+    sc->q_layer_bytes = ak_dtype_size(c->q_dtype) * (size_t)sc->b.num_tokens * Hq * Dqk;
+    sc->o_layer_bytes = ak_dtype_size(c->o_dtype) * (size_t)sc->b.num_tokens * Hq * Dvo;
     if (sc->ragged_kv) {
         /* the step's K/V are all the keys only when no request has a prefix */
-        if (sc->num_kv_tokens != sc->num_tokens) {
+        if (sc->b.num_kv_tokens != sc->b.num_tokens) {
             fprintf(stderr, "attnkit-bench: ragged K/V need prompts without a prefix (q_len = kv_len)\n");
             return -1;
         }
-        sc->k_rag_layer_bytes = kv_esz * (size_t)sc->num_kv_tokens * Hk * Dqk;
-        sc->v_rag_layer_bytes = kv_esz * (size_t)sc->num_kv_tokens * Hk * Dvo;
+        sc->k_rag_layer_bytes = kv_esz * (size_t)sc->b.num_kv_tokens * Hk * Dqk;
+        sc->v_rag_layer_bytes = kv_esz * (size_t)sc->b.num_kv_tokens * Hk * Dvo;
     }
     const size_t per_layer =
         pool_bytes + sc->q_layer_bytes + sc->o_layer_bytes + sc->k_rag_layer_bytes + sc->v_rag_layer_bytes;
-    const size_t fixed = (size_t)sc->num_tokens * (Hk * (size_t)(Dqk + Dvo) * kv_esz + sizeof(int64_t));
+    const size_t fixed = (size_t)sc->b.num_tokens * (Hk * (size_t)(Dqk + Dvo) * kv_esz + sizeof(int64_t));
 
     /* how many layers to rotate through */
     const double cache = (double)ctx->cache_bytes;
@@ -464,31 +409,13 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     }
     sc->num_layers = layers;
 
-    ak_kv_cache_config kc;
-    ak_kv_cache_config_init(&kc);
-    kc.num_layers = layers;
-    kc.num_blocks = sc->num_blocks;
-    kc.page_size = c->page_size;
-    kc.num_kv_heads = Hk;
-    kc.head_dim_qk = Dqk;
-    kc.head_dim_vo = Dvo;
-    kc.dtype = c->kv_dtype;
-    kc.layout = c->kv_layout;
-    kc.device = c->device;
-    if (ak_kv_cache_create(&kc, &sc->cache) != AK_OK) {
+    /* every block is allocated, as an engine's running requests hold them; the
+     * batch uses them in the shuffled order of its block table */
+    if (scn_cache_create(c, layers, sc->b.num_blocks, &sc->cache)) {
         fprintf(stderr, "attnkit-bench: KV cache of %d layers x %.2f GiB: %s\n", layers,
                 (double)pool_bytes / (1 << 30), ak_last_error());
         return -1;
     }
-    /* every block is allocated, as an engine's running requests hold them; the
-     * batch uses them in the shuffled order of its block table */
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)sc->num_blocks);
-    if (!ids || ak_kv_cache_alloc(sc->cache, sc->num_blocks, ids) != AK_OK) {
-        fprintf(stderr, "attnkit-bench: block allocation: %s\n", ids ? ak_last_error() : "out of host memory");
-        free(ids);
-        return -1;
-    }
-    free(ids);
 
     sc->kv = calloc((size_t)layers, sizeof *sc->kv);
     sc->q = bd_malloc(ctx, sc->q_layer_bytes * (size_t)layers);
@@ -510,12 +437,12 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
             return -1;
         }
         /* whole pools, unused blocks too: never zeros, and a stray read finds noise */
-        if (fill_random(ctx, sc->kv[l].k_data, c->kv_dtype, (size_t)sc->num_blocks * block_elems_k, K_SCALE,
+        if (fill_random(ctx, sc->kv[l].k_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_k, K_SCALE,
                         derive_seed(seed, SEED_K, (uint64_t)l)) ||
-            fill_random(ctx, sc->kv[l].v_data, c->kv_dtype, (size_t)sc->num_blocks * block_elems_v, 1.0f,
+            fill_random(ctx, sc->kv[l].v_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_v, 1.0f,
                         derive_seed(seed, SEED_V, (uint64_t)l)) ||
             fill_random(ctx, (char *)sc->q + (size_t)l * sc->q_layer_bytes, c->q_dtype,
-                        (size_t)sc->num_tokens * Hq * Dqk, 1.0f, derive_seed(seed, SEED_Q, (uint64_t)l)))
+                        (size_t)sc->b.num_tokens * Hq * Dqk, 1.0f, derive_seed(seed, SEED_Q, (uint64_t)l)))
             return -1;
     }
     if (bd_download(ctx, sc->q0_host, sc->q, sc->q_layer_bytes)) return -1;
@@ -526,9 +453,9 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
         /* the seeds of k_new / v_new: the same values as the cache's rows */
         for (int l = 0; l < layers; l++)
             if (fill_random(ctx, (char *)sc->k_rag + (size_t)l * sc->k_rag_layer_bytes, c->kv_dtype,
-                            (size_t)sc->num_kv_tokens * Hk * Dqk, K_SCALE, derive_seed(seed, SEED_K_NEW, 0)) ||
+                            (size_t)sc->b.num_kv_tokens * Hk * Dqk, K_SCALE, derive_seed(seed, SEED_K_NEW, 0)) ||
                 fill_random(ctx, (char *)sc->v_rag + (size_t)l * sc->v_rag_layer_bytes, c->kv_dtype,
-                            (size_t)sc->num_kv_tokens * Hk * Dvo, 1.0f, derive_seed(seed, SEED_V_NEW, 0)))
+                            (size_t)sc->b.num_kv_tokens * Hk * Dvo, 1.0f, derive_seed(seed, SEED_V_NEW, 0)))
                 return -1;
     }
     return write_new_tokens(sc, seed);
@@ -550,9 +477,7 @@ void scene_free(bench_scene *sc)
     ak_kv_cache_destroy(sc->cache);
     free(sc->kv);
     free(sc->q0_host);
-    free(sc->qo_indptr);
-    free(sc->kv_lens);
-    free(sc->block_table);
+    scn_batch_free(&sc->b);
     memset(sc, 0, sizeof *sc);
 }
 
@@ -581,7 +506,7 @@ static double sub_cost(const bench_scene *sc, const sub_req *s)
     int64_t keys = 0;
     for (int i = 0; i < s->n; i++) {
         int lo, hi;
-        visible_range(c, s->kv_len, s->kv_len - s->n + i, &lo, &hi);
+        scn_visible(c, s->kv_len, s->kv_len - s->n + i, &lo, &hi);
         if (hi >= lo) keys += hi - lo + 1;
     }
     return (double)keys * c->num_qo_heads * (c->head_dim_qk + c->head_dim_vo);
@@ -634,7 +559,7 @@ static int group_candidates(const bench_scene *sc, const int *reqs, int n, sub_r
 {
     int k = 0;
     for (int i = 0; i < n; i++) {
-        const int r = reqs[i], Q = sc->qo_indptr[r + 1] - sc->qo_indptr[r], L = sc->kv_lens[r];
+        const int r = reqs[i], Q = sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r], L = sc->b.kv_lens[r];
         if (Q <= CHECK_TAIL_TOKENS) out[k++] = (sub_req){r, 0, Q, L};
         else out[k++] = (sub_req){r, Q - CHECK_TAIL_TOKENS, CHECK_TAIL_TOKENS, L};
     }
@@ -643,7 +568,7 @@ static int group_candidates(const bench_scene *sc, const int *reqs, int n, sub_r
      * leaves what it sees unchanged */
     for (unsigned round = 0; round < CHECK_SINGLES; round++)
         for (int i = 0; i < n; i++) {
-            const int r = reqs[i], Q = sc->qo_indptr[r + 1] - sc->qo_indptr[r], L = sc->kv_lens[r];
+            const int r = reqs[i], Q = sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r], L = sc->b.kv_lens[r];
             const int before_tail = Q - CHECK_TAIL_TOKENS;
             if (before_tail <= 0) continue;
             const int t = (int)(van_der_corput(round) * before_tail);
@@ -660,10 +585,10 @@ static int group_candidates(const bench_scene *sc, const int *reqs, int n, sub_r
  * still fits the budget. Returns how many, or -1. */
 static int choose_subs(const bench_scene *sc, sub_req *subs, int cap, int *sampled)
 {
-    const int R = sc->num_reqs;
+    const int R = sc->b.num_reqs;
     double full = 0;
     for (int r = 0; r < R; r++) {
-        subs[r] = (sub_req){r, 0, sc->qo_indptr[r + 1] - sc->qo_indptr[r], sc->kv_lens[r]};
+        subs[r] = (sub_req){r, 0, sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r], sc->b.kv_lens[r]};
         full += sub_cost(sc, &subs[r]);
     }
     *sampled = full > CHECK_BUDGET_MACS;
@@ -709,7 +634,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     const bd_ctx *ctx = sc->ctx;
     const ak_attn_config *c = &sc->cfg;
     const int Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
-    const int cap = sc->num_reqs * (1 + CHECK_SINGLES);
+    const int cap = sc->b.num_reqs * (1 + CHECK_SINGLES);
     sub_req *subs = malloc(sizeof *subs * (size_t)cap);
     if (!subs) return -1;
     const int ns = choose_subs(sc, subs, cap, &ref->sampled);
@@ -717,20 +642,20 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     ak_backend *b = NULL;
     int32_t *kv_lens = NULL, *bt = NULL;
     void *q = NULL, *kpool = NULL, *vpool = NULL;
-    char *seen = calloc((size_t)sc->num_reqs, 1);
+    char *seen = calloc((size_t)sc->b.num_reqs, 1);
     if (ns <= 0 || !seen) goto done;
 
     ref->num_subs = ns;
     ref->sub_indptr = malloc(sizeof(int32_t) * ((size_t)ns + 1));
     kv_lens = malloc(sizeof(int32_t) * (size_t)ns);
-    bt = malloc(sizeof(int32_t) * (size_t)ns * sc->bt_stride);
+    bt = malloc(sizeof(int32_t) * (size_t)ns * sc->b.bt_stride);
     if (!ref->sub_indptr || !kv_lens || !bt) goto done;
     ref->sub_indptr[0] = 0;
     for (int s = 0; s < ns; s++) {
         ref->sub_indptr[s + 1] = ref->sub_indptr[s] + subs[s].n;
         kv_lens[s] = subs[s].kv_len;
-        memcpy(bt + (size_t)s * sc->bt_stride, sc->block_table + (size_t)subs[s].req * sc->bt_stride,
-               sizeof(int32_t) * (size_t)sc->bt_stride);
+        memcpy(bt + (size_t)s * sc->b.bt_stride, sc->b.block_table + (size_t)subs[s].req * sc->b.bt_stride,
+               sizeof(int32_t) * (size_t)sc->b.bt_stride);
         if (!seen[subs[s].req]) ref->num_src_reqs++;
         seen[subs[s].req] = 1;
     }
@@ -743,7 +668,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     if (!ref->src_token || !ref->o || !q) goto done;
     for (int s = 0; s < ns; s++)
         for (int i = 0; i < subs[s].n; i++) {
-            const int t = ref->sub_indptr[s] + i, src = sc->qo_indptr[subs[s].req] + subs[s].t0 + i;
+            const int t = ref->sub_indptr[s] + i, src = sc->b.qo_indptr[subs[s].req] + subs[s].t0 + i;
             ref->src_token[t] = src;
             memcpy((char *)q + q_row * (size_t)t, (const char *)sc->q0_host + q_row * (size_t)src, q_row);
         }
@@ -752,8 +677,8 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     ak_paged_kv kv = sc->kv[0];
     if (ctx->dev.kind != AK_DEVICE_CPU) {
         const size_t esz = ak_dtype_size(c->kv_dtype);
-        const size_t kb = esz * (size_t)sc->num_blocks * c->page_size * c->num_kv_heads * Dqk;
-        const size_t vb = esz * (size_t)sc->num_blocks * c->page_size * c->num_kv_heads * Dvo;
+        const size_t kb = esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dqk;
+        const size_t vb = esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dvo;
         kpool = malloc(kb);
         vpool = malloc(vb);
         if (!kpool || !vpool) {
@@ -777,15 +702,15 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     ak_limits_init(&lim);
     lim.max_reqs = ns;
     lim.max_tokens = T;
-    lim.max_blocks_per_req = sc->bt_stride;
-    lim.num_cache_blocks = sc->num_blocks;
+    lim.max_blocks_per_req = sc->b.bt_stride;
+    lim.num_cache_blocks = sc->b.num_blocks;
     ak_batch batch;
     ak_batch_init(&batch);
     batch.num_reqs = ns;
     batch.qo_indptr = ref->sub_indptr;
     batch.kv_lens = kv_lens;
     batch.block_table = bt;
-    batch.block_table_stride = sc->bt_stride;
+    batch.block_table_stride = sc->b.bt_stride;
     ak_tensor qt = ak_tensor_3d(q, c->q_dtype, T, Hq, Dqk);
     ak_tensor ot = ak_tensor_3d(ref->o, AK_F32, T, Hq, Dvo);
     ak_run_args args;
@@ -830,7 +755,7 @@ void ref_describe(const bench_ref *ref, const bench_scene *sc, char *buf, size_t
         snprintf(buf, cap,
                  "check: cpu_ref on a SAMPLE, %d of %d query tokens from %d of %d requests (the last <= %d tokens "
                  "of each%s, within a work budget), layer 0, %.1f s",
-                 ref->num_sub_tokens, sc->num_tokens, ref->num_src_reqs, sc->num_reqs, CHECK_TAIL_TOKENS,
+                 ref->num_sub_tokens, sc->b.num_tokens, ref->num_src_reqs, sc->b.num_reqs, CHECK_TAIL_TOKENS,
                  sc->cfg.causal ? "; single earlier tokens of longer ones" : "", ref->seconds);
 }
 
@@ -850,12 +775,19 @@ double ref_compare(const bench_ref *ref, const bench_scene *sc, const void *o_ho
 {
     const ak_attn_config *c = &sc->cfg;
     const int Hq = c->num_qo_heads, Dvo = c->head_dim_vo;
-    const int64_t row = (int64_t)Hq * Dvo;
+    const int64_t row = (int64_t)Hq * Dvo, n = (int64_t)sc->b.num_tokens * row;
     bad[0] = '\0';
-    for (int64_t i = 0; i < (int64_t)sc->num_tokens * row; i++)
-        if (isnan(ak_load_as_f32(o_host, c->o_dtype, i))) {
+    float *o = malloc(sizeof(float) * (size_t)(n + 1));
+    if (!o || ak_convert(o_host, c->o_dtype, o, AK_F32, (size_t)n) != AK_OK) {
+        snprintf(bad, cap, "cannot convert o to f32: %s", o ? ak_last_error() : "out of host memory");
+        free(o);
+        return INFINITY;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (isnan(o[i])) {
             snprintf(bad, cap, "o[token %lld][head %lld][%lld] is NaN (computed so, or never written)",
                      (long long)(i / row), (long long)(i % row / Dvo), (long long)(i % Dvo));
+            free(o);
             return INFINITY;
         }
     double worst = 0;
@@ -865,7 +797,7 @@ double ref_compare(const bench_ref *ref, const bench_scene *sc, const void *o_ho
             const int64_t src = ref->src_token[t];
             for (int64_t e = 0; e < row; e++) {
                 const double want = ref->o[(int64_t)t * row + e];
-                const double d = (double)ak_load_as_f32(o_host, c->o_dtype, src * row + e) - want;
+                const double d = (double)o[src * row + e] - want;
                 num += d * d;
                 den += want * want;
             }
@@ -873,5 +805,6 @@ double ref_compare(const bench_ref *ref, const bench_scene *sc, const void *o_ho
         const double err = den > 0 ? sqrt(num / den) : sqrt(num);
         if (!(err <= worst)) worst = err;
     }
+    free(o);
     return worst;
 }

@@ -9,6 +9,7 @@
 
 #include "attnkit.h"
 #include "bench_device.h"
+#include "scene_core.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -59,15 +60,9 @@ typedef struct bench_scene {
     ak_attn_config cfg;
     ak_limits lim;
 
-    /* the batch, host arrays */
-    int num_reqs, num_tokens;
-    int64_t num_kv_tokens;
-    int32_t *qo_indptr;   /* [num_reqs + 1] */
-    int32_t *kv_lens;     /* [num_reqs] */
-    int32_t *block_table; /* [num_reqs, bt_stride], shuffled block ids */
-    int bt_stride;
-    int num_blocks;       /* blocks of each layer's pool */
-    ak_batch batch;
+    /* the batch, host arrays: shuffled block ids (scene_core.h); b.num_blocks
+     * blocks in each layer's pool */
+    scn_batch b;
 
     /* the work of one layer call */
     int64_t visible_keys; /* sum over query tokens of the keys each sees after masking */

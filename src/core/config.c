@@ -2,6 +2,7 @@
  * config.c - defaults and validation of the public structs: dtypes, tensors,
  * ak_attn_config, ak_limits, ak_run_args.
  */
+#include "dtype.h"
 #include "internal.h"
 
 #include <math.h>
@@ -34,6 +35,23 @@ size_t ak_dtype_size(ak_dtype t)
     case AK_FP8_E4M3: return 1;
     }
     return 0;
+}
+
+ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst, ak_dtype dst_dtype, size_t n)
+{
+    if (n > 0 && (!src || !dst)) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", src ? "dst" : "src");
+    const ak_dtype ok[3] = {AK_F32, AK_F16, AK_BF16};
+    int src_ok = 0, dst_ok = 0;
+    for (int i = 0; i < 3; i++) {
+        src_ok |= src_dtype == ok[i];
+        dst_ok |= dst_dtype == ok[i];
+    }
+    if (!src_ok || !dst_ok)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "ak_convert: %s_dtype = %s is not f32, f16 or bf16",
+                            src_ok ? "dst" : "src", ak_dtype_name(src_ok ? dst_dtype : src_dtype));
+    for (size_t i = 0; i < n; i++)
+        ak_store_from_f32(dst, dst_dtype, (int64_t)i, ak_load_as_f32(src, src_dtype, (int64_t)i));
+    return AK_OK;
 }
 
 static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *shape)
@@ -128,7 +146,7 @@ void ak_run_args_init(ak_run_args *args)
     args->struct_size = sizeof *args;
 }
 
-int ak_num_threads(void)
+int ak_cpu_num_threads(void)
 {
     const char *env = getenv("AK_NUM_THREADS");
     if (env && atoi(env) > 0) return atoi(env);

@@ -10,6 +10,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#endif
 
 #define HUGE_PAGE ((size_t)2 << 20)
 
@@ -17,15 +20,30 @@
 #include <cpuid.h>
 #endif
 
-int ak_cpu_has_avx2_fma_f16c(void)
+/* What the CPU offers the cpu backend's kernels (the one place that asks):
+ * AVX2 + FMA + F16C; AVX-512F; and AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX
+ * bit 30, EDX bits 24 and 22) with AVX512BW and AVX512_BF16 (leaf 7.1, EAX
+ * bit 5), granted to this process by Linux, which hands the AMX tile state
+ * out only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
+ak_cpu_features ak_cpu_features_get(void)
 {
+    ak_cpu_features f = {0, 0, 0};
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return 0;
+    f.avx2_fma_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+    f.avx512f = f.avx2_fma_f16c && __builtin_cpu_supports("avx512f");
+    unsigned int a, b, c, d;
+    if (f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+        (b & (1u << 30)) && (d & (1u << 24)) && (d & (1u << 22)) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+        (a & (1u << 5))) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+        enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+        f.amx_bf16 = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #endif
+    }
+#endif
+    return f;
 }
 
 static void cpu_name(char *buf, size_t cap)
@@ -69,7 +87,7 @@ ak_status ak_device_get_info(ak_device dev, ak_device_info *info)
         cpu_name(info->name, sizeof info->name);
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         info->num_sms = n > 0 ? (int)n : 1;
-        info->cpu_has_avx2_fma_f16c = ak_cpu_has_avx2_fma_f16c();
+        info->cpu_has_avx2_fma_f16c = ak_cpu_features_get().avx2_fma_f16c;
         return AK_OK;
     }
     if (dev.kind == AK_DEVICE_CUDA) {

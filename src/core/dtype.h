@@ -5,14 +5,10 @@
 #ifndef AK_DTYPE_H
 #define AK_DTYPE_H
 
+#include "hostdev.h"
+
 #include <stdint.h>
 #include <string.h>
-
-#if defined(__CUDACC__)
-#define AK_HD __host__ __device__ __forceinline__
-#else
-#define AK_HD static inline
-#endif
 
 AK_HD uint32_t ak_f32_bits(float f)
 {

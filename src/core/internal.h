@@ -93,14 +93,16 @@ ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_
                             const int64_t *slot_mapping, int num_tokens, ak_stream stream);
 #endif
 
-/* CPU feature detection (device.c). */
-int ak_cpu_has_avx2_fma_f16c(void);
+/* What the CPU offers the cpu backend's kernels (device.c, the one place
+ * that asks): each 1 if the CPU has it and this process may use it. */
+typedef struct ak_cpu_features {
+    int avx2_fma_f16c; /* AVX2 + FMA + F16C */
+    int avx512f;       /* AVX-512F (with the above) */
+    int amx_bf16;      /* AMX-TILE + AMX-BF16 + AVX512BW + AVX512_BF16, tile state granted */
+} ak_cpu_features;
+ak_cpu_features ak_cpu_features_get(void);
 
 /* ---- small utilities ----------------------------------------------------- */
-
-/* The number of OpenMP threads to use: AK_NUM_THREADS if set and > 0,
- * else OpenMP's default (1 without OpenMP). */
-int ak_num_threads(void);
 
 static inline int ak_ceil_div(int a, int b) { return (a + b - 1) / b; }
 static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }

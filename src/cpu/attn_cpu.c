@@ -18,7 +18,6 @@
  *         merge of split items through the shared softmax state.
  * Every buffer is allocated at create() from ak_limits; run() allocates nothing.
  */
-#define _DEFAULT_SOURCE /* syscall() for the AMX permission request */
 #include "attn_cpu.h"
 
 #include "backend.h"
@@ -32,13 +31,6 @@
 
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 /* ---- tuning ------------------------------------------------------------------ */
@@ -133,34 +125,6 @@ typedef struct cpu_state {
 
 /* ---- kernels ----------------------------------------------------------------------- */
 
-#if defined(__x86_64__) || defined(__i386__)
-static int cpu_has_avx512f(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f");
-}
-
-#if defined(AK_CPU_HAVE_AMX)
-/* AVX512BW (word permutes), AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX bit 30,
- * EDX bits 24 and 22), AVX512_BF16 (leaf 7.1, EAX bit 5), and Linux granting
- * this process the AMX tile state, which it hands out only on request
- * (arch_prctl ARCH_REQ_XCOMP_PERM). */
-static int cpu_has_amx_bf16(void)
-{
-    unsigned int a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
-    if (!(b & (1u << 30)) || !(d & (1u << 24)) || !(d & (1u << 22))) return 0;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;
-#if defined(__linux__) && defined(SYS_arch_prctl)
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
-}
-#endif
-#endif
-
 /* The best kernel this CPU runs for cfg into *out; 0 on success. The AMX kernel
  * serves configs whose q and K/V are both bf16. AK_CPU_ISA asks for one kernel
  * (for tests and comparisons): scalar, avx2, avx512 (AVX-512 without AMX) or
@@ -172,12 +136,13 @@ static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, c
     const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
     const ak_cpu_kernels *avx2_k = NULL, *avx512_k = NULL, *amx_k = NULL;
 #if defined(__x86_64__) || defined(__i386__)
-    avx2 = ak_cpu_has_avx2_fma_f16c();
-    avx512 = avx2 && cpu_has_avx512f();
+    const ak_cpu_features f = ak_cpu_features_get();
+    avx2 = f.avx2_fma_f16c;
+    avx512 = f.avx512f;
     avx2_k = &ak_cpu_kernels_avx2;
     avx512_k = &ak_cpu_kernels_avx512;
 #if defined(AK_CPU_HAVE_AMX)
-    amx = avx512 && cpu_has_amx_bf16();
+    amx = f.amx_bf16; /* the kernel is built only where the compiler knows AMX */
     amx_k = &ak_cpu_kernels_avx512_amx;
 #endif
 #endif
@@ -266,7 +231,7 @@ static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, ch
     snprintf(buf, cap,
              "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile%s; requests of <= %d "
              "tokens: all %d KV heads x %d keys; split-KV",
-             k->isa, ak_num_threads(), tile_tokens_for(cfg), group, k->amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS,
+             k->isa, ak_cpu_num_threads(), tile_tokens_for(cfg), group, k->amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS,
              k->amx ? ", K/V packed" : "", all_heads_tokens, cfg->num_kv_heads,
              AK_CPU_TILE_KEYS_ALL_HEADS);
 }
@@ -403,7 +368,7 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
         free(s);
         return ak_set_error(AK_ERR_INVALID_ARG, "%s", why);
     }
-    s->threads = ak_num_threads();
+    s->threads = ak_cpu_num_threads();
     if (s->threads < 1) s->threads = 1;
     s->group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->tile_tokens = tile_tokens_for(cfg);

@@ -1,7 +1,7 @@
 /*
  * kernels_avx2.c - the cpu backend's kernel for AVX2 + FMA + F16C (8 floats
  * per vector). Built with -mavx2 -mfma -mf16c (CMakeLists.txt); called only
- * after ak_cpu_has_avx2_fma_f16c() said yes.
+ * after ak_cpu_features_get() said AVX2 + FMA + F16C.
  */
 #define AK_CPU_ISA_AVX2 1
 #include "simd.h"
