@@ -387,16 +387,15 @@ void ak_backend_destroy(ak_backend *b); /* accepts NULL */
 
 /* Host side: validates the batch and fills the backend's static buffers
  * (CUDA: asynchronous copies on `stream` from pinned staging). Never reads
- * device memory, and waits on the device only when both staging buffers are
- * still in flight (below). The host arrays
- * of `batch` may be reused as soon as it returns. A plan stays in force for any
- * number of run() calls (all layers of a step). CUDA: the copies are ordered
- * on `stream`; run() must be on the same stream or ordered after it, and
- * successive plan() calls must be ordered on the device too (one stream):
- * each plan's copies overwrite the previous plan's. plan()
- * keeps two staging buffers and waits only when the copy of the plan before
- * the previous one has not yet run on the device. A failed plan() leaves no
- * plan in force (run() then returns AK_ERR_NOT_PLANNED). */
+ * device memory. The host arrays of `batch` may be reused as soon as it
+ * returns. A plan stays in force for any number of run() calls (all layers of
+ * a step). A failed plan() leaves no plan in force (run() then returns
+ * AK_ERR_NOT_PLANNED).
+ * CUDA: the copies are ordered on `stream`; run() must be on the same stream
+ * or ordered after it, and successive plan() calls must be ordered on the
+ * device too (one stream): each plan's copies overwrite the previous plan's.
+ * plan() keeps two staging buffers and waits on the device only when the
+ * copy of the plan before the previous one has not yet run. */
 ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream);
 
 /* Device side: attention for one layer over the planned batch. Allocates

@@ -1,6 +1,11 @@
 /*
- * softmax_state.h - the one attention softmax state, shared by every backend
- * (C and CUDA), by the merge of split-KV partials and by ak_merge_states.
+ * softmax_state.h - the attention softmax state and its merge algebra, as the
+ * host code uses it: the cpu backend's merge of split-KV partials and
+ * ak_merge_states. cpu_ref computes the same thing in fp64 by its own plain
+ * formula, and the CUDA kernels keep the same algebra inline in base 2
+ * (logits pre-multiplied by log2 e, so exp2 is one instruction: decode.cu's
+ * fold_max, the prefill kernels' online softmax, merge.cu), converting LSE to
+ * the natural log where they write it.
  *
  * While streaming over keys, a query row keeps {m, d, o}: m the running max of
  * the logits, d = sum exp(logit - m), o = sum exp(logit - m) * v (unnormalised).

@@ -18,7 +18,6 @@
  * groups); what matters is keeping enough bytes in flight.
  */
 #include "attn.cuh"
-#include "softmax_state.h"
 
 /* ---- tile traits ------------------------------------------------------------ */
 
@@ -49,7 +48,7 @@ template <int D> struct decode_traits {
 /* ---- device helpers --------------------------------------------------------- */
 
 /* Online-softmax step for one row: folds a tile's max in, returns the factor
- * that rescales the old d and o (ak_rescale_factor, base 2). */
+ * that rescales the old d and o (0 when the old max was -inf). */
 __device__ __forceinline__ float fold_max(float &m, float tile_max)
 {
     const float m_new = fmaxf(m, tile_max);

@@ -1,7 +1,7 @@
 /*
  * merge.cu - combines the split-KV partial states of each split query token
  * into its output row: o = sum_i w_i o_i, lse = log sum_i exp(lse_i), w_i =
- * exp(lse_i - lse) (softmax_state.h). A thread block serves one query head
+ * exp(lse_i - lse) (softmax_state.h's algebra). A thread block serves one query head
  * (grid.y) and loops over the plan's merge tasks (one per split token); a
  * token that was not split has no task and was written by its kernel.
  *
@@ -15,7 +15,6 @@
  * waiting for the kernel before is waiting for both.
  */
 #include "attn.cuh"
-#include "softmax_state.h"
 
 /* LANES threads cover the D dims (4 each); GROUPS groups of them split the
  * partials and add their sums in shared memory. */
