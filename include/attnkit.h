@@ -21,6 +21,13 @@
  *     when causal, j <= p. The q_len new tokens of a request sit at positions
  *     kv_len - q_len .. kv_len - 1: causal masks are aligned to the end of the KV.
  *   - A row that sees no key gives o = 0 and lse = -inf, never NaN.
+ *   - Sinks (cfg.use_sinks): row r of query head h has lse = log(sum_j exp(s_j)
+ *     + exp(sink_h)) and o = sum_j exp(s_j - lse) v_j: the sink is one more
+ *     "key" with a zero value. The returned lse includes it, so {o, lse} stays
+ *     an ordinary softmax state: ak_merge_states of states that each had the
+ *     sink counts it once per state. When one request's keys are split over
+ *     several calls (context parallelism), pass the sinks to exactly one.
+ *     A row that sees no key gives o = 0 and lse = sink_h.
  *   - Structs that may grow start with struct_size; fill them with the matching
  *     *_init() function, which sets struct_size and every default.
  */
@@ -132,7 +139,8 @@ typedef struct ak_tensor {
     int64_t stride[AK_MAX_DIMS]; /* in elements */
 } ak_tensor;
 
-/* A contiguous row-major view with ndim = 2, 3 or 4 dimensions. */
+/* A contiguous row-major view with ndim = 1, 2, 3 or 4 dimensions. */
+ak_tensor ak_tensor_1d(void *data, ak_dtype dtype, int64_t d0);
 ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
 ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
 ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2,
@@ -179,10 +187,17 @@ typedef struct ak_attn_config {
     ak_kv_layout kv_layout; /* paged only */
     int page_size;          /* paged only: tokens per block */
     ak_workload workload;   /* plan() rejects a batch outside it */
+    int use_sinks;          /* 1: attention sinks (gpt-oss): every row's softmax denominator
+                               also holds exp(sink) of its query head, a learned logit that
+                               contributes no value; run() takes them in args.sinks */
+    int batch_invariant;    /* 1: a request's output bits do not depend on which other
+                               requests share its batch or how many there are (KV splits of
+                               a fixed size, a fixed reduction order); may cost speed */
 } ak_attn_config;
 
 /* Defaults: MHA 1/1 heads, head dim 128, f32 on the CPU, causal, full window,
- * no soft-cap, paged NHD cache with page size 16, any workload. */
+ * no soft-cap, paged NHD cache with page size 16, any workload, no sinks, not
+ * batch-invariant. */
 void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 
 /* Sizes fixed at create(): every static buffer of a backend is allocated from
@@ -369,6 +384,10 @@ typedef struct ak_run_args {
     const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo] */
     ak_tensor *o;            /* [num_tokens, num_qo_heads, head_dim_vo], cfg.o_dtype, OUT */
     ak_tensor *lse;          /* [num_tokens, num_qo_heads] f32, OUT; NULL if not wanted */
+    const ak_tensor *sinks;  /* cfg.use_sinks: [num_qo_heads] f32 on cfg.device, each query head's
+                                sink logit (natural log, on the scale of the scaled, soft-capped
+                                logits); NULL otherwise. Read by run(), so each layer passes its
+                                own (a captured run reads the tensor given at capture). */
 } ak_run_args;
 
 void ak_run_args_init(ak_run_args *args /* OUT */);

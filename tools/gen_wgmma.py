@@ -7,7 +7,7 @@ accumulator register by name, so they are generated, not written by hand).
 """
 
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
-NS = (64, 128, 256)
+NS = (64, 128, 192, 256)
 
 
 def regs(n):

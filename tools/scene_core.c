@@ -47,7 +47,9 @@ uint64_t scn_name_hash(const char *s)
 /* Host allocations are whole cache lines (and aligned AVX-512 rows). */
 #define HOST_ALIGN 64
 
+#ifdef AK_HAVE_CUDA
 static int on_gpu(ak_device dev) { return dev.kind == AK_DEVICE_CUDA; }
+#endif
 
 void *scn_alloc(ak_device dev, size_t bytes)
 {

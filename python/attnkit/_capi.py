@@ -113,6 +113,8 @@ class ak_attn_config(ctypes.Structure):
         ("kv_layout", c_int),
         ("page_size", c_int),
         ("workload", c_int),
+        ("use_sinks", c_int),
+        ("batch_invariant", c_int),
     ]
 
 
@@ -179,6 +181,7 @@ class ak_run_args(ctypes.Structure):
         ("v", ctypes.POINTER(ak_tensor)),
         ("o", ctypes.POINTER(ak_tensor)),
         ("lse", ctypes.POINTER(ak_tensor)),
+        ("sinks", ctypes.POINTER(ak_tensor)),
     ]
 
 

@@ -70,6 +70,8 @@ static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *
     return t;
 }
 
+ak_tensor ak_tensor_1d(void *data, ak_dtype dtype, int64_t d0) { return tensor_nd(data, dtype, 1, &d0); }
+
 ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1)
 {
     const int64_t s[2] = {d0, d1};
@@ -213,6 +215,10 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
                             cfg->device.index);
     if (cfg->workload != AK_WORKLOAD_ANY && cfg->workload != AK_WORKLOAD_DECODE)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.workload = %d is not a workload", cfg->workload);
+    if (cfg->use_sinks != 0 && cfg->use_sinks != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.use_sinks = %d must be 0 or 1", cfg->use_sinks);
+    if (cfg->batch_invariant != 0 && cfg->batch_invariant != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.batch_invariant = %d must be 0 or 1", cfg->batch_invariant);
     if (cfg->kv_storage != AK_KV_PAGED && cfg->kv_storage != AK_KV_RAGGED)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_storage = %d is not a storage kind",
                             cfg->kv_storage);
@@ -382,6 +388,12 @@ ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim, 
     AK_TRY(check_tensor(args->q, "args.q", cfg->q_dtype, 3, q_shape));
     AK_TRY(check_tensor(args->o, "args.o", cfg->o_dtype, 3, o_shape));
     if (args->lse) AK_TRY(check_tensor(args->lse, "args.lse", AK_F32, 2, lse_shape));
+    if (cfg->use_sinks) {
+        const int64_t sinks_shape[1] = {cfg->num_qo_heads};
+        AK_TRY(check_tensor(args->sinks, "args.sinks", AK_F32, 1, sinks_shape));
+    } else if (args->sinks) {
+        return ak_set_error(AK_ERR_INVALID_ARG, "args.sinks is given but cfg.use_sinks is 0");
+    }
     if (cfg->kv_storage == AK_KV_PAGED) return check_paged_kv(cfg, lim, args->kv);
     const int64_t k_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_qk};
     const int64_t v_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_vo};

@@ -50,4 +50,24 @@ AK_HD float ak_state_lse(float m, float d)
     return d > 0.0f ? m + logf(d) : -INFINITY;
 }
 
+/* The end of a row whose online softmax finished with running max m and sum
+ * d = sum exp(logit - m) (m need not be the exact max): the factor the
+ * unnormalised o is multiplied by, and the row's lse. sink is the row's sink
+ * logit (attnkit.h, cfg.use_sinks), which joins the denominator with no
+ * value, or -inf for none; the larger of m and sink is the reference, so
+ * neither exp overflows. A row that saw no key: o = 0, lse = sink. */
+AK_HD void ak_state_finish(float m, float d, float sink, float *inv, float *lse)
+{
+    if (sink == -INFINITY) {
+        *inv = d > 0.0f ? 1.0f / d : 0.0f;
+        *lse = ak_state_lse(m, d);
+        return;
+    }
+    const float top = d > 0.0f && m > sink ? m : sink;
+    const float w = d > 0.0f ? expf(m - top) : 0.0f; /* the keys' share, in the frame of top */
+    const float den = d * w + expf(sink - top);
+    *inv = w / den;
+    *lse = top + logf(den);
+}
+
 #endif /* AK_SOFTMAX_STATE_H */

@@ -488,13 +488,15 @@ static int plan_natural(cpu_state *s, int64_t *total)
  * (part_cap); an item whose rows no longer fit the pool stays whole. */
 static void plan_split(cpu_state *s, int num_natural, int64_t total)
 {
+    /* batch-invariant: no item is split (where to cut would depend on the
+     * rest of the batch), so each row's reduction order is its own */
     const int64_t chunk_cost = total / ((int64_t)s->threads * AK_CPU_OVERSUB) + 1;
     int nw = 0, chunks = 0, rows_used = 0;
     s->num_merges = 0;
     for (int i = 0; i < num_natural; i++) {
         const ak_cpu_work *it = &s->natural[i];
         const int keys = it->kv_end - it->kv_begin;
-        int64_t want = (it->cost + chunk_cost - 1) / chunk_cost;
+        int64_t want = s->cfg.batch_invariant ? 1 : (it->cost + chunk_cost - 1) / chunk_cost;
         if (want > s->max_splits) want = s->max_splits;
         if (want > keys / AK_CPU_MIN_SPLIT_KEYS) want = keys / AK_CPU_MIN_SPLIT_KEYS;
         const int rows = it->q_count * s->group * it->kv_heads;
@@ -541,7 +543,9 @@ static void plan_pack(cpu_state *s)
     const int tile = AK_CPU_TILE_KEYS_AMX, heads = s->cfg.num_kv_heads;
     int64_t used = 0;
     s->num_packed = 0;
-    for (int r = 0; r < s->num_reqs && s->kv_pack; r++) {
+    /* batch-invariant: no packing either (whether a request fits the pool
+     * depends on the others) */
+    for (int r = 0; r < s->num_reqs && s->kv_pack && !s->cfg.batch_invariant; r++) {
         const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r], kv_len = s->kv_lens[r];
         ak_cpu_pack *pk = &s->pack[r];
         pk->first = -1;
@@ -613,7 +617,9 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
     for (int gt = 0; gt < mg->kv_heads * mg->q_count; gt++)
         for (int h = 0; h < group; h++) {
             const int t = gt % mg->q_count, m = gt * group + h; /* rows as in the kernel */
-            float lse = -INFINITY;
+            const int64_t head = (int64_t)(mg->kv_head + gt / mg->q_count) * group + h;
+            /* the parts were finished without the sink: it joins here, once */
+            float lse = c->sinks ? c->sinks[head] : -INFINITY;
             for (int i = 0; i < mg->num_parts; i++)
                 lse = ak_lse_add(lse, c->part_lse[(int64_t)mg->first_row + i * mg->rows + m]);
             memset(acc, 0, sizeof(float) * (size_t)dvo);
@@ -624,7 +630,6 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
                 const float *po = c->part_o + slot_row * c->dvo_pad;
                 for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
             }
-            const int64_t head = (int64_t)(mg->kv_head + gt / mg->q_count) * group + h;
             char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
             for (int d = 0; d < dvo; d++) ak_store_from_f32(dst, c->o_dtype, d, acc[d]);
             if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
@@ -682,6 +687,7 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
         c->lse_stride0 = a->lse->stride[0];
         c->lse_stride1 = a->lse->stride[1];
     }
+    c->sinks = cfg->use_sinks ? (const float *)a->sinks->data : NULL;
     c->part_o = s->part_o;
     c->part_lse = s->part_lse;
     if (s->num_packed > 0) {

@@ -95,6 +95,8 @@ typedef struct ak_cpu_ctx {
     float *lse;                   /* [num_tokens, num_qo_heads] or NULL */
     int64_t lse_stride0, lse_stride1;
 
+    const float *sinks;           /* [num_qo_heads] sink logits (cfg.use_sinks), or NULL */
+
     float *part_o;                /* [pool rows, dvo_pad] normalised partial outputs */
     float *part_lse;              /* [pool rows] */
 

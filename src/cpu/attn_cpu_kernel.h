@@ -969,17 +969,19 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
 #endif
         run_tiles(c, w, sc, ntok);
 
-    /* store: o = O / d; a row that saw no key has d = 0, O = 0 -> o = 0 */
+    /* store: o = O / d (with the sink, ak_state_finish); a row that saw no
+     * key has d = 0, O = 0 -> o = 0 */
     const size_t oesz = ak_dtype_size(c->o_dtype);
     for (int gt = 0; gt < nheads * ntok; gt++)
         for (int h = 0; h < group; h++) {
             const int t = gt % ntok, m = gt * group + h;
-            const float d = sc->row_sum[m];
-            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-            const float lse = ak_state_lse(sc->row_max[m], d);
+            const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
+            /* the sink joins whole rows only: a split part's joins at the merge */
+            const float sink = c->sinks && w->part < 0 ? c->sinks[head] : -INFINITY;
+            float inv, lse;
+            ak_state_finish(sc->row_max[m], sc->row_sum[m], sink, &inv, &lse);
             const float *orow = sc->o + (int64_t)m * dvo;
             if (w->part < 0) {
-                const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
                 char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
                 store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);
                 if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;

@@ -7,7 +7,8 @@
  * head h (KV head g = h / (num_qo_heads / num_kv_heads)):
  *     s_j = sm_scale * q . k_j            for visible keys j
  *     s_j = cap * tanh(s_j / cap)         if soft-cap is on
- *     o   = sum_j exp(s_j - lse) v_j,  lse = log sum_j exp(s_j)
+ *     o   = sum_j exp(s_j - lse) v_j,  lse = log (sum_j exp(s_j) + exp(sink_h))
+ * (the sink term only with cfg.use_sinks)
  * visible: j <= p when causal, and j >= p - window_left when windowed.
  */
 #include "backend.h"
@@ -130,7 +131,10 @@ static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)
                     sc[j] = x;
                     if (x > m) m = x;
                 }
-                double denom = 0.0;
+                /* a sink is one more logit, with no value */
+                const double sink = c->use_sinks ? ((const float *)a->sinks->data)[h] : -INFINITY;
+                if (sink > m) m = sink;
+                double denom = c->use_sinks && m > -INFINITY ? exp(sink - m) : 0.0;
                 for (int j = lo; j <= hi; j++) denom += exp(sc[j] - m);
                 void *o = (char *)a->o->data + (t * a->o->stride[0] + h * a->o->stride[1]) * ak_dtype_size(c->o_dtype);
                 for (int d = 0; d < c->head_dim_vo; d++) {

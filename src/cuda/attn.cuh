@@ -1,9 +1,16 @@
 /*
- * attn.cuh - what the paged attention kernels (decode.cu, prefill.cu,
- * merge.cu) take, shared with the backend that plans them (backend_paged.cu).
+ * attn.cuh - what the attention kernels (decode.cu, prefill.cu,
+ * prefill_wgmma.cu, merge.cu, portable.cu) take, shared with the engine that
+ * plans and launches them (engine.cu).
  *
  * K/V are read from a paged cache through a block table, or from contiguous
  * (ragged) K/V rows; one loader (load_kv_tile) serves both.
+ *
+ * Head dims: the tensor-core kernels are instantiated per pair (DQK, DVO) of
+ * the table below, each a multiple of 16; their shared-memory rows are DP =
+ * DQK and DVO rounded up to 64 (the swizzle's 8 chunks), and they compute
+ * over the real dims only. Any other pair (up to 512) runs on the portable
+ * kernel (portable.cu).
  *
  * Every kernel runs on a grid fixed when the backend is created and loops
  * over a work list that plan() fills; the list lengths are read from device
@@ -53,16 +60,17 @@ enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 /* 1
 
 /* Everything the kernels read, by value. Strides in elements. */
 struct attn_params {
-    const void *q;          /* [num_tokens, num_qo_heads, head_dim] */
+    const void *q;          /* [num_tokens, num_qo_heads, head_dim_qk] */
     int64_t q_stride_tok, q_stride_head;
     const void *k_pool, *v_pool; /* paged: the layer's pools; ragged: K and V [sum kv_len, Hkv, D] */
     int64_t k_block_stride, v_block_stride; /* paged: between blocks; ragged: between tokens */
-    int64_t kv_stride_slot, kv_stride_head; /* row of (slot, head) inside a block (ragged: slot 0) */
-    void *o;                /* [num_tokens, num_qo_heads, head_dim] */
+    int64_t k_stride_slot, k_stride_head;   /* row of (slot, head) inside a block (ragged: slot 0), K */
+    int64_t v_stride_slot, v_stride_head;   /* the same for V (equal to K's when the head dims are) */
+    void *o;                /* [num_tokens, num_qo_heads, head_dim_vo] */
     int64_t o_stride_tok, o_stride_head;
     float *lse;             /* [num_tokens, num_qo_heads], may be NULL */
     int64_t lse_stride_tok;
-    float *o_tmp;           /* [partial slots, num_qo_heads, head_dim] partial outputs */
+    float *o_tmp;           /* [partial slots, num_qo_heads, head_dim_vo] partial outputs */
     float *lse_tmp;         /* [partial slots, num_qo_heads] partial LSEs (natural log) */
     const int32_t *counts;        /* [NUM_COUNTS] work-list lengths */
     const decode_item *items;     /* decode work list */
@@ -84,6 +92,9 @@ struct attn_params {
     int ragged;             /* 1: contiguous K/V, page_base is the request's first row, page_shift 0
                                (load_kv_tile) */
     int max_splits;         /* most partial slots of one merge (merge scratch) */
+    const float *sinks;     /* [num_qo_heads] sink logits (natural log), or NULL: each joins its
+                               head's softmax denominator once, with no value (finish_row) */
+    int head_dim_qk, head_dim_vo; /* the portable kernel's dims (the others have them compiled in) */
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -91,14 +102,43 @@ struct attn_params {
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
+/* The shared-memory row of a kernel for head dims (DQK, DVO): the larger
+ * rounded up to 64, 128 or 256 elements (whole swizzle groups of 8 chunks,
+ * and a chunk count that divides the loaders' thread counts). */
+template <int DQK, int DVO> struct head_dims {
+    static constexpr int D = DQK > DVO ? DQK : DVO;
+    static constexpr int DP = D <= 64 ? 64 : D <= 128 ? 128 : 256;
+    static_assert(DQK % 16 == 0 && DVO % 16 == 0, "tensor-core head dims are multiples of 16 (one k step)");
+};
+
+/* Where a thread's 16-byte chunk sits in a K and a V row of its KV head:
+ * the per-CTA part of every K/V address, hoisted out of the tile loop. */
+struct kv_lane {
+    int64_t k, v;
+};
+
+/* The lane offsets of KV head kv_head for a thread of the loader below
+ * (chunk = threadIdx.x % (DP / 8)). */
+template <int DP>
+__device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
+{
+    const int64_t c = (threadIdx.x % (DP / 8)) * 8;
+    kv_lane l;
+    l.k = kv_head * p.k_stride_head + c;
+    l.v = kv_head * p.v_stride_head + c;
+    return l;
+}
+
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
- * into one stage of two swizzled [TILE][D] tiles (SW128: wgmma's layout); keys at or past kv_end are
+ * into one stage of two swizzled [TILE][DP] tiles (SW128: wgmma's layout of
+ * 64-element column blocks); K rows are DQK elements, V rows DVO, the rest of
+ * a DP row is left as it is (no kernel reads it). Keys at or past kv_end are
  * zero-filled (and masked by the caller). Two addressing schemes, one loader:
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
  *          block kv_indices[page_base + j / page_size];
  *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
  *          (page_base = the request's first row: kv_indptr in tokens). The
- *          backend runs it as pages of one token (page_shift 0, so page = j
+ *          engine runs it as pages of one token (page_shift 0, so page = j
  *          and slot 0) whose "block" is the row itself, with the token
  *          strides as block strides: no block-table read.
  * p.ragged is a kernel argument, so the select is uniform (the same for
@@ -110,13 +150,14 @@ struct attn_params {
  * ~1000 instructions per tile, mostly an emulated division per row (key /
  * page_size) and 64-bit offsets, leaving the SM issue-bound at 62% of DRAM
  * bandwidth. Power-of-two pages use shift and mask, the per-CTA part of the
- * offset (head, chunk) is hoisted by the caller into lane_off, and rows past
- * the end are clamped, not branched. */
-template <int D, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
-__device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, int64_t lane_off, int t0,
-                                             int kv_end, T *ks, T *vs)
+ * offset (head, chunk) is hoisted by the caller into kv_lane, rows past the
+ * end are clamped, not branched, and with equal head dims K and V share one
+ * offset (their strides are equal). */
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
+__device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, kv_lane lane, int t0, int kv_end,
+                                             T *ks, T *vs)
 {
-    constexpr int CHUNKS = D / 8;
+    constexpr int CHUNKS = DP / 8;
     static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
     const int chunk = threadIdx.x % CHUNKS;
     const int row0 = threadIdx.x / CHUNKS;
@@ -138,14 +179,15 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
          * at 236 registers, spilled with the select); -1: p.ragged */
         const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
         const int64_t block = ragged ? idx : __ldg(p.kv_indices + idx);
-        const int64_t off = lane_off + (int64_t)slot * p.kv_stride_slot;
+        const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
+        const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
-        /* the tile's layout: rows of D elements (swz), or the wgmma layout of
+        /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
          * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
         const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
-                             : swz<D>(row, chunk);
-        cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + off, bytes);
-        cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + off, bytes);
+                             : swz<DP>(row, chunk);
+        if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
 }
 
@@ -157,15 +199,19 @@ __device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
 }
 
 /* Issues the cp.async copies of an item's query tile into shared memory: ROWS
- * rows (token i, head g of the tile's hb heads: row i * hb + g) of CHUNKS
- * 16-byte chunks, the block's THREADS threads striding over them; rows past
- * the item's tokens or heads are zero-filled. at(row, chunk) is the element
- * offset of a chunk in the kernel's shared-memory layout. */
-template <int ROWS, int THREADS, int CHUNKS, typename T, typename At>
+ * rows (token i, head g of the tile's hb heads: row i * hb + g) of DQK
+ * elements in a layout of DP-element rows, the block's THREADS threads
+ * striding over the DP / 8 chunks of each row (chunks past DQK are left
+ * alone); rows past the item's tokens or heads are zero-filled. at(row,
+ * chunk) is the element offset of a chunk in the kernel's layout. */
+template <int ROWS, int THREADS, int DQK, int DP, typename T, typename At>
 __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_item &it, int head0, int hb, int heads,
                                             T *qs, At at)
 {
+    constexpr int CHUNKS = DP / 8;
+    static_assert(THREADS % CHUNKS == 0, "q chunks divide among the threads");
     const int c = threadIdx.x % CHUNKS;
+    if (c >= DQK / 8) return;
 #pragma unroll 4
     for (int row = threadIdx.x / CHUNKS; row < ROWS; row += THREADS / CHUNKS) {
         const int i = row / hb, g = row - i * hb;
@@ -174,6 +220,30 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
             (const T *)p.q + (valid ? (it.tok0 + i) * p.q_stride_tok + (head0 + g) * p.q_stride_head + c * 8 : 0);
         cp_async_16(qs + at(row, c), src, valid ? 16 : 0);
     }
+}
+
+/* The final state of a row whose online softmax ended with max m (base 2,
+ * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its
+ * o accumulator is multiplied by, and its LSE (natural log). With a sink
+ * (p.sinks: a logit z of its head that joins the denominator once, with no
+ * value), d + exp2(z log2 e - m) is the denominator, computed against the
+ * larger of the two maxima so that neither overflows; a row that saw no key
+ * then has o = 0 and lse = z. Split-KV partials are finished without it (the
+ * merge adds it once). */
+__device__ __forceinline__ void finish_row(const attn_params &p, int head, bool partial, float m, float d, float &inv,
+                                           float &lse)
+{
+    if (p.sinks && !partial) {
+        const float z = p.sinks[head] * LOG2E;
+        const float top = fmaxf(m, z);
+        const float w = d > 0.0f ? exp2f(m - top) : 0.0f; /* the keys' share, in the frame of top */
+        const float den = d * w + exp2f(z - top);
+        inv = w / den;
+        lse = (top + log2f(den)) * LN2;
+        return;
+    }
+    inv = d > 0.0f ? 1.0f / d : 0.0f;
+    lse = d > 0.0f ? (m + log2f(d)) * LN2 : -INFINITY;
 }
 
 /* The causal / end / window mask of one row of an m16n8 accumulator tile of
@@ -195,70 +265,81 @@ __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4]
         }
 }
 
-/* Which kernel serves decode: tensor cores (mma) or CUDA cores. */
-typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1 } decode_engine;
+/* ---- the kernels and how the engine picks them ---- */
+
+/* The (head_dim_qk, head_dim_vo) pairs the tensor-core kernels are compiled
+ * for: every head dim of the models engines serve (Phi-3's 96, 80 and 112,
+ * DeepSeek's expanded MLA prefill 192/128, Gemma's 256) and a smaller V
+ * dim. Any other pair up to AK_PORTABLE_MAX_DIM runs on the portable kernel. */
+#define AK_TC_HEAD_DIMS(X)                                                                                        \
+    X(64, 64) X(80, 80) X(96, 96) X(112, 112) X(128, 128) X(192, 192) X(256, 256) X(192, 128) X(128, 64)
+#define AK_PORTABLE_MAX_DIM 512
+
+/* A kernel instance and its launch shape. */
+struct attn_kernel {
+    void (*fn)(const attn_params);
+    int threads, smem; /* block size, dynamic shared memory (bytes) */
+    int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile */
+};
+
+/* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
+ * in f16 or bf16; fn NULL for any other pair. */
+template <template <int, int, typename> class Info, typename T>
+inline attn_kernel kernel_table_of(int dqk, int dvo)
+{
+#define AK_PAIR_CASE_(QK, VO)                                                                                     \
+    if (dqk == QK && dvo == VO) return Info<QK, VO, T>::get();
+    AK_TC_HEAD_DIMS(AK_PAIR_CASE_)
+#undef AK_PAIR_CASE_
+    const attn_kernel none = {NULL, 0, 0, 0};
+    return none;
+}
+template <template <int, int, typename> class Info>
+inline attn_kernel kernel_table(int dqk, int dvo, ak_dtype dtype)
+{
+    return dtype == AK_BF16 ? kernel_table_of<Info, __nv_bfloat16>(dqk, dvo) : kernel_table_of<Info, __half>(dqk, dvo);
+}
+
+/* Which kernel serves decode items: tensor cores (mma), CUDA cores (MHA at
+ * equal head dims of 64, 128 or 256), or the portable kernel. */
+typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1, DECODE_PORTABLE = 2 } decode_engine;
 
 /* The largest GQA group the CUDA-core engine serves (MHA); bigger groups use
- * tensor cores, one 16-row tile per 16 query heads (backend_paged.cu has the
+ * tensor cores, one 16-row tile per 16 query heads (engine.cu has the
  * measurements behind the threshold). */
 #define AK_DECODE_CC_MAX_GROUP 1
 
-/* Launches decode over grid (ctas, num_kv_heads * row_tiles); each thread
- * block loops over decode items blockIdx.x, + ctas, ... */
-ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dtype, decode_engine engine, int ctas,
-                                cudaStream_t stream);
-/* The PTX version (e.g. 90) the kernels were compiled for: below 90 they
- * carry no griddepcontrol, and must not be launched as programmatic
- * dependents. */
-ak_status ak_cuda_kernels_ptx_version(int head_dim, ak_dtype dtype, int *ptx);
-/* CTAs per SM the decode kernel reaches. */
-ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm);
+/* The decode kernel of an engine for a pair and dtype (fn NULL if none):
+ * grid (ctas, num_kv_heads * row_tiles), each block looping over decode
+ * items blockIdx.x, + ctas, ... */
+attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype);
 
-/* The two prefill kernels: mma.sync (prefill.cu, sm_80+) and warpgroup MMA
- * (prefill_wgmma.cu, sm_90a). The backend picks one at create. */
-typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1 } prefill_family;
+/* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
+ * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at
+ * create. Grid (ctas, num_kv_heads * prow_tiles). */
+typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1, PREFILL_PORTABLE = 2 } prefill_family;
 
-struct prefill_kernel_info {
-    void (*fn)(const attn_params);
-    int threads, smem, rows; /* rows: query rows a tile (tokens x heads packed) */
-};
-
-/* A family's kernel table: Info<D, T>::get() for head dims 64, 128 and 256
- * in f16 or bf16; fn NULL for any other head dim. */
-template <template <int, typename> class Info, typename T> inline prefill_kernel_info prefill_table_of(int head_dim)
-{
-    switch (head_dim) {
-    case 64: return Info<64, T>::get();
-    case 128: return Info<128, T>::get();
-    case 256: return Info<256, T>::get();
-    }
-    const prefill_kernel_info none = {NULL, 0, 0, 0};
-    return none;
-}
-template <template <int, typename> class Info> inline prefill_kernel_info prefill_table(int head_dim, ak_dtype dtype)
-{
-    return dtype == AK_BF16 ? prefill_table_of<Info, __nv_bfloat16>(head_dim) : prefill_table_of<Info, __half>(head_dim);
-}
-
-/* The kernel of a family for a head dim and dtype; fn NULL if there is none
+/* The kernel of a family for a pair and dtype; fn NULL if there is none
  * (the wgmma ones exist only in a build that targets sm_90). */
-prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype);
-prefill_kernel_info ak_cuda_prefill_wgmma_kernel(int head_dim, ak_dtype dtype);
-/* CTAs per SM the prefill kernel reaches. */
-ak_status ak_cuda_prefill_occupancy(prefill_family f, int head_dim, ak_dtype dtype, int *ctas_per_sm);
-/* Launches prefill over grid (ctas, num_kv_heads * prow_tiles). after_decode:
- * the decode kernel was launched just before on the stream; then prefill is
- * its programmatic dependent (sm_90+) and the two overlap (they touch
- * disjoint outputs; prefill waits for decode only before it exits, so the
- * merge after it sees both). */
-ak_status ak_cuda_prefill_launch(const attn_params *p, prefill_family f, int head_dim, ak_dtype dtype, int ctas,
-                                 int after_decode, cudaStream_t stream);
+attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype);
+attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
 
-/* Merges the partial slots of every merge task into o / lse: grid (ctas,
- * num_qo_heads). pdl: launch as a programmatic dependent of the kernel before
- * it on the stream (sm_90+), so its launch overlaps that kernel's tail. */
-ak_status ak_cuda_merge_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int pdl,
-                               cudaStream_t stream);
+/* The portable kernel (portable.cu): any head dims up to AK_PORTABLE_MAX_DIM
+ * (multiples of 8 load 16 bytes a copy, others 2), any group, over the
+ * decode items (decode = 1) or the prefill items, with the same outputs,
+ * partial states and sinks as the others. */
+attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype);
+
+/* The merge of split-KV partial states into o / lse for head_dim_vo dvo
+ * (any): grid (ctas, num_qo_heads), max_splits floats of shared memory.
+ * vec: o rows are 16-byte aligned (else element stores). */
+attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
+
+/* CTAs per SM a kernel reaches (raising its dynamic shared-memory limit
+ * first, once), and the PTX version it was compiled for (below 90 it carries
+ * no griddepcontrol and must not be launched as a programmatic dependent). */
+ak_status ak_cuda_kernel_occupancy(const attn_kernel *k, int *ctas_per_sm);
+ak_status ak_cuda_kernel_ptx_version(const attn_kernel *k, int *ptx);
 
 /* Launches k on `stream`, as a programmatic dependent of the kernel before it
  * when pdl is set (sm_90+). The one launch path of every attention kernel. */

@@ -16,31 +16,36 @@
  *     engine is written for any small group G, instantiated for G = 1.
  * Decode is memory-bound either way (~2 FLOP per byte of KV for small
  * groups); what matters is keeping enough bytes in flight.
+ *
+ * Head dims: the tensor-core engine serves every pair (DQK, DVO) of
+ * AK_TC_HEAD_DIMS (attn.cuh), its shared-memory rows DP = the larger rounded
+ * up to 64, its products over the real dims; the CUDA-core engine serves
+ * equal dims of 64, 128 and 256.
  */
 #include "attn.cuh"
 
 /* ---- tile traits ------------------------------------------------------------ */
 
-template <int D> struct decode_traits {
-    /* Shared memory per warp is 2 * KEYS_PER_WARP * D * 2 bytes a stage, and it
-     * sets how many warps an SM holds. 3 stages keep two tiles in flight while
-     * one is computed. At D = 256, 4 warps x 3 stages would be 192 KB (one
-     * block per SM, 4 warps); 2 warps x 3 stages is 96 KB, two blocks per SM
-     * with twice the bytes in flight. */
-    static constexpr int WARPS = D >= 256 ? 2 : 4;
+template <int DQK, int DVO> struct decode_traits {
+    static constexpr int DP = head_dims<DQK, DVO>::DP;
+    /* Shared memory per warp is 2 * KEYS_PER_WARP * DP * 2 bytes a stage, and
+     * it sets how many warps an SM holds. 3 stages keep two tiles in flight
+     * while one is computed. At DP = 256, 4 warps x 3 stages would be 192 KB
+     * (one block per SM, 4 warps); 2 warps x 3 stages is 96 KB, two blocks
+     * per SM with twice the bytes in flight. */
+    static constexpr int WARPS = DP >= 256 ? 2 : 4;
     static constexpr int THREADS = WARPS * 32;
     static constexpr int KEYS_PER_WARP = 16; /* one k16 step of the p.v mma */
     static constexpr int TILE = WARPS * KEYS_PER_WARP;
-    static constexpr int CHUNKS = D / 8; /* 16-byte chunks per K/V row */
+    static constexpr int CHUNKS = DP / 8; /* 16-byte chunks per shared-memory row */
     static constexpr int STAGES = 3;
     static constexpr int ROWS = 16; /* query heads per tensor-core tile */
-    static constexpr int KV_BYTES = STAGES * 2 * TILE * D * 2;
-    static constexpr int Q_BYTES = ROWS * D * 2 > AK_DECODE_CC_MAX_GROUP * D * 4 ? ROWS * D * 2
-                                                                                 : AK_DECODE_CC_MAX_GROUP * D * 4;
+    static constexpr int KV_BYTES = STAGES * 2 * TILE * DP * 2;
+    static constexpr int Q_BYTES = ROWS * DP * 2 > AK_DECODE_CC_MAX_GROUP * DP * 4 ? ROWS * DP * 2
+                                                                                   : AK_DECODE_CC_MAX_GROUP * DP * 4;
     /* the epilogue reuses the K/V stages: per-warp o, m, d of every row */
-    static constexpr int EPI_BYTES = WARPS * ROWS * (D + 2) * 4;
+    static constexpr int EPI_BYTES = WARPS * ROWS * (DVO + 2) * 4;
     static constexpr int SMEM_BYTES = KV_BYTES + Q_BYTES;
-    static_assert(D % 64 == 0, "head dims are multiples of 64 (the swizzle needs 8 chunks)");
     static_assert(EPI_BYTES <= KV_BYTES, "epilogue scratch must fit in the K/V stages");
     static_assert((TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
 };
@@ -61,46 +66,48 @@ __device__ __forceinline__ float exp2_masked(float s, float m) { return s == -IN
 
 /* Per-warp state of one row, spilled for the epilogue. */
 struct epi_smem {
-    float *o; /* [WARPS][ROWS][D] */
+    float *o; /* [WARPS][ROWS][DVO] */
     float *m; /* [WARPS][ROWS] */
     float *d; /* [WARPS][ROWS] */
 };
 
-template <int D> __device__ __forceinline__ epi_smem epilogue_smem(void *base)
+template <int DQK, int DVO> __device__ __forceinline__ epi_smem epilogue_smem(void *base)
 {
-    typedef decode_traits<D> tr;
+    typedef decode_traits<DQK, DVO> tr;
     epi_smem e;
     e.o = (float *)base;
-    e.m = e.o + tr::WARPS * tr::ROWS * D;
+    e.m = e.o + tr::WARPS * tr::ROWS * DVO;
     e.d = e.m + tr::WARPS * tr::ROWS;
     return e;
 }
 
 /* ---- the tensor-core engine: 16 query heads x 16 keys per warp -------------- */
 
-template <int D, typename T> struct mma_engine {
-    typedef decode_traits<D> tr;
-    float o[D / 8][4]; /* 16 rows x D, C-fragment layout */
+template <int DQK, int DVO, typename T> struct mma_engine {
+    typedef decode_traits<DQK, DVO> tr;
+    static constexpr int DP = tr::DP;
+    float o[DVO / 8][4]; /* 16 rows x DVO, C-fragment layout */
     float m[2], d[2];  /* rows lane/4 and lane/4 + 8 */
 
     __device__ __forceinline__ void init()
     {
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int n = 0; n < DVO / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
         m[0] = m[1] = -INFINITY;
         d[0] = d[1] = 0.0f;
     }
 
-    /* q tile [16][D] of T, swizzled; rows past the group are zero */
+    /* q tile [16][DQK] of T in rows of DP, swizzled; rows past the group are zero */
     static __device__ __forceinline__ void load_q(const attn_params &p, int tok, int head0, int rows, void *qs_raw)
     {
         T *qs = (T *)qs_raw;
-        for (int i = threadIdx.x; i < tr::ROWS * tr::CHUNKS; i += tr::THREADS) {
-            const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
+        constexpr int QCHUNKS = DQK / 8;
+        for (int i = threadIdx.x; i < tr::ROWS * QCHUNKS; i += tr::THREADS) {
+            const int row = i / QCHUNKS, c = i % QCHUNKS;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (row < rows)
                 v = *(const uint4 *)((const T *)p.q + tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c * 8);
-            *(uint4 *)(qs + swz<D>(row, c)) = v;
+            *(uint4 *)(qs + swz<DP>(row, c)) = v;
         }
     }
 
@@ -113,11 +120,11 @@ template <int D, typename T> struct mma_engine {
         /* qk: s = q . k for 16 rows x this warp's 16 keys (2 n-tiles) */
         float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
+        for (int kk = 0; kk < DQK / 16; kk++) {
             uint32_t a[4], b[4];
             const int mi = lane / 8, r = lane % 8;
-            ldmatrix_x4(a, qs + swz<D>((mi % 2) * 8 + r, 2 * kk + mi / 2));
-            ldmatrix_x4(b, ks + swz<D>(key0 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
+            ldmatrix_x4(a, qs + swz<DP>((mi % 2) * 8 + r, 2 * kk + mi / 2));
+            ldmatrix_x4(b, ks + swz<DP>(key0 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
             mma_16816<T>(s[0], a, b);
             mma_16816<T>(s[1], a, b + 2);
         }
@@ -151,7 +158,7 @@ template <int D, typename T> struct mma_engine {
             pa[2 * n + 1] = dtype_traits<T>::pack(p2, p3);
         }
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
+        for (int n = 0; n < DVO / 8; n++) {
             o[n][0] *= f[0];
             o[n][1] *= f[0];
             o[n][2] *= f[1];
@@ -159,10 +166,10 @@ template <int D, typename T> struct mma_engine {
         }
         /* pv: o += p . v over this warp's 16 keys, two n-tiles of dims per ldmatrix */
 #pragma unroll
-        for (int np = 0; np < D / 16; np++) {
+        for (int np = 0; np < DVO / 16; np++) {
             uint32_t b[4];
             const int mi = lane / 8, r = lane % 8;
-            ldmatrix_x4_trans(b, vs + swz<D>(key0 + (mi % 2) * 8 + r, 2 * np + mi / 2));
+            ldmatrix_x4_trans(b, vs + swz<DP>(key0 + (mi % 2) * 8 + r, 2 * np + mi / 2));
             mma_16816<T>(o[2 * np], pa, b);
             mma_16816<T>(o[2 * np + 1], pa, b + 2);
         }
@@ -178,12 +185,12 @@ template <int D, typename T> struct mma_engine {
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
         }
-        float *ow = e.o + warp * tr::ROWS * D;
+        float *ow = e.o + warp * tr::ROWS * DVO;
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
+        for (int n = 0; n < DVO / 8; n++) {
             const int col = n * 8 + (lane % 4) * 2;
-            *(float2 *)(ow + r0 * D + col) = make_float2(o[n][0], o[n][1]);
-            *(float2 *)(ow + (r0 + 8) * D + col) = make_float2(o[n][2], o[n][3]);
+            *(float2 *)(ow + r0 * DVO + col) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(ow + (r0 + 8) * DVO + col) = make_float2(o[n][2], o[n][3]);
         }
         if (lane % 4 == 0) {
             e.m[warp * tr::ROWS + r0] = m[0];
@@ -197,7 +204,7 @@ template <int D, typename T> struct mma_engine {
 /* ---- the CUDA-core engine: G query heads, 16 keys per warp ------------------ */
 
 template <int D, typename T, int G> struct cc_engine {
-    typedef decode_traits<D> tr;
+    typedef decode_traits<D, D> tr;
     static constexpr int DIMS_PER_LANE = D / 32; /* p.v: lane owns these output dims */
     float o[G][DIMS_PER_LANE];
     float m[G], d[G];
@@ -238,7 +245,7 @@ template <int D, typename T, int G> struct cc_engine {
         for (int g = 0; g < G; g++) acc[g] = 0.0f;
 #pragma unroll
         for (int c = half * tr::CHUNKS / 2; c < (half + 1) * tr::CHUNKS / 2; c++) {
-            const uint4 raw = *(const uint4 *)(ks + swz<D>(row, c));
+            const uint4 raw = *(const uint4 *)(ks + swz<D>(row, c)); /* DP = D */
             const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -308,10 +315,11 @@ template <int D, typename T, int G> struct cc_engine {
 
 /* ---- the kernel --------------------------------------------------------------- */
 
-template <int D, typename T, typename ENGINE>
-__global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const attn_params p)
+template <int DQK, int DVO, typename T, typename ENGINE>
+__global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kernel(const attn_params p)
 {
-    typedef decode_traits<D> tr;
+    typedef decode_traits<DQK, DVO> tr;
+    constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     extern __shared__ uint4 smem[];
 #if __CUDA_ARCH__ >= 900
     /* the kernel after this one (prefill or merge, a programmatic dependent)
@@ -323,7 +331,7 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
     /* this thread's fixed part of every K/V address: its head and chunk */
-    const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
+    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     T *kv_stages = (T *)smem;
     void *qs = (char *)smem + tr::KV_BYTES;
     const int num_items = p.counts[COUNT_DECODE];
@@ -340,10 +348,10 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
-                                                          it.kv_end,
-                                                          kv_stages + (2 * s) * tr::TILE * D,
-                                                          kv_stages + (2 * s + 1) * tr::TILE * D);
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + s * tr::TILE, it.kv_end,
+                                                                     kv_stages + (2 * s) * tr::TILE * DP,
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
             cp_async_commit();
         }
         ENGINE::load_q(p, tok, head0, rows, qs);
@@ -355,24 +363,25 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) {
                 const int s = next % tr::STAGES;
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + next * tr::TILE,
-                                                          it.kv_end, kv_stages + (2 * s) * tr::TILE * D,
-                                                          kv_stages + (2 * s + 1) * tr::TILE * D);
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + next * tr::TILE, it.kv_end,
+                                                                     kv_stages + (2 * s) * tr::TILE * DP,
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
             }
             cp_async_commit();
             const int s = t % tr::STAGES;
-            eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * D, kv_stages + (2 * s + 1) * tr::TILE * D,
+            eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * DP, kv_stages + (2 * s + 1) * tr::TILE * DP,
                      it.kv_begin + t * tr::TILE, lo, it.kv_end);
         }
         cp_async_wait<0>();
         __syncthreads(); /* the stages become epilogue scratch */
 
         /* merge the warps' states row by row; write o and lse (or the partial) */
-        const epi_smem e = epilogue_smem<D>(smem);
+        const epi_smem e = epilogue_smem<DQK, DVO>(smem);
         eng.spill(e);
         __syncthreads();
-        for (int i = threadIdx.x; i < rows * tr::CHUNKS; i += tr::THREADS) {
-            const int row = i / tr::CHUNKS, c = i % tr::CHUNKS;
+        for (int i = threadIdx.x; i < rows * OCHUNKS; i += tr::THREADS) {
+            const int row = i / OCHUNKS, c = i % OCHUNKS;
             float mx = -INFINITY;
 #pragma unroll
             for (int w2 = 0; w2 < tr::WARPS; w2++) mx = fmaxf(mx, e.m[w2 * tr::ROWS + row]);
@@ -382,13 +391,13 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
                 const float mw = e.m[w2 * tr::ROWS + row];
                 const float f = mw == -INFINITY ? 0.0f : exp2f(mw - mx);
                 wsum += f * e.d[w2 * tr::ROWS + row];
-                const float *ow = e.o + (w2 * tr::ROWS + row) * D + c * 8;
+                const float *ow = e.o + (w2 * tr::ROWS + row) * DVO + c * 8;
 #pragma unroll
                 for (int j = 0; j < 8; j++) acc[j] += f * ow[j];
             }
-            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-            const float lse = wsum > 0.0f ? (mx + log2f(wsum)) * LN2 : -INFINITY;
             const int head = head0 + row;
+            float inv, lse;
+            finish_row(p, head, it.out >= 0, mx, wsum, inv, lse);
             if (it.out < 0) {
                 uint32_t packed[4];
 #pragma unroll
@@ -397,7 +406,7 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
                     make_uint4(packed[0], packed[1], packed[2], packed[3]);
                 if (p.lse && c == 0) p.lse[tok * p.lse_stride_tok + head] = lse;
             } else {
-                float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * D + c * 8;
+                float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * DVO + c * 8;
                 *(float4 *)dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
                 *(float4 *)(dst + 4) = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
                 if (c == 0) p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head] = lse;
@@ -406,68 +415,56 @@ __global__ void __launch_bounds__(decode_traits<D>::THREADS) decode_kernel(const
     }
 }
 
-/* ---- the launcher ------------------------------------------------------------- */
+/* ---- the kernel table ---------------------------------------------------------- */
 
-typedef void (*decode_fn)(const attn_params);
-
-/* The kernel instance for a config, with its launch shape. */
-struct decode_kernel_info {
-    decode_fn fn;
-    int threads;
-    int smem;
+template <int DQK, int DVO, typename T> struct tc_decode_info {
+    static attn_kernel get()
+    {
+        const attn_kernel k = {decode_kernel<DQK, DVO, T, mma_engine<DQK, DVO, T> >, decode_traits<DQK, DVO>::THREADS,
+                               decode_traits<DQK, DVO>::SMEM_BYTES, decode_traits<DQK, DVO>::ROWS};
+        return k;
+    }
 };
 
-template <int D, typename T> static decode_kernel_info pick_dim(decode_engine engine)
+template <int D, typename T> static attn_kernel cc_decode(void)
 {
-    decode_kernel_info k;
-    k.fn = engine == DECODE_TENSOR_CORES ? decode_kernel<D, T, mma_engine<D, T> >
-                                         : decode_kernel<D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >;
-    k.threads = decode_traits<D>::THREADS;
-    k.smem = decode_traits<D>::SMEM_BYTES;
+    const attn_kernel k = {decode_kernel<D, D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >,
+                           decode_traits<D, D>::THREADS, decode_traits<D, D>::SMEM_BYTES, AK_DECODE_CC_MAX_GROUP};
     return k;
 }
 
-template <typename T> static decode_kernel_info pick_type(int head_dim, decode_engine engine)
+template <typename T> static attn_kernel cc_decode_of(int dqk, int dvo)
 {
-    switch (head_dim) {
-    case 64: return pick_dim<64, T>(engine);
-    case 128: return pick_dim<128, T>(engine);
-    case 256: return pick_dim<256, T>(engine);
+    const attn_kernel none = {NULL, 0, 0, 0};
+    if (dqk != dvo) return none;
+    switch (dqk) {
+    case 64: return cc_decode<64, T>();
+    case 128: return cc_decode<128, T>();
+    case 256: return cc_decode<256, T>();
     }
-    const decode_kernel_info none = {NULL, 0, 0};
     return none;
 }
 
-static decode_kernel_info pick(int head_dim, ak_dtype dtype, decode_engine engine)
+attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype)
 {
-    if (dtype == AK_BF16) return pick_type<__nv_bfloat16>(head_dim, engine);
-    return pick_type<__half>(head_dim, engine);
+    if (engine == DECODE_PORTABLE) return ak_cuda_portable_kernel(1, dqk, dvo, dtype);
+    if (engine == DECODE_CUDA_CORES)
+        return dtype == AK_BF16 ? cc_decode_of<__nv_bfloat16>(dqk, dvo) : cc_decode_of<__half>(dqk, dvo);
+    return kernel_table<tc_decode_info>(dqk, dvo, dtype);
 }
 
-ak_status ak_cuda_kernels_ptx_version(int head_dim, ak_dtype dtype, int *ptx)
+ak_status ak_cuda_kernel_ptx_version(const attn_kernel *k, int *ptx)
 {
-    const decode_kernel_info k = pick(head_dim, dtype, DECODE_TENSOR_CORES);
-    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     cudaFuncAttributes fa;
-    AK_CUDA_TRY(cudaFuncGetAttributes(&fa, (const void *)k.fn));
+    AK_CUDA_TRY(cudaFuncGetAttributes(&fa, (const void *)k->fn));
     *ptx = fa.ptxVersion;
     return AK_OK;
 }
 
-ak_status ak_cuda_decode_occupancy(int head_dim, ak_dtype dtype, decode_engine engine, int *ctas_per_sm)
+ak_status ak_cuda_kernel_occupancy(const attn_kernel *k, int *ctas_per_sm)
 {
-    const decode_kernel_info k = pick(head_dim, dtype, engine);
-    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
     /* above 48 KB of dynamic shared memory a kernel must opt in, once */
-    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)k.fn, k.threads, k.smem));
+    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem));
+    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)k->fn, k->threads, k->smem));
     return AK_OK;
-}
-
-ak_status ak_cuda_decode_launch(const attn_params *p, int head_dim, ak_dtype dtype, decode_engine engine, int ctas,
-                                cudaStream_t stream)
-{
-    const decode_kernel_info k = pick(head_dim, dtype, engine);
-    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head_dim %d", head_dim);
-    return launch_kernel(k.fn, dim3(ctas, p->num_kv_heads * p->row_tiles), k.threads, k.smem, 0, stream, *p);
 }

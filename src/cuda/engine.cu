@@ -82,8 +82,11 @@ struct engine_state {
     int64_t max_indices; /* block ids a plan may hold (0 when ragged) */
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
+    attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
+    int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int pdl;          /* sm_90+: programmatic dependent launches */
-    int row_tiles;    /* decode: 16-head tiles per KV head (tensor cores, group > 16) */
+    int row_tiles;    /* decode: row tiles per KV head (tensor cores: 16 heads a tile, group > 16) */
+    int invariant_chunk; /* batch-invariant: keys of every decode split (0: splits follow the batch) */
     int decode_ctas;  /* decode grid.x: one wave of the GPU (0: no decode kernel) */
     int max_splits;
     int max_items;    /* decode items */
@@ -136,7 +139,25 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
 
 /* ---- check and explain ------------------------------------------------------- */
 
-static int is_supported_dim(int d) { return d == 64 || d == 128 || d == 256; }
+/* 1 if the tensor-core kernels are compiled for the pair (AK_TC_HEAD_DIMS). */
+static int tc_pair(int dqk, int dvo)
+{
+#define AK_PAIR_IS_(QK, VO) if (dqk == QK && dvo == VO) return 1;
+    AK_TC_HEAD_DIMS(AK_PAIR_IS_)
+#undef AK_PAIR_IS_
+    return 0;
+}
+
+/* AK_CUDA_PORTABLE=1 runs every config on the portable kernel (to test it on
+ * the whole case table, or to compare it); anything else but 0 is an error. */
+static ak_status portable_forced(int *forced)
+{
+    const char *env = getenv("AK_CUDA_PORTABLE");
+    *forced = env && !strcmp(env, "1");
+    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
+        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PORTABLE=%s: expected 0 or 1", env);
+    return AK_OK;
+}
 
 int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
 {
@@ -147,9 +168,9 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
         (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
         ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
                       ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
-    if (cfg->head_dim_qk != cfg->head_dim_vo || !is_supported_dim(cfg->head_dim_qk))
-        ak_reason_add(why, "head dims %d/%d: needs head_dim_qk == head_dim_vo in {64, 128, 256}", cfg->head_dim_qk,
-                      cfg->head_dim_vo);
+    if (cfg->head_dim_qk > AK_PORTABLE_MAX_DIM || cfg->head_dim_vo > AK_PORTABLE_MAX_DIM)
+        ak_reason_add(why, "head dims %d/%d: the CUDA kernels serve head dims up to %d", cfg->head_dim_qk,
+                      cfg->head_dim_vo, AK_PORTABLE_MAX_DIM);
     return why->count;
 }
 
@@ -158,10 +179,17 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
  * bandwidth (CUDA cores / tensor cores): group 1 d64 0.95 / 0.94, d128 1.02 /
  * 0.99, d256 0.83 / 0.80; group 2 d128 0.96 / 0.98, d256 0.61 / 0.80; group 3
  * d128 0.79 / 0.96. The FMA path pays per query head; the mma tile costs the
- * same for 1 or 16. */
-static decode_engine choose_engine(const ak_attn_config *cfg)
+ * same for 1 or 16. The CUDA-core engine is compiled for equal head dims of
+ * 64, 128 and 256; other pairs of the table take tensor cores for MHA too,
+ * and a pair outside it the portable kernel. */
+static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
 {
-    return cfg->num_qo_heads / cfg->num_kv_heads > AK_DECODE_CC_MAX_GROUP ? DECODE_TENSOR_CORES : DECODE_CUDA_CORES;
+    if (portable || !tc_pair(cfg->head_dim_qk, cfg->head_dim_vo)) return DECODE_PORTABLE;
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    if (group <= AK_DECODE_CC_MAX_GROUP && ak_cuda_decode_kernel(DECODE_CUDA_CORES, cfg->head_dim_qk,
+                                                                  cfg->head_dim_vo, cfg->kv_dtype).fn)
+        return DECODE_CUDA_CORES;
+    return DECODE_TENSOR_CORES;
 }
 
 /* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
@@ -175,13 +203,19 @@ static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, in
 }
 
 /* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
- * (sm_90a code runs on compute capability 9.0 alone), else mma.sync.
+ * (sm_90a code runs on compute capability 9.0 alone), else mma.sync; the
+ * portable kernel for a pair the tensor-core kernels are not compiled for.
  * AK_CUDA_PREFILL=mma|wgmma forces one (to compare them, or to test both on
  * one GPU); a forced kernel that cannot run here is an error, not ignored. */
-static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, prefill_family *f)
+static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, int portable, prefill_family *f)
 {
+    const int dqk = cfg->head_dim_qk, dvo = cfg->head_dim_vo;
+    if (portable || !tc_pair(dqk, dvo)) {
+        *f = PREFILL_PORTABLE;
+        return AK_OK;
+    }
     const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 &&
-                      ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn != NULL;
+                      ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->kv_dtype).fn != NULL;
     *f = wg_ok ? PREFILL_WGMMA : PREFILL_MMA;
     const char *env = getenv("AK_CUDA_PREFILL");
     if (!env || !*env) return AK_OK;
@@ -193,8 +227,7 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
                                 "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0 "
                                 "and a build for sm_90 (this GPU is %d.%d%s)",
                                 dev->cc_major, dev->cc_minor,
-                                ak_cuda_prefill_wgmma_kernel(cfg->head_dim_qk, cfg->kv_dtype).fn ? ""
-                                                                                                   : ", not built");
+                                ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->kv_dtype).fn ? "" : ", not built");
         *f = PREFILL_WGMMA;
     } else {
         return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PREFILL=%s: expected mma or wgmma", env);
@@ -202,48 +235,47 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
     return AK_OK;
 }
 
-/* The prefill row tile of cfg on dev: query rows, tokens and heads of a
- * tile, and which kernel (fails on a bad AK_CUDA_PREFILL). */
-static ak_status prefill_tile(const ak_attn_config *cfg, const ak_device_info *dev, int *rows, int *tokens,
-                              int *heads, const char **kernel)
+static const char *family_name(prefill_family f)
 {
-    prefill_family f;
-    AK_TRY(choose_prefill(cfg, dev, &f));
-    *rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->kv_dtype).rows;
-    int row_tiles;
-    prefill_rows(cfg, *rows, &row_tiles, heads, tokens);
-    *kernel = f == PREFILL_WGMMA ? "wgmma, sm_90a" : "mma.sync";
-    return AK_OK;
+    return f == PREFILL_WGMMA ? "tensor cores, wgmma, sm_90a" : f == PREFILL_MMA ? "tensor cores, mma.sync"
+                                                                                 : "CUDA cores, portable kernel";
 }
 
 void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev, engine_mode mode, char *buf,
                             size_t cap)
 {
-    int rows, heads, tokens;
-    const char *kernel;
+    int portable = 0;
+    prefill_family f;
+    if (portable_forced(&portable) != AK_OK || choose_prefill(cfg, dev, portable, &f) != AK_OK) {
+        snprintf(buf, cap, "%s", ak_last_error());
+        return;
+    }
+    const char *dims = f == PREFILL_PORTABLE && !portable ? " (head dims outside the tensor-core table)" : "";
+    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype).rows;
+    int row_tiles, heads, tokens;
+    prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
+    const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
     if (mode == ENGINE_MODE_VARLEN) {
-        if (prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
-            snprintf(buf, cap, "prefill: %s", ak_last_error());
-            return;
-        }
         snprintf(buf, cap,
-                 "every request on the prefill kernel (tensor cores, %s, %d query rows a tile: %d tokens x %d "
-                 "heads), no split-KV, one launch per run",
-                 kernel, rows, tokens, heads);
+                 "every request on the prefill kernel (%s%s, %d query rows a tile: %d tokens x %d heads), no "
+                 "split-KV, one launch per run%s",
+                 family_name(f), dims, rows, tokens, heads, inv);
         return;
     }
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
-    int n = snprintf(buf, cap, "%sdecode on %s (GQA group %d %s %d)",
-                     cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
-                     choose_engine(cfg) == DECODE_TENSOR_CORES ? "tensor cores" : "CUDA cores", group,
-                     group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=", AK_DECODE_CC_MAX_GROUP);
-    if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) return;
-    if (prefill_tile(cfg, dev, &rows, &tokens, &heads, &kernel) != AK_OK) {
-        snprintf(buf + n, cap - n, "; prefill: %s", ak_last_error());
+    const decode_engine e = choose_engine(cfg, portable);
+    int n = snprintf(buf, cap, "%sdecode on %s%s", cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
+                     e == DECODE_TENSOR_CORES ? "tensor cores" : e == DECODE_CUDA_CORES ? "CUDA cores" : "the portable kernel",
+                     e == DECODE_PORTABLE ? dims : "");
+    if (e != DECODE_PORTABLE && n >= 0 && (size_t)n < cap)
+        n += snprintf(buf + n, cap - n, " (GQA group %d %s %d)", group, group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=",
+                      AK_DECODE_CC_MAX_GROUP);
+    if (cfg->workload == AK_WORKLOAD_DECODE || n < 0 || (size_t)n >= cap) {
+        if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - n, "%s", inv);
         return;
     }
-    snprintf(buf + n, cap - n, "; prefill on tensor cores (%s), %d query rows a tile (%d tokens x %d heads)", kernel,
-             rows, tokens, heads);
+    snprintf(buf + n, cap - n, "; prefill on %s, %d query rows a tile (%d tokens x %d heads)%s", family_name(f), rows,
+             tokens, heads, inv);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -264,6 +296,11 @@ void ak_cuda_engine_destroy(void *state)
     free(s);
 }
 
+/* Batch-invariant decode splits: every request's visible keys cut into
+ * chunks of this many keys, or more when max_splits chunks would not cover
+ * the longest context the limits allow, whatever else the batch holds. */
+#define INVARIANT_CHUNK 2048
+
 static ak_status engine_create_inner(engine_state *s)
 {
     const ak_attn_config *cfg = &s->cfg;
@@ -271,6 +308,8 @@ static ak_status engine_create_inner(engine_state *s)
     AK_CUDA_TRY(cudaSetDevice(cfg->device.index));
     ak_device_info info;
     AK_TRY(ak_cuda_get_info(cfg->device.index, &info));
+    int portable = 0;
+    AK_TRY(portable_forced(&portable));
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->ragged = cfg->kv_storage == AK_KV_RAGGED;
     s->split = s->mode == ENGINE_MODE_PAGED;
@@ -278,17 +317,23 @@ static ak_status engine_create_inner(engine_state *s)
     s->max_slots = s->ragged ? 0 : lim->max_tokens;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
     if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
+    /* the portable kernel copies element by element unless both dims are
+     * whole 16-byte chunks */
+    s->vec = cfg->head_dim_qk % 8 == 0 && cfg->head_dim_vo % 8 == 0;
     int ctas_per_sm = 0;
     if (s->split) {
-        s->engine = choose_engine(cfg);
+        s->engine = choose_engine(cfg, portable);
+        s->dec_k = ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
+        if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
+                                              cfg->head_dim_qk, cfg->head_dim_vo);
         /* programmatic dependent launches need the kernels' griddepcontrol,
          * compiled only for sm_90+: a build for sm_80 run on an H100 has none,
          * and a dependent launched early would then not wait */
         int ptx = 0;
-        AK_TRY(ak_cuda_kernels_ptx_version(cfg->head_dim_qk, cfg->kv_dtype, &ptx));
+        AK_TRY(ak_cuda_kernel_ptx_version(&s->dec_k, &ptx));
         s->pdl = info.cc_major >= 9 && ptx >= 90;
-        s->row_tiles = s->engine == DECODE_TENSOR_CORES ? (group + 15) / 16 : 1;
-        AK_TRY(ak_cuda_decode_occupancy(cfg->head_dim_qk, cfg->kv_dtype, s->engine, &ctas_per_sm));
+        s->row_tiles = (group + s->dec_k.rows - 1) / s->dec_k.rows;
+        AK_TRY(ak_cuda_kernel_occupancy(&s->dec_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "decode kernel cannot be resident on this GPU");
         /* one wave: every thread block resident at once (rounding up would leave
          * a few blocks, each with several items, for a second wave: measured 0.62
@@ -297,7 +342,21 @@ static ak_status engine_create_inner(engine_state *s)
         s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
         if (s->decode_ctas < 1) s->decode_ctas = 1;
         s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+        if (cfg->batch_invariant) {
+            const int64_t max_kv = (int64_t)lim->max_blocks_per_req * (s->ragged ? 1 : cfg->page_size);
+            int64_t chunk = (max_kv + s->max_splits - 1) / s->max_splits;
+            chunk = (chunk + CHUNK_QUANTUM - 1) / CHUNK_QUANTUM * CHUNK_QUANTUM;
+            s->invariant_chunk = chunk > INVARIANT_CHUNK ? (int)chunk : INVARIANT_CHUNK;
+            /* every decode request in ceil(kv_len / chunk) items */
+            const int64_t per_req = (max_kv + s->invariant_chunk - 1) / s->invariant_chunk;
+            const int64_t items = (int64_t)lim->max_reqs * (per_req > 1 ? per_req : 1);
+            if (items > INT32_MAX / 2)
+                return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch-invariant decode: limits allow %lld split items",
+                                    (long long)items);
+            if (items > s->max_items) s->max_items = (int)items;
+        }
         s->max_tasks = lim->max_reqs;
+        s->merge_k = ak_cuda_merge_kernel(cfg->head_dim_vo, s->vec, cfg->kv_dtype);
     }
 
     /* varlen: every request with a query token is a prefill; paged: those
@@ -305,10 +364,12 @@ static ak_status engine_create_inner(engine_state *s)
     s->prefill = !s->split || cfg->workload != AK_WORKLOAD_DECODE;
     s->min_prefill_q = s->split ? 2 : 1;
     if (s->prefill) {
-        AK_TRY(choose_prefill(cfg, &info, &s->pfam));
-        prefill_rows(cfg, ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->kv_dtype).rows, &s->prow_tiles,
-                     &s->prow_heads, &s->ptok);
-        AK_TRY(ak_cuda_prefill_occupancy(s->pfam, cfg->head_dim_qk, cfg->kv_dtype, &ctas_per_sm));
+        AK_TRY(choose_prefill(cfg, &info, portable, &s->pfam));
+        s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
+        if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
+                                              cfg->head_dim_qk, cfg->head_dim_vo);
+        prefill_rows(cfg, s->pre_k.rows, &s->prow_tiles, &s->prow_heads, &s->ptok);
+        AK_TRY(ak_cuda_kernel_occupancy(&s->pre_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
         const int per_item = cfg->num_kv_heads * s->prow_tiles;
         const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
@@ -428,9 +489,12 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
         if (len > max_len) max_len = len;
     }
     if (num_dec == 0) return 0;
+    /* batch-invariant: one fixed chunk; else the smallest that fills the
+     * wave (with no spare items nothing is split, so no merge is needed) */
     const int budget = items_for(s, num_dec);
-    /* with no spare items nothing is split, so no merge is needed */
-    const int chunk = budget > num_dec ? pick_chunk(s, b, budget, max_len) : INT32_MAX;
+    const int chunk = s->invariant_chunk ? s->invariant_chunk
+                      : budget > num_dec ? pick_chunk(s, b, budget, max_len)
+                                         : INT32_MAX;
     int n = 0, partials = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         if (!is_decode_req(b, r)) continue;
@@ -512,12 +576,13 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     /* split-KV: a tile costing more than a fair share of the wave (total / P)
      * would finish last alone; cut its keys into chunks of that share (which
      * keeps the bounds create() sized the buffers by). Not in varlen mode:
-     * its runs are one launch, with no merge after it. */
+     * its runs are one launch, with no merge after it; not when batch
+     * invariant: the share depends on the rest of the batch. */
     const int64_t share = (total + P - 1) / P;
     const int min_chunk = MIN_PREFILL_CHUNK;
     int slots = 0;
     const int n_tiles = n;
-    for (int i = 0; s->split && i < n_tiles; i++) {
+    for (int i = 0; s->split && !s->invariant_chunk && i < n_tiles; i++) {
         prefill_item it = s->tiles[i].it;
         const int len = it.kv_end - it.kv_begin;
         if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
@@ -642,9 +707,12 @@ static const char *mode_name(const engine_state *s)
     return s->mode == ENGINE_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
 }
 
-/* 16-byte vector access needs aligned rows: base and row strides. */
+/* 16-byte vector access needs aligned rows: base and row strides (the
+ * portable kernel's element copies, for dims that are not multiples of 8,
+ * need nothing). */
 static ak_status check_aligned(const engine_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
 {
+    if (!s->vec) return AK_OK;
     if ((uintptr_t)data % 16 != 0 || s0 % 8 != 0 || s1 % 8 != 0)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "%s: %s needs 16-byte aligned data and row strides that are multiples of "
@@ -653,16 +721,17 @@ static ak_status check_aligned(const engine_state *s, const char *name, const vo
     return AK_OK;
 }
 
-/* The kernels' K/V addressing (kv_addr.h): a row's slot and head strides are
- * the same for K and V, since their head dims are equal. */
+/* The kernels' K/V addressing (kv_addr.h). */
 static void set_kv_strides(attn_params *p, const void *k, const void *v, ak_kv_strides ka, ak_kv_strides va)
 {
     p->k_pool = k;
     p->v_pool = v;
     p->k_block_stride = ka.block;
     p->v_block_stride = va.block;
-    p->kv_stride_slot = ka.slot;
-    p->kv_stride_head = ka.head;
+    p->k_stride_slot = ka.slot;
+    p->k_stride_head = ka.head;
+    p->v_stride_slot = va.slot;
+    p->v_stride_head = va.head;
 }
 
 /* Where the loader finds K/V: the paged cache's pools, or the ragged tensors
@@ -673,8 +742,8 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
         const ak_tensor *k = a->k, *v = a->v;
         AK_TRY(check_aligned(s, "args.k", k->data, k->stride[0], k->stride[1]));
         AK_TRY(check_aligned(s, "args.v", v->data, v->stride[0], v->stride[1]));
-        /* the loader keeps one per-thread head offset for K and V */
-        if (k->stride[1] != v->stride[1])
+        /* with equal head dims the loader keeps one offset for K and V */
+        if (s->cfg.head_dim_qk == s->cfg.head_dim_vo && k->stride[1] != v->stride[1])
             return ak_set_error(AK_ERR_INVALID_ARG,
                                 "args.v->stride[1] = %lld differs from args.k->stride[1] = %lld: %s reads K and V "
                                 "with one head stride",
@@ -738,6 +807,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * LOG2E;
     p.max_splits = s->max_splits;
+    p.sinks = c->use_sinks ? (const float *)a->sinks->data : NULL;
+    p.head_dim_qk = c->head_dim_qk;
+    p.head_dim_vo = c->head_dim_vo;
 
     /* Outside a capture, kernels with nothing to do are not launched. Under
      * capture every kernel of the mode is, since the graph must serve any
@@ -749,12 +821,15 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
-    if (decode) AK_TRY(ak_cuda_decode_launch(&p, c->head_dim_qk, c->kv_dtype, s->engine, s->decode_ctas, cs));
+    if (decode)
+        AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
+                             s->dec_k.smem, 0, cs, p));
     if (prefill)
-        AK_TRY(ak_cuda_prefill_launch(&p, s->pfam, c->head_dim_qk, c->kv_dtype, s->prefill_ctas, s->pdl && decode, cs));
+        AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
+                             s->pre_k.smem, s->pdl && decode, cs, p));
     if (merge)
-        AK_TRY(ak_cuda_merge_launch(&p, c->head_dim_vo, c->kv_dtype, s->merge_ctas, s->pdl && (decode || prefill),
-                                    cs));
+        AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads), s->merge_k.threads,
+                             (int)(sizeof(float) * (size_t)s->max_splits), s->pdl && (decode || prefill), cs, p));
     return AK_OK;
 }
 

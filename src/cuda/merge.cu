@@ -19,10 +19,10 @@
 /* LANES threads cover the D dims (4 each); GROUPS groups of them split the
  * partials and add their sums in shared memory. */
 template <int D> struct merge_traits {
-    static constexpr int THREADS = 128;
     static constexpr int LANES = D / 4;
-    static constexpr int GROUPS = THREADS / LANES;
-    static_assert(THREADS % LANES == 0 && LANES <= THREADS, "dims must tile the block");
+    static constexpr int GROUPS = 128 / LANES;
+    static constexpr int THREADS = GROUPS * LANES; /* 120 at D = 80: whole groups */
+    static_assert(D % 4 == 0 && LANES <= 128 && THREADS >= 32, "dims must tile the block");
 };
 
 __device__ __forceinline__ float warp_max(float x)
@@ -37,6 +37,33 @@ __device__ __forceinline__ float warp_sum(float x)
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+/* By the first warp: the task's merged LSE (natural log), written to p.lse,
+ * and each partial's weight w_i = exp(lse_i - lse) into weight[]. A sink
+ * (p.sinks) joins the denominator here, once: the partials were finished
+ * without it. */
+__device__ __forceinline__ void merge_weights(const attn_params &p, const merge_task &task, int head,
+                                              const float *lse_part, int64_t step, float *weight)
+{
+    if (threadIdx.x >= 32) return;
+    const int n = task.n;
+    const float z = p.sinks ? p.sinks[head] : -INFINITY;
+    float mx = z;
+    for (int i = threadIdx.x; i < n; i += 32) mx = fmaxf(mx, lse_part[i * step]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < n; i += 32) {
+        const float l = lse_part[i * step];
+        weight[i] = l == -INFINITY ? 0.0f : __expf(l - mx);
+        sum += weight[i];
+    }
+    sum = warp_sum(sum);
+    if (p.sinks) sum += __expf(z - mx);
+    const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int i = threadIdx.x; i < n; i += 32) weight[i] *= inv; /* w_i = exp(lse_i - lse) */
+    if (threadIdx.x == 0 && p.lse) p.lse[task.tok * p.lse_stride_tok + head] = lse;
 }
 
 template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::THREADS) merge_kernel(const attn_params p)
@@ -57,23 +84,7 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         const int64_t step = (int64_t)task.stride * p.num_qo_heads; /* between partial rows */
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
         __syncthreads(); /* the previous task is done with weight[] and group_sum */
-        /* lse = log sum exp(lse_i), by the first warp: max, then the scaled sum */
-        if (threadIdx.x < 32) {
-            float mx = -INFINITY;
-            for (int i = threadIdx.x; i < n; i += 32) mx = fmaxf(mx, lse_part[i * step]);
-            mx = warp_max(mx);
-            float sum = 0.0f;
-            for (int i = threadIdx.x; i < n; i += 32) {
-                const float l = lse_part[i * step];
-                weight[i] = l == -INFINITY ? 0.0f : __expf(l - mx);
-                sum += weight[i];
-            }
-            sum = warp_sum(sum);
-            const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-            for (int i = threadIdx.x; i < n; i += 32) weight[i] *= inv; /* w_i = exp(lse_i - lse) */
-            if (threadIdx.x == 0 && p.lse) p.lse[task.tok * p.lse_stride_tok + head] = lse;
-        }
+        merge_weights(p, task, head, lse_part, step, weight);
         __syncthreads();
         /* every partial slot was written in this run (empty parts as zeros),
          * so no slot can poison the sum */
@@ -105,26 +116,63 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
     }
 }
 
-template <int D, typename T> static ak_status launch_dim(const attn_params *p, int ctas, int pdl, cudaStream_t stream)
+/* The same for any head_dim_vo (the portable kernel's partials): each thread
+ * sums its dims over every partial, element by element. */
+#define MERGE_ANY_THREADS 128
+template <typename T> __global__ void __launch_bounds__(MERGE_ANY_THREADS) merge_kernel_any(const attn_params p)
 {
-    return launch_kernel(merge_kernel<D, T>, dim3(ctas, p->num_qo_heads), merge_traits<D>::THREADS,
-                         (int)(sizeof(float) * (size_t)p->max_splits), pdl, stream, *p);
-}
-
-template <typename T>
-static ak_status launch(const attn_params *p, int head_dim, int ctas, int pdl, cudaStream_t stream)
-{
-    switch (head_dim) {
-    case 64: return launch_dim<64, T>(p, ctas, pdl, stream);
-    case 128: return launch_dim<128, T>(p, ctas, pdl, stream);
-    case 256: return launch_dim<256, T>(p, ctas, pdl, stream);
+    extern __shared__ float weight[]; /* [max_splits] */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const int head = blockIdx.y, D = p.head_dim_vo;
+    const int num_tasks = p.counts[COUNT_MERGE];
+    for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
+        const merge_task task = p.tasks[t];
+        const int64_t step = (int64_t)task.stride * p.num_qo_heads;
+        const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
+        __syncthreads();
+        merge_weights(p, task, head, lse_part, step, weight);
+        __syncthreads();
+        const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D;
+        T *dst = (T *)p.o + task.tok * p.o_stride_tok + head * p.o_stride_head;
+        for (int d = threadIdx.x; d < D; d += MERGE_ANY_THREADS) {
+            float acc = 0.0f;
+            for (int i = 0; i < task.n; i++) acc += weight[i] * o_part[i * step * D + d];
+            dst[d] = dtype_traits<T>::from_float(acc);
+        }
     }
-    return ak_set_error(AK_ERR_INTERNAL, "no merge kernel for head_dim %d", head_dim);
 }
 
-ak_status ak_cuda_merge_launch(const attn_params *p, int head_dim, ak_dtype dtype, int ctas, int pdl,
-                               cudaStream_t stream)
+template <int D, typename T> static attn_kernel merge_of(void)
 {
-    return dtype == AK_F16 ? launch<__half>(p, head_dim, ctas, pdl, stream)
-                           : launch<__nv_bfloat16>(p, head_dim, ctas, pdl, stream);
+    const attn_kernel k = {merge_kernel<D, T>, merge_traits<D>::THREADS, 0, 0};
+    return k;
+}
+
+template <typename T> static attn_kernel merge_table(int dvo)
+{
+    switch (dvo) {
+    case 64: return merge_of<64, T>();
+    case 80: return merge_of<80, T>();
+    case 96: return merge_of<96, T>();
+    case 112: return merge_of<112, T>();
+    case 128: return merge_of<128, T>();
+    case 192: return merge_of<192, T>();
+    case 256: return merge_of<256, T>();
+    case 512: return merge_of<512, T>();
+    }
+    const attn_kernel k = {merge_kernel_any<T>, MERGE_ANY_THREADS, 0, 0};
+    return k;
+}
+
+/* smem: the engine launches with max_splits floats (the weights). */
+attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype)
+{
+    if (!vec) {
+        const attn_kernel k = {dtype == AK_F16 ? merge_kernel_any<__half> : merge_kernel_any<__nv_bfloat16>,
+                               MERGE_ANY_THREADS, 0, 0};
+        return k;
+    }
+    return dtype == AK_F16 ? merge_table<__half>(dvo) : merge_table<__nv_bfloat16>(dvo);
 }

@@ -18,6 +18,10 @@
  * captured graph replays after any later plan. plan() orders the items
  * heaviest first and splits the keys of items that would dominate the wave
  * (split-KV; partials merged by merge.cu).
+ *
+ * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; shared
+ * memory rows of DP (both rounded up to 64), products over the real dims
+ * (QK over DQK, P.V over DVO).
  */
 #include "attn.cuh"
 
@@ -25,27 +29,27 @@
 
 /* ---- tile traits ------------------------------------------------------------ */
 
-template <int D> struct prefill_traits {
+template <int DQK, int DVO> struct prefill_traits {
+    static constexpr int DP = head_dims<DQK, DVO>::DP;
     static constexpr int WARPS = 4;
     static constexpr int THREADS = WARPS * 32;
     /* 16-row m tiles per warp: two let each K/V fragment feed two mma (half
-     * the shared-memory reads per FLOP); at D = 256 the o accumulator of two
-     * (256 floats a thread) would not fit in registers */
-    static constexpr int MT = D <= 128 ? 2 : 1;
+     * the shared-memory reads per FLOP); at DVO = 256 the o accumulator of
+     * two (256 floats a thread) would not fit in registers */
+    static constexpr int MT = DVO <= 128 && DQK <= 128 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * MT;
     static constexpr int ROWS = WARPS * WARP_ROWS;
-    static constexpr int TILE = D <= 128 ? 64 : 32; /* keys per K/V stage */
-    static constexpr int STAGES = D <= 64 ? 3 : 2;
-    static constexpr int CHUNKS = D / 8; /* 16-byte chunks per row */
-    static constexpr int Q_BYTES = ROWS * D * 2;
-    static constexpr int STAGE_BYTES = 2 * TILE * D * 2;
+    static constexpr int TILE = DP <= 128 ? 64 : 32; /* keys per K/V stage */
+    static constexpr int STAGES = DP <= 64 ? 3 : 2;
+    static constexpr int CHUNKS = DP / 8; /* 16-byte chunks per shared-memory row */
+    static constexpr int Q_BYTES = ROWS * DP * 2;
+    static constexpr int STAGE_BYTES = 2 * TILE * DP * 2;
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
     /* two blocks per SM at D = 128 and 256 (96 KB of shared memory each, at
      * most 255 registers a thread: 2 x 128 x 256 fills the register file;
      * ptxas: D = 128 uses 255 with ~20 bytes spilled, D = 256 none), three
      * at D = 64 (64 KB each, 168 registers, ~24 bytes spilled) */
-    static constexpr int MIN_CTAS = D <= 64 ? 3 : 2;
-    static_assert(D % 64 == 0, "head dims are multiples of 64 (the swizzle needs 8 chunks)");
+    static constexpr int MIN_CTAS = DP <= 64 ? 3 : 2;
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
 };
 
@@ -55,11 +59,12 @@ template <int D> struct prefill_traits {
 
 /* ---- the kernel --------------------------------------------------------------- */
 
-template <int D, typename T>
-__global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>::MIN_CTAS)
+template <int DQK, int DVO, typename T>
+__global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_traits<DQK, DVO>::MIN_CTAS)
     prefill_kernel(const attn_params p)
 {
-    typedef prefill_traits<D> tr;
+    typedef prefill_traits<DQK, DVO> tr;
+    constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     constexpr int MT = tr::MT, NT = tr::TILE / 8; /* n tiles (8 keys) of a K/V tile */
     extern __shared__ uint4 smem[];
     T *qs = (T *)smem;
@@ -73,7 +78,7 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
     const int hb = p.prow_heads;
     const int head0 = kv_head * p.group + row_tile * hb;
     const int heads = min(hb, p.group - row_tile * hb);
-    const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
+    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     const int warp_row0 = warp * tr::WARP_ROWS;
     const int num_items = p.counts[COUNT_PREFILL];
 
@@ -87,26 +92,26 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
         /* q rows (zero past the tile's tokens and heads), in the first group */
-        load_q_tile<tr::ROWS, tr::THREADS, tr::CHUNKS>(p, it, head0, hb, heads, qs,
-                                                       [](int row, int c) { return swz<D>(row, c); });
+        load_q_tile<tr::ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                    [](int row, int c) { return swz<DP>(row, c); });
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + s * tr::TILE,
-                                                          it.kv_end,
-                                                          stages + s * 2 * tr::TILE * D,
-                                                          stages + (s * 2 + 1) * tr::TILE * D);
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + s * tr::TILE, it.kv_end,
+                                                                     stages + s * 2 * tr::TILE * DP,
+                                                                     stages + (s * 2 + 1) * tr::TILE * DP);
             cp_async_commit();
         }
 
         const int pos_last = it.pos0 + it.ntok - 1;
 
-        float o[MT][D / 8][4];
+        float o[MT][DVO / 8][4];
         float m[MT][2], d[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int n = 0; n < D / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+            for (int n = 0; n < DVO / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
             m[mt][0] = m[mt][1] = -INFINITY;
             d[mt][0] = d[mt][1] = 0.0f;
         }
@@ -117,13 +122,14 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) {
                 const int s = next % tr::STAGES;
-                load_kv_tile<D, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, it.kv_begin + next * tr::TILE,
-                                                          it.kv_end, stages + s * 2 * tr::TILE * D,
-                                                          stages + (s * 2 + 1) * tr::TILE * D);
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + next * tr::TILE, it.kv_end,
+                                                                     stages + s * 2 * tr::TILE * DP,
+                                                                     stages + (s * 2 + 1) * tr::TILE * DP);
             }
             cp_async_commit();
-            const T *ks = stages + (t % tr::STAGES) * 2 * tr::TILE * D;
-            const T *vs = ks + tr::TILE * D;
+            const T *ks = stages + (t % tr::STAGES) * 2 * tr::TILE * DP;
+            const T *vs = ks + tr::TILE * DP;
             const int t0 = it.kv_begin + t * tr::TILE;
 
             /* s = q . k: this warp's rows x the tile's keys */
@@ -133,15 +139,15 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #pragma unroll
                 for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
+            for (int kk = 0; kk < DQK / 16; kk++) {
                 uint32_t a[MT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
-                    ldmatrix_x4(a[mt], qs + swz<D>(warp_row0 + mt * 16 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
+                    ldmatrix_x4(a[mt], qs + swz<DP>(warp_row0 + mt * 16 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
 #pragma unroll
                 for (int nb = 0; nb < NT / 2; nb++) {
                     uint32_t b[4];
-                    ldmatrix_x4(b, ks + swz<D>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
+                    ldmatrix_x4(b, ks + swz<DP>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma_16816<T>(s[mt][2 * nb], a[mt], b);
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                         m[mt][h] = m_new;
                         d[mt][h] *= f;
 #pragma unroll
-                        for (int n = 0; n < D / 8; n++) {
+                        for (int n = 0; n < DVO / 8; n++) {
                             o[mt][n][2 * h] *= f;
                             o[mt][n][2 * h + 1] *= f;
                         }
@@ -235,9 +241,9 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #pragma unroll
             for (int kb = 0; kb < NT / 2; kb++)
 #pragma unroll
-                for (int np = 0; np < D / 16; np++) {
+                for (int np = 0; np < DVO / 16; np++) {
                     uint32_t b[4];
-                    ldmatrix_x4_trans(b, vs + swz<D>(kb * 16 + (mi % 2) * 8 + r8, 2 * np + mi / 2));
+                    ldmatrix_x4_trans(b, vs + swz<DP>(kb * 16 + (mi % 2) * 8 + r8, 2 * np + mi / 2));
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
                         mma_16816<T>(o[mt][2 * np], pa[mt][kb], b);
@@ -251,37 +257,40 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
         cp_async_wait<0>();
         __syncthreads();
 
-        /* epilogue: row sums across the quad, normalise, write */
+        /* epilogue: row sums across the quad; each row's factor and LSE
+         * (finish_row: the sink of its head, unless a split part) */
+        float inv[MT][2], lse[MT][2];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 1);
                 d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 2);
+                const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
+                const int g = row - row / hb * hb;
+                finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[mt][h], d[mt][h], inv[mt][h], lse[mt][h]);
             }
         if (it.out < 0) {
             /* through this warp's own q rows in shared memory (no other warp
              * reads them), then 16-byte stores of whole rows */
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const float inv0 = d[mt][0] > 0.0f ? 1.0f / d[mt][0] : 0.0f;
-                const float inv1 = d[mt][1] > 0.0f ? 1.0f / d[mt][1] : 0.0f;
                 const int row = warp_row0 + mt * 16 + lane / 4;
 #pragma unroll
-                for (int n = 0; n < D / 8; n++) {
-                    *(uint32_t *)(qs + swz<D>(row, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[mt][n][0] * inv0, o[mt][n][1] * inv0);
-                    *(uint32_t *)(qs + swz<D>(row + 8, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[mt][n][2] * inv1, o[mt][n][3] * inv1);
+                for (int n = 0; n < DVO / 8; n++) {
+                    *(uint32_t *)(qs + swz<DP>(row, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[mt][n][0] * inv[mt][0], o[mt][n][1] * inv[mt][0]);
+                    *(uint32_t *)(qs + swz<DP>(row + 8, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[mt][n][2] * inv[mt][1], o[mt][n][3] * inv[mt][1]);
                 }
             }
             __syncwarp();
-            for (int idx = lane; idx < tr::WARP_ROWS * tr::CHUNKS; idx += 32) {
-                const int row = warp_row0 + idx / tr::CHUNKS, c = idx % tr::CHUNKS;
+            for (int idx = lane; idx < tr::WARP_ROWS * OCHUNKS; idx += 32) {
+                const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
                 const int i = row / hb, g = row - i * hb;
                 if (i < it.ntok && g < heads)
                     *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
-                        *(const uint4 *)(qs + swz<D>(row, c));
+                        *(const uint4 *)(qs + swz<DP>(row, c));
             }
         }
 #pragma unroll
@@ -291,19 +300,18 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
                 const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
                 const int i = row / hb, g = row - i * hb;
                 if (i >= it.ntok || g >= heads) continue;
-                const float lse = d[mt][h] > 0.0f ? (m[mt][h] + log2f(d[mt][h])) * LN2 : -INFINITY;
                 if (it.out < 0) {
-                    if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse;
+                    if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[mt][h];
                     continue;
                 }
                 /* a split part: f32 partial state of token i in slot out + i */
                 const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
-                const float inv = d[mt][h] > 0.0f ? 1.0f / d[mt][h] : 0.0f;
-                float *dst = p.o_tmp + slot * D + (lane % 4) * 2;
+                float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
 #pragma unroll
-                for (int n = 0; n < D / 8; n++)
-                    *(float2 *)(dst + n * 8) = make_float2(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
-                if (lane % 4 == 0) p.lse_tmp[slot] = lse;
+                for (int n = 0; n < DVO / 8; n++)
+                    *(float2 *)(dst + n * 8) =
+                        make_float2(o[mt][n][2 * h] * inv[mt][h], o[mt][n][2 * h + 1] * inv[mt][h]);
+                if (lane % 4 == 0) p.lse_tmp[slot] = lse[mt][h];
             }
     }
 #if __CUDA_ARCH__ >= 900
@@ -313,37 +321,20 @@ __global__ void __launch_bounds__(prefill_traits<D>::THREADS, prefill_traits<D>:
 #endif
 }
 
-/* ---- the launcher ------------------------------------------------------------- */
+/* ---- the kernel table ---------------------------------------------------------- */
 
-template <int D, typename T> struct mma_prefill_info {
-    static prefill_kernel_info get()
+template <int DQK, int DVO, typename T> struct mma_prefill_info {
+    static attn_kernel get()
     {
-        const prefill_kernel_info k = {prefill_kernel<D, T>, prefill_traits<D>::THREADS, prefill_traits<D>::SMEM_BYTES,
-                                       prefill_traits<D>::ROWS};
+        typedef prefill_traits<DQK, DVO> tr;
+        const attn_kernel k = {prefill_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS};
         return k;
     }
 };
 
-prefill_kernel_info ak_cuda_prefill_kernel(prefill_family f, int head_dim, ak_dtype dtype)
+attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype)
 {
-    if (f == PREFILL_WGMMA) return ak_cuda_prefill_wgmma_kernel(head_dim, dtype);
-    return prefill_table<mma_prefill_info>(head_dim, dtype);
-}
-
-ak_status ak_cuda_prefill_occupancy(prefill_family f, int head_dim, ak_dtype dtype, int *ctas_per_sm)
-{
-    const prefill_kernel_info k = ak_cuda_prefill_kernel(f, head_dim, dtype);
-    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head_dim %d", head_dim);
-    AK_CUDA_TRY(cudaFuncSetAttribute((const void *)k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-    AK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, (const void *)k.fn, k.threads, k.smem));
-    return AK_OK;
-}
-
-ak_status ak_cuda_prefill_launch(const attn_params *p, prefill_family f, int head_dim, ak_dtype dtype, int ctas,
-                                 int after_decode, cudaStream_t stream)
-{
-    const prefill_kernel_info k = ak_cuda_prefill_kernel(f, head_dim, dtype);
-    if (!k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head_dim %d", head_dim);
-    return launch_kernel(k.fn, dim3(ctas, p->num_kv_heads * p->prow_tiles), k.threads, k.smem, after_decode, stream,
-                         *p);
+    if (f == PREFILL_WGMMA) return ak_cuda_prefill_wgmma_kernel(dqk, dvo, dtype);
+    if (f == PREFILL_PORTABLE) return ak_cuda_portable_kernel(0, dqk, dvo, dtype);
+    return kernel_table<mma_prefill_info>(dqk, dvo, dtype);
 }

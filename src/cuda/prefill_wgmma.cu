@@ -23,7 +23,12 @@
  * it), so there is no block barrier per tile, only one per item. Within a
  * warpgroup S of tile t is issued with P.V of tile t - 1 (the softmax of t
  * overlaps that P.V); between the warpgroups, named barriers make them take
- * turns at issuing their MMAs. Measured steps: BENCHMARKS.md (session 3).
+ * turns at issuing their MMAs. Measured steps: BENCHMARKS.md.
+ *
+ * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
+ * DP-element rows (both rounded up to 64), S over the real DQK (one k step
+ * per 16), O += P V over DVO rounded up to 64 (wgmma's N for an MN-major
+ * operand of 64-element swizzle atoms).
  *
  * Built only for sm_90a (CMake compiles this file for that target alone
  * when the build includes sm_90); elsewhere its kernels are empty and
@@ -34,28 +39,32 @@
 
 #include <limits.h>
 
-template <int D> struct wg_traits {
+template <int DQK, int DVO> struct wg_traits {
+    static constexpr int DP = head_dims<DQK, DVO>::DP; /* shared-memory rows */
+    /* N of O += P V: DVO rounded up to whole 64-element column blocks (an
+     * MN-major operand's swizzle atom); the columns past DVO are computed
+     * from whatever the stage holds there and never stored */
+    static constexpr int DVN = (DVO + 63) / 64 * 64;
     static constexpr int THREADS = 256; /* two warpgroups */
     static constexpr int ROWS = 128;
     /* keys per K/V stage: the S accumulator is KEYS / 2 floats a thread and
-     * o is D / 2; at D = 256 a 64-key tile keeps both within 255 registers */
-    static constexpr int KEYS = D <= 128 ? 128 : 64;
+     * o is DVN / 2; at DP = 256 a 64-key tile keeps both within 255 registers */
+    static constexpr int KEYS = DP <= 128 ? 128 : 64;
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
      * tiles t - 1 (its V), t and t + 1 (in flight) in shared memory: three
-     * stages. At D = 256 three do not fit beside Q. Measured on an H200
+     * stages. At DP = 256 three do not fit beside Q. Measured on an H200
      * without PIPE: 2 stages beat 3, and 128 keys beat 64 at D = 128. */
-    static constexpr bool PIPE = D <= 128;
+    static constexpr bool PIPE = DP <= 128;
     static constexpr int STAGES = PIPE ? 3 : 2;
-    static constexpr int CHUNKS = D / 8;
-    static constexpr int Q_BYTES = ROWS * D * 2;
-    static constexpr int STAGE_BYTES = 2 * KEYS * D * 2;
+    static constexpr int CHUNKS = DP / 8;
+    static constexpr int Q_BYTES = ROWS * DP * 2;
+    static constexpr int STAGE_BYTES = 2 * KEYS * DP * 2;
     /* + 1024: the tiles start on a 1024-byte boundary (the swizzle); then
      * a full and an empty barrier per stage */
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
-    static_assert(D % 64 == 0, "head dims are multiples of 64 (one swizzle block)");
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
-    /* the most a block may use (head dim 128: 230,448 bytes) */
+    /* the most a block may use (DP 128: 230,448 bytes) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -144,33 +153,37 @@ template <int DN> __device__ __forceinline__ void scale_rows(float (&o)[DN][4], 
     }
 }
 
-/* o += P . V of one K/V stage: V MN-major, 16 keys (two 8-row groups) a step. */
-template <int D, int KEYS, typename T>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 8][4], const uint32_t (&pa)[KEYS / 16][4], const T *vs)
+/* o += P . V of one K/V stage: V MN-major, 16 keys (two 8-row groups) a
+ * step, N = DVN columns. */
+template <int DVN, int KEYS, typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[DVN / 8][4], const uint32_t (&pa)[KEYS / 16][4], const T *vs)
 {
     wgmma_fence();
 #pragma unroll
     for (int kb = 0; kb < KEYS / 16; kb++)
-        wgmma_rs<D, T>(reinterpret_cast<float(&)[D / 2]>(o), pa[kb], wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024));
+        wgmma_rs<DVN, T>(reinterpret_cast<float(&)[DVN / 2]>(o), pa[kb],
+                         wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024));
     wgmma_commit();
 }
 
 /* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
-template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
+template <int DQK, int DVO, typename T, int ADDR>
+__device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    typedef wg_traits<D> tr;
-    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES;
-    constexpr int NT = KEYS / 8; /* n tiles (8 keys) of S */
-    constexpr int DN = D / 8;    /* n tiles of o */
+    typedef wg_traits<DQK, DVO> tr;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
+    constexpr int NT = KEYS / 8;   /* n tiles (8 keys) of S */
+    constexpr int DN = DVN / 8;    /* n tiles of o */
+    constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
     extern __shared__ uint8_t smem_raw[];
     const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
     T *qs = (T *)(smem_raw + ((1024 - (raw & 1023)) & 1023));
-    T *stages = qs + ROWS * D;
+    T *stages = qs + ROWS * DP;
     /* full[s]: every thread's copies into stage s landed; empty[s]: every
      * thread is done reading it. Tile number g of this block (over all its
      * items) uses stage g % STAGES, for the (g / STAGES)-th time. */
-    uint64_t *full = (uint64_t *)(stages + STAGES * 2 * KEYS * D), *empty = full + STAGES;
+    uint64_t *full = (uint64_t *)(stages + STAGES * 2 * KEYS * DP), *empty = full + STAGES;
     if (threadIdx.x == 0)
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&full[i], tr::THREADS);
@@ -188,7 +201,7 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
     const int hb = p.prow_heads;
     const int head0 = kv_head * p.group + row_tile * hb;
     const int heads = min(hb, p.group - row_tile * hb);
-    const int64_t lane_off = kv_head * p.kv_stride_head + (threadIdx.x % tr::CHUNKS) * 8;
+    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     const int warp_row0 = warp * 16;
     const int num_items = p.counts[COUNT_PREFILL];
 
@@ -203,8 +216,8 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
          * the epilogue writes its zero rows there, while other warps' copies
          * (each warp's rows come from several warps) could still land */
         if (n_tiles > 0)
-            load_q_tile<ROWS, tr::THREADS, tr::CHUNKS>(p, it, head0, hb, heads, qs,
-                                                       [](int row, int c) { return sw128<ROWS>(row, c); });
+            load_q_tile<ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                    [](int row, int c) { return sw128<ROWS>(row, c); });
 
         const int pos_last = it.pos0 + it.ntok - 1;
         /* the positions of this thread's two rows, and of the warp's first
@@ -225,8 +238,10 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         auto fill = [&](int t) {
             const int g = g0 + t, st = g % STAGES;
             if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-            load_kv_tile<D, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off, it.kv_begin + t * KEYS, it.kv_end,
-                                                        stages + st * 2 * KEYS * D, stages + st * 2 * KEYS * D + KEYS * D);
+            load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off,
+                                                                         it.kv_begin + t * KEYS, it.kv_end,
+                                                                         stages + st * 2 * KEYS * DP,
+                                                                         stages + st * 2 * KEYS * DP + KEYS * DP);
             mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
         };
         /* Step t: load t + 1, wait for tile t, and take this warpgroup's
@@ -243,17 +258,17 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         /* s = q . k of tile t for this warpgroup's 64 rows: K-major
          * operands, 16 elements (32 bytes) of the head dim a step */
         auto issue_s = [&](int t, float (&s)[NT][4]) {
-            const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * D;
+            const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * DP;
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; kk++) {
+            for (int kk = 0; kk < DQK / 16; kk++) {
                 const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
                 const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
                 wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
             }
             wgmma_commit();
         };
-        auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * D + KEYS * D; };
+        auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
         /* s (landed) -> P, with the masks this warp's rows need at tile t */
         auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
             const int t0 = it.kv_begin + t * KEYS;
@@ -281,20 +296,20 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
                 float s[NT][4], f[2];
                 begin_tile(t);
                 issue_s(t, s);
-                issue_pv<D, KEYS, T>(o, pa, v_of(t - 1));
+                issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
                 pass_turn();
                 wgmma_wait<1>();
                 wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                 const bool raise = softmax(t, s, f);
                 wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+                wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                 release(t - 1);
                 if (raise) scale_rows<DN>(o, f);
                 pack_p<NT, T>(s, pa);
             }
-            issue_pv<D, KEYS, T>(o, pa, v_of(n_tiles - 1));
+            issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
             wgmma_wait<0>();
-            wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+            wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
             release(n_tiles - 1);
         } else {
             if (n_tiles > 0) fill(0);
@@ -308,9 +323,9 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
                 wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                 if (softmax(t, s, f)) scale_rows<DN>(o, f);
                 pack_p<NT, T>(s, pn);
-                issue_pv<D, KEYS, T>(o, pn, v_of(t));
+                issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
                 wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[D / 2]>(o));
+                wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                 release(t);
             }
         }
@@ -321,25 +336,27 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
         cp_async_commit();
         cp_async_wait<0>();
         /* epilogue (prefill.cu's, one m tile a warp) */
+        float inv[2], lse[2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+            const int row = warp_row0 + lane / 4 + h * 8;
+            const int g = row - row / hb * hb;
+            finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
         }
         if (it.out < 0) {
-            const float inv0 = d[0] > 0.0f ? 1.0f / d[0] : 0.0f;
-            const float inv1 = d[1] > 0.0f ? 1.0f / d[1] : 0.0f;
             const int row = warp_row0 + lane / 4;
 #pragma unroll
-            for (int n = 0; n < DN; n++) {
+            for (int n = 0; n < OCHUNKS; n++) {
                 *(uint32_t *)(qs + sw128<ROWS>(row, n) + (lane % 4) * 2) =
-                    dtype_traits<T>::pack(o[n][0] * inv0, o[n][1] * inv0);
+                    dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
                 *(uint32_t *)(qs + sw128<ROWS>(row + 8, n) + (lane % 4) * 2) =
-                    dtype_traits<T>::pack(o[n][2] * inv1, o[n][3] * inv1);
+                    dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
             }
             __syncwarp();
-            for (int idx = lane; idx < 16 * tr::CHUNKS; idx += 32) {
-                const int row = warp_row0 + idx / tr::CHUNKS, c = idx % tr::CHUNKS;
+            for (int idx = lane; idx < 16 * OCHUNKS; idx += 32) {
+                const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
                 const int i = row / hb, g = row - i * hb;
                 if (i < it.ntok && g < heads)
                     *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
@@ -351,18 +368,16 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
             const int row = warp_row0 + lane / 4 + h * 8;
             const int i = row / hb, g = row - i * hb;
             if (i >= it.ntok || g >= heads) continue;
-            const float lse = d[h] > 0.0f ? (m[h] + log2f(d[h])) * LN2 : -INFINITY;
             if (it.out < 0) {
-                if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse;
+                if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
                 continue;
             }
             const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
-            const float inv = d[h] > 0.0f ? 1.0f / d[h] : 0.0f;
-            float *dst = p.o_tmp + slot * D + (lane % 4) * 2;
+            float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
 #pragma unroll
-            for (int n = 0; n < DN; n++)
-                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
-            if (lane % 4 == 0) p.lse_tmp[slot] = lse;
+            for (int n = 0; n < OCHUNKS; n++)
+                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
+            if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
         }
     }
     if (wg == 0) bar_sync(1, tr::THREADS); /* warpgroup 1's last pass of the turn */
@@ -371,32 +386,33 @@ template <int D, typename T, int ADDR> __device__ __forceinline__ void prefill_w
 #endif
 }
 
-template <int D, typename T>
+template <int DQK, int DVO, typename T>
 __global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
 {
     /* the addressing as a template argument: a runtime select costs this
      * kernel registers it does not have */
-    if (p.ragged) prefill_wgmma_body<D, T, 1>(p);
-    else prefill_wgmma_body<D, T, 0>(p);
+    if (p.ragged) prefill_wgmma_body<DQK, DVO, T, 1>(p);
+    else prefill_wgmma_body<DQK, DVO, T, 0>(p);
 }
 
-template <int D, typename T> struct wgmma_prefill_info {
-    static prefill_kernel_info get()
+template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
+    static attn_kernel get()
     {
-        const prefill_kernel_info k = {prefill_wgmma_kernel<D, T>, wg_traits<D>::THREADS, wg_traits<D>::SMEM_BYTES,
-                                       wg_traits<D>::ROWS};
+        typedef wg_traits<DQK, DVO> tr;
+        const attn_kernel k = {prefill_wgmma_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS};
         return k;
     }
 };
 
-prefill_kernel_info ak_cuda_prefill_wgmma_kernel(int head_dim, ak_dtype dtype)
+attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 {
 #if defined(AK_WGMMA)
-    return prefill_table<wgmma_prefill_info>(head_dim, dtype);
+    return kernel_table<wgmma_prefill_info>(dqk, dvo, dtype);
 #else
-    (void)head_dim;
+    (void)dqk;
+    (void)dvo;
     (void)dtype;
-    const prefill_kernel_info none = {NULL, 0, 0, 0};
+    const attn_kernel none = {NULL, 0, 0, 0};
     return none;
 #endif
 }

@@ -1,0 +1,268 @@
+/*
+ * portable.cu - attention for any head dims up to AK_PORTABLE_MAX_DIM, on
+ * CUDA cores: the kernel that serves every (head_dim_qk, head_dim_vo) pair
+ * the tensor-core kernels are not compiled for, over the same work lists
+ * (decode items or prefill items), with the same masks, outputs, split-KV
+ * partial states and sinks. Slower than the tensor-core kernels for prefill;
+ * for decode, which is memory-bound, it streams K/V at a similar rate.
+ *
+ * A thread block serves one KV head and row tile (grid.y) and loops over the
+ * plan's items (grid.x). An item has at most ROWS query rows: the heads of
+ * the row tile for a decode item, (token, head) pairs for a prefill item.
+ * Each of the 4 warps owns 2 rows. K/V stream through shared memory in tiles
+ * of KEYS keys, double-buffered (cp.async of 16 bytes when both head dims
+ * are multiples of 8, element copies otherwise). Per tile and row, lane
+ * (key, half) computes half of a key's dot product from 16-byte reads of its
+ * K row (rows padded by 16 bytes, so the 8 lanes of a read phase hit 8
+ * different bank groups) and q (f32, broadcast); the online softmax runs
+ * over the 16 keys with warp shuffles; for P.V lane l owns output dims l,
+ * l + 32, ... and reads V rows element by element.
+ */
+#include "attn.cuh"
+
+#include <limits.h>
+
+#define PT_THREADS 128
+#define PT_WARPS 4
+#define PT_ROWS_PER_WARP 2
+#define PT_ROWS (PT_WARPS * PT_ROWS_PER_WARP) /* query rows of an item */
+#define PT_KEYS 16                             /* keys per K/V tile */
+#define PT_ODIMS (AK_PORTABLE_MAX_DIM / 32)   /* output dims a lane owns at most */
+
+/* The shared-memory layout, from the head dims: q rows as f32, then two K/V
+ * stages. Row lengths in elements, multiples of 8 (16-byte chunks). */
+struct pt_layout {
+    int qs;   /* q row: dqk rounded up to 8 */
+    int ks;   /* K row: qs + 8 (the padding spreads the lanes' reads over the banks) */
+    int vs;   /* V row: dvo rounded up to 8 */
+    int bytes;
+};
+
+static __host__ __device__ __forceinline__ pt_layout pt_layout_of(int dqk, int dvo)
+{
+    pt_layout l;
+    l.qs = (dqk + 7) / 8 * 8;
+    l.ks = l.qs + 8;
+    l.vs = (dvo + 7) / 8 * 8;
+    l.bytes = PT_ROWS * l.qs * 4 + 2 * PT_KEYS * (l.ks + l.vs) * 2;
+    return l;
+}
+
+/* One tile of keys [t0, t0 + KEYS) of K and V into a stage; keys at or past
+ * kv_end are zero (and masked). VEC: 16-byte cp.async (dims multiples of 8),
+ * else element loads, with K's padding columns up to qs zeroed (the dot
+ * product reads whole chunks). */
+template <typename T, bool VEC>
+__device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layout &l, int kv_head, int page_base,
+                                             int t0, int kv_end, T *ks, T *vs)
+{
+    const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
+    const int kc = VEC ? dqk / 8 : l.qs, vc = VEC ? dvo / 8 : dvo; /* units a row: chunks or elements */
+    for (int idx = threadIdx.x; idx < PT_KEYS * (kc + vc); idx += PT_THREADS) {
+        const bool is_v = idx >= PT_KEYS * kc;
+        const int u = is_v ? idx - PT_KEYS * kc : idx;
+        const int per_row = is_v ? vc : kc;
+        const int row = u / per_row, c = u - row * per_row;
+        const int key = min(t0 + row, kv_end - 1);
+        int page, slot;
+        if (p.page_shift >= 0) {
+            page = key >> p.page_shift;
+            slot = key & ((1 << p.page_shift) - 1);
+        } else {
+            page = key / p.page_size;
+            slot = key - page * p.page_size;
+        }
+        const int64_t block = p.ragged ? (int64_t)page_base + page : __ldg(p.kv_indices + page_base + page);
+        const T *src = is_v ? (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot +
+                                  kv_head * p.v_stride_head
+                            : (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot +
+                                  kv_head * p.k_stride_head;
+        T *dst = is_v ? vs + row * l.vs : ks + row * l.ks;
+        const bool live = t0 + row < kv_end;
+        if (VEC) {
+            cp_async_16(dst + c * 8, src + c * 8, live ? 16 : 0);
+        } else {
+            const int dim = is_v ? dvo : dqk;
+            dst[c] = live && c < dim ? src[c] : dtype_traits<T>::from_float(0.0f);
+        }
+    }
+}
+
+template <typename T, int DECODE, bool VEC>
+__global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params p)
+{
+    extern __shared__ float4 smem4[];
+    const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
+    const pt_layout l = pt_layout_of(dqk, dvo);
+    float *qs = (float *)smem4;
+    T *kst = (T *)(qs + PT_ROWS * l.qs);
+    T *vst = kst + 2 * PT_KEYS * l.ks;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;"); /* the kernel after may start launching */
+#endif
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int tiles = DECODE ? p.row_tiles : p.prow_tiles;
+    const int kv_head = blockIdx.y / tiles, row_tile = blockIdx.y % tiles;
+    const int hb = DECODE ? PT_ROWS : p.prow_heads; /* heads a row tile holds */
+    const int head0 = kv_head * p.group + row_tile * hb;
+    const int heads = min(hb, p.group - row_tile * hb);
+    const int num_items = p.counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
+
+    /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        /* the item: rows (token tok0 + i, head head0 + g), row = i * hb + g */
+        int tok0, ntok, pos0, page_base, kv_begin, kv_end, out, lo_all;
+        if (DECODE) {
+            const decode_item it = p.items[w];
+            if (it.req < 0) continue;
+            tok0 = it.tok, ntok = 1, pos0 = INT_MAX, page_base = it.page_base;
+            kv_begin = it.kv_begin, kv_end = it.kv_end, out = it.out, lo_all = it.lo;
+        } else {
+            const prefill_item it = p.pitems[w];
+            if (it.ntok == 0) continue;
+            tok0 = it.tok0, ntok = it.ntok, pos0 = it.pos0, page_base = it.page_base;
+            kv_begin = it.kv_begin, kv_end = it.kv_end, out = it.out, lo_all = 0;
+        }
+        __syncthreads(); /* every warp is done with the previous item's shared memory */
+
+        /* q rows as f32, zero past dqk and in rows past the item's */
+        for (int idx = threadIdx.x; idx < PT_ROWS * l.qs; idx += PT_THREADS) {
+            const int row = idx / l.qs, c = idx - row * l.qs;
+            const int i = row / hb, g = row - i * hb;
+            float x = 0.0f;
+            if (i < ntok && g < heads && c < dqk)
+                x = dtype_traits<T>::to_float(((const T *)p.q)[(tok0 + i) * p.q_stride_tok +
+                                                               (head0 + g) * p.q_stride_head + c]);
+            qs[idx] = x;
+        }
+
+        const int n_tiles = (kv_end - kv_begin + PT_KEYS - 1) / PT_KEYS;
+        if (n_tiles > 0)
+            pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin, kv_end, kst, vst);
+        cp_async_commit();
+
+        float m[PT_ROWS_PER_WARP], d[PT_ROWS_PER_WARP], o[PT_ROWS_PER_WARP][PT_ODIMS];
+#pragma unroll
+        for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
+            m[r] = -INFINITY;
+            d[r] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < PT_ODIMS; i++) o[r][i] = 0.0f;
+        }
+        const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
+
+        for (int t = 0; t < n_tiles; t++) {
+            cp_async_wait<0>();
+            __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
+            if (t + 1 < n_tiles)
+                pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin + (t + 1) * PT_KEYS, kv_end,
+                                     kst + ((t + 1) % 2) * PT_KEYS * l.ks, vst + ((t + 1) % 2) * PT_KEYS * l.vs);
+            cp_async_commit();
+            const T *ks = kst + (t % 2) * PT_KEYS * l.ks, *vs = vst + (t % 2) * PT_KEYS * l.vs;
+            const int t0 = kv_begin + t * PT_KEYS, key = t0 + key_l;
+#pragma unroll
+            for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
+                const int row = warp * PT_ROWS_PER_WARP + r, i = row / hb, g = row - i * hb;
+                if (i >= ntok || g >= heads) continue; /* warp-uniform */
+                /* s = q . k: lane (key, half) takes every other 8-element chunk */
+                const float *q = qs + row * l.qs;
+                const T *krow = ks + key_l * l.ks;
+                float dot = 0.0f;
+                for (int c = half; c < l.qs / 8; c += 2) {
+                    const uint4 raw = *(const uint4 *)(krow + c * 8);
+                    const uint32_t wds[4] = {raw.x, raw.y, raw.z, raw.w};
+                    const float4 qa = *(const float4 *)(q + c * 8), qb = *(const float4 *)(q + c * 8 + 4);
+                    const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const float2 k2 = dtype_traits<T>::unpack(wds[j]);
+                        dot = fmaf(qv[2 * j], k2.x, fmaf(qv[2 * j + 1], k2.y, dot));
+                    }
+                }
+                dot += __shfl_xor_sync(0xffffffffu, dot, PT_KEYS);
+                /* masks: the chunk, the window, causality (visible.h) */
+                int lo = max(kv_begin, lo_all), hi = kv_end - 1;
+                if (!DECODE) {
+                    lo = max(lo, ak_visible_lo(pos0 + i, p.window_left));
+                    hi = ak_visible_hi(pos0 + i, kv_end, p.causal);
+                }
+                const float x = key >= lo && key <= hi ? to_logit2(p, dot) : -INFINITY;
+                /* online softmax over the tile's 16 keys (each twice in the warp) */
+                float tmax = x;
+#pragma unroll
+                for (int s = 1; s < PT_KEYS; s *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, s));
+                const float m_new = fmaxf(m[r], tmax);
+                const float f = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
+                const float pk = x == -INFINITY ? 0.0f : exp2f(x - m_new);
+                float psum = pk;
+#pragma unroll
+                for (int s = 1; s < PT_KEYS; s *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, s);
+                m[r] = m_new;
+                d[r] = d[r] * f + psum;
+                /* o += p . v: lane owns dims lane + 32 i; p of key j from lane j */
+#pragma unroll
+                for (int i2 = 0; i2 < PT_ODIMS; i2++) o[r][i2] *= f;
+                for (int j = 0; j < PT_KEYS; j++) {
+                    const float pj = __shfl_sync(0xffffffffu, pk, j);
+                    const T *vrow = vs + j * l.vs;
+#pragma unroll
+                    for (int i2 = 0; i2 < PT_ODIMS; i2++) {
+                        const int dim = lane + 32 * i2;
+                        if (dim < dvo) o[r][i2] = fmaf(pj, dtype_traits<T>::to_float(vrow[dim]), o[r][i2]);
+                    }
+                }
+            }
+        }
+        cp_async_wait<0>();
+
+        /* epilogue: each row's o and lse, or its partial state */
+#pragma unroll
+        for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
+            const int row = warp * PT_ROWS_PER_WARP + r, i = row / hb, g = row - i * hb;
+            if (i >= ntok || g >= heads) continue;
+            const int head = head0 + g;
+            float inv, lse;
+            finish_row(p, head, out >= 0, m[r], d[r], inv, lse);
+            if (out < 0) {
+                T *dst = (T *)p.o + (tok0 + i) * p.o_stride_tok + head * p.o_stride_head;
+#pragma unroll
+                for (int i2 = 0; i2 < PT_ODIMS; i2++)
+                    if (lane + 32 * i2 < dvo) dst[lane + 32 * i2] = dtype_traits<T>::from_float(o[r][i2] * inv);
+                if (p.lse && lane == 0) p.lse[(tok0 + i) * p.lse_stride_tok + head] = lse;
+            } else {
+                const int64_t slot = (int64_t)(out + i) * p.num_qo_heads + head;
+                float *dst = p.o_tmp + slot * dvo;
+#pragma unroll
+                for (int i2 = 0; i2 < PT_ODIMS; i2++)
+                    if (lane + 32 * i2 < dvo) dst[lane + 32 * i2] = o[r][i2] * inv;
+                if (lane == 0) p.lse_tmp[slot] = lse;
+            }
+        }
+    }
+#if __CUDA_ARCH__ >= 900
+    /* as prefill: when launched as decode's programmatic dependent, finish
+     * only after it (the merge waits for this grid) */
+    if (!DECODE) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <typename T> static attn_kernel portable_of(int decode, int dqk, int dvo)
+{
+    const bool vec = dqk % 8 == 0 && dvo % 8 == 0;
+    attn_kernel k;
+    k.fn = decode ? (vec ? portable_kernel<T, 1, true> : portable_kernel<T, 1, false>)
+                  : (vec ? portable_kernel<T, 0, true> : portable_kernel<T, 0, false>);
+    k.threads = PT_THREADS;
+    k.smem = pt_layout_of(dqk, dvo).bytes;
+    k.rows = PT_ROWS;
+    return k;
+}
+
+attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype)
+{
+    if (dqk < 1 || dvo < 1 || dqk > AK_PORTABLE_MAX_DIM || dvo > AK_PORTABLE_MAX_DIM) {
+        const attn_kernel none = {NULL, 0, 0, 0};
+        return none;
+    }
+    return dtype == AK_BF16 ? portable_of<__nv_bfloat16>(decode, dqk, dvo) : portable_of<__half>(decode, dqk, dvo);
+}
