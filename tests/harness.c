@@ -157,6 +157,7 @@ ak_attn_config case_config(const attn_case *tc, ak_device dev)
     c.logits_soft_cap = tc->soft_cap;
     c.q_dtype = c.kv_dtype = tc->dtype;
     c.o_dtype = tc->o_f32 ? AK_F32 : tc->dtype;
+    c.use_sinks = tc->sinks;
     c.device = dev;
     c.kv_storage = tc->storage;
     c.kv_layout = tc->layout;
@@ -222,6 +223,16 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
     const int paged = tc->storage == AK_KV_PAGED;
     if (scn_batch_build(&sc->b, R, q_lens, kv_lens, paged ? tc->page_size : 0, 0, 0, rng)) return -1;
     sc->lim = sc->b.lim;
+
+    /* sink logits in [-2, 4): from a sink that barely counts to one that
+     * outweighs most keys */
+    if (tc->sinks) {
+        sc->sinks = malloc(sizeof(float) * (size_t)Hq);
+        if (!sc->sinks || tbuf_alloc(&sc->sinks_buf, dev, sizeof(float) * (size_t)Hq)) return -1;
+        for (int h = 0; h < Hq; h++) sc->sinks[h] = 1.0f + 3.0f * scn_uniform(rng);
+        memcpy(tbuf_host(&sc->sinks_buf), sc->sinks, sizeof(float) * (size_t)Hq);
+        tbuf_upload(&sc->sinks_buf);
+    }
 
     /* q on the device, rows padded */
     if (tbuf_alloc(&sc->q_buf, dev, esz * ((size_t)T * Hq * (Dqk + ROW_PAD) + 1))) return -1;
@@ -292,6 +303,8 @@ void scene_free(scene *sc)
     tbuf_free(&sc->q_buf);
     tbuf_free(&sc->k_rag);
     tbuf_free(&sc->v_rag);
+    tbuf_free(&sc->sinks_buf);
+    free(sc->sinks);
     memset(sc, 0, sizeof *sc);
 }
 
@@ -326,7 +339,10 @@ void dense_attention(const scene *sc, double *o, double *lse)
                     w[j] = s;
                     if (s > mx) mx = s;
                 }
-                double sum = 0;
+                /* a sink: one more logit in the denominator, with no value */
+                const double sink = sc->sinks ? sc->sinks[h] : -INFINITY;
+                if (sink > mx) mx = sink;
+                double sum = sc->sinks ? exp(sink - mx) : 0.0;
                 for (int j = 0; j < L; j++) sum += w[j] == -INFINITY ? 0.0 : exp(w[j] - mx);
                 double *orow = o + ((int64_t)t * Hq + h) * Dvo;
                 for (int d = 0; d < Dvo; d++) orow[d] = 0;
@@ -373,11 +389,13 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     ak_tensor kt = ak_tensor_3d(tbuf_data(&sc->k_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dqk);
     ak_tensor vt = ak_tensor_3d(tbuf_data(&sc->v_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dvo);
 
+    ak_tensor sk = ak_tensor_1d(tbuf_data(&sc->sinks_buf), AK_F32, Hq);
     ak_run_args a;
     ak_run_args_init(&a);
     a.q = &q;
     a.o = &ot;
     a.lse = &lt;
+    if (sc->sinks) a.sinks = &sk;
     if (c->kv_storage == AK_KV_PAGED) {
         a.kv = &sc->kv;
     } else {

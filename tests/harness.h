@@ -75,8 +75,8 @@ typedef struct attn_case {
     const char *name;
     int num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo;
     ak_dtype dtype;      /* q, kv and o */
-    ak_dtype o_dtype;    /* 0 (= AK_F32) means "same as dtype" unless o_f32 */
-    int o_f32;           /* 1: o in f32 whatever dtype is */
+    int sinks;           /* 1: cfg.use_sinks, a random sink logit per query head */
+    int o_f32;           /* 1: o in f32 whatever dtype is (else o in dtype) */
     int causal, window_left;
     float soft_cap;
     int page_size;
@@ -98,6 +98,8 @@ typedef struct scene {
     ak_kv_cache *cache;   /* paged */
     ak_paged_kv kv;
     tbuf q_buf, k_rag, v_rag; /* ragged K/V */
+    float *sinks;         /* [Hq] sink logits (tc.sinks), else NULL */
+    tbuf sinks_buf;       /* the same on the device, f32 */
 } scene;
 
 ak_attn_config case_config(const attn_case *tc, ak_device dev);

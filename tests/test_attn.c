@@ -15,7 +15,7 @@
 #define PAGED AK_KV_PAGED
 #define RAGGED AK_KV_RAGGED
 
-/* name, Hq, Hkv, Dqk, Dvo, dtype, o_dtype(unused), o_f32, causal, window, cap,
+/* name, Hq, Hkv, Dqk, Dvo, dtype, sinks, o_f32, causal, window, cap,
  * page, layout, storage, num_reqs, {q_len, kv_len}... */
 static const attn_case fixed_cases[] = {
     {"decode mha f32 ragged lengths", 4, 4, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
@@ -146,9 +146,50 @@ static const attn_case fixed_cases[] = {
     {"ragged qwen gqa7 bf16", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 2, {{50, 50}, {130, 130}}},
     {"ragged empty requests f16", 4, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
      {{0, 0}, {5, 5}, {0, 33}, {1, 1}}},
-    /* head dims that are not whole SIMD vectors (the cpu backend's tail paths), odd page size */
+    /* head dims that are not whole SIMD vectors (the cpu backend's tail paths), odd page size;
+     * on the GPU a pair outside the tensor-core table: the portable kernel */
     {"head dims 72/40, page 3", 8, 2, 72, 40, AK_F16, 0, 0, 1, -1, 0, 3, HND, PAGED, 3,
      {{1, 100}, {20, 20}, {5, 60}}},
+    /* every head dim of the tensor-core table, decode + prefill + chunk in one batch */
+    {"head dim 80 gqa4 bf16", 16, 4, 80, 80, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{1, 300}, {40, 40}, {20, 200}, {1, 2100}}},
+    {"head dim 96 phi3 mha bf16 hnd", 8, 8, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 16, HND, PAGED, 3,
+     {{1, 200}, {70, 70}, {9, 150}}},
+    {"head dim 112 gqa2 f16 page 1", 8, 4, 112, 112, AK_F16, 0, 0, 1, -1, 0, 1, NHD, PAGED, 3,
+     {{1, 100}, {33, 33}, {5, 60}}},
+    {"head dim 192 gqa4 bf16 window", 8, 2, 192, 192, AK_BF16, 0, 0, 1, 100, 0, 16, NHD, PAGED, 3,
+     {{1, 500}, {40, 40}, {64, 300}}},
+    {"head dims 128/64 f16", 8, 2, 128, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 100}, {50, 50}, {3, 80}}},
+    {"head dims 192/128 mla prefill ragged bf16", 16, 16, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{70, 70}, {1, 1}, {130, 130}}},
+    {"head dims 192/128 split decode bf16", 8, 2, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{1, 3000}, {1, 40}}},
+    /* outside the table: the portable kernel on the GPU, 16-byte copies (multiples of 8) or
+     * element copies (any other), split-KV through its merge */
+    {"head dim 512 mha bf16 (portable)", 4, 4, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 300}, {20, 40}, {1, 2500}}},
+    {"head dim 512 gqa8 decode f16 (portable)", 16, 2, 512, 512, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 100}, {1, 33}, {1, 1030}}},
+    {"head dims 100/36 element copies f16", 8, 2, 100, 36, AK_F16, 0, 0, 1, -1, 0, 5, NHD, PAGED, 3,
+     {{1, 2200}, {20, 20}, {5, 60}}},
+    {"head dim 32 gqa8 soft-cap bf16", 16, 2, 32, 32, AK_BF16, 0, 0, 1, -1, 20.0f, 16, NHD, PAGED, 3,
+     {{1, 100}, {30, 30}, {4, 50}}},
+    {"head dims 96/64 ragged cross f16", 8, 4, 96, 64, AK_F16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 3,
+     {{20, 70}, {1, 0}, {40, 12}}},
+    /* attention sinks (gpt-oss: 64/8 heads, head dim 64, window 128 and full layers) */
+    {"sinks gpt-oss window 128", 64, 8, 64, 64, AK_BF16, 1, 0, 1, 127, 0, 16, NHD, PAGED, 4,
+     {{1, 300}, {40, 200}, {1, 1}, {130, 130}}},
+    {"sinks gpt-oss full", 64, 8, 64, 64, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 300}, {40, 200}, {70, 70}}},
+    {"sinks split decode and verify", 8, 1, 64, 64, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 4100}, {8, 3000}, {1, 20}}},
+    {"sinks empty rows non-causal f16", 8, 2, 64, 64, AK_F16, 1, 0, 0, -1, 0, 16, NHD, PAGED, 3,
+     {{3, 0}, {1, 10}, {1, 0}}},
+    {"sinks f32 soft-cap", 4, 2, 64, 64, AK_F32, 1, 0, 1, -1, 30.0f, 16, NHD, PAGED, 2, {{1, 100}, {20, 60}}},
+    {"sinks ragged prefill bf16 d128", 16, 4, 128, 128, AK_BF16, 1, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{40, 40}, {1, 1}, {100, 100}}},
+    {"sinks portable d100 f16", 8, 2, 100, 100, AK_F16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{1, 2200}, {20, 20}}},
 };
 
 /* Runs one case on every backend of the device under test. */
@@ -256,7 +297,7 @@ static attn_case sweep_case(int head_dim, int group, ak_dtype dtype, int causal)
  * ragged lengths and on a small prefill/extend batch. */
 static void run_sweep(test_ctx *t)
 {
-    static const int head_dims[] = {64, 96, 128, 256};
+    static const int head_dims[] = {64, 80, 96, 112, 128, 192, 256};
     static const int groups[] = {1, 4, 8};
     static const int pages[] = {1, 16, 64};
     static const ak_dtype dtypes[] = {AK_F32, AK_F16, AK_BF16};

@@ -1,7 +1,8 @@
 /*
  * test_props.c - properties every backend must keep, checked on the backend
  * itself: chunked prefill equals one-shot prefill; merging any split of the
- * KV equals the whole; page size and layout do not change results.
+ * KV equals the whole; page size and layout do not change results; with
+ * cfg.batch_invariant, a request's output bits do not depend on its batch.
  */
 #include "harness.h"
 
@@ -347,6 +348,140 @@ out:
     free(fd);
 }
 
+/* ---- batch invariance -------------------------------------------------------- */
+
+/* Runs requests sel[0, n) of the scene as one batch on b (same cache, their
+ * block-table rows, their q rows); o_bytes gets each query row's raw output
+ * (token-major, in the order of sel). */
+static ak_status run_subset(ak_backend *b, const scene *sc, const int *sel, int n, unsigned char *o_bytes)
+{
+    const ak_attn_config *c = &sc->cfg;
+    const int Hq = c->num_qo_heads, D = c->head_dim_qk, Dv = c->head_dim_vo, stride = sc->b.bt_stride;
+    const size_t esz = ak_dtype_size(c->q_dtype), oesz = ak_dtype_size(c->o_dtype);
+    int32_t qo[MAX_REQS + 1], kvl[MAX_REQS];
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)n * stride + 4);
+    qo[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const int r = sel[i];
+        qo[i + 1] = qo[i] + sc->tc.reqs[r].q_len;
+        kvl[i] = sc->tc.reqs[r].kv_len;
+        memcpy(bt + (size_t)i * stride, sc->b.block_table + (size_t)r * stride, sizeof(int32_t) * stride);
+    }
+    const int T = qo[n];
+    tbuf qb, ob;
+    tbuf_alloc(&qb, c->device, esz * (size_t)T * Hq * D + 1);
+    tbuf_alloc(&ob, c->device, oesz * (size_t)T * Hq * Dv + 1);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < sc->tc.reqs[sel[i]].q_len; j++) {
+            const int64_t src = (int64_t)(sc->b.qo_indptr[sel[i]] + j) * Hq * D, dst = (int64_t)(qo[i] + j) * Hq * D;
+            for (int e = 0; e < Hq * D; e++) ak_store_from_f32(tbuf_host(&qb), c->q_dtype, dst + e, sc->q[src + e]);
+        }
+    tbuf_upload(&qb);
+    tbuf_poison(&ob);
+    ak_batch batch = sc->b.batch;
+    batch.num_reqs = n;
+    batch.qo_indptr = qo;
+    batch.kv_lens = kvl;
+    batch.block_table = bt;
+    ak_tensor qt = ak_tensor_3d(tbuf_data(&qb), c->q_dtype, T, Hq, D);
+    ak_tensor ot = ak_tensor_3d(tbuf_data(&ob), c->o_dtype, T, Hq, Dv);
+    ak_tensor sk = ak_tensor_1d(tbuf_data(&sc->sinks_buf), AK_F32, Hq);
+    ak_run_args a;
+    ak_run_args_init(&a);
+    a.q = &qt;
+    a.kv = &sc->kv;
+    a.o = &ot;
+    if (sc->sinks) a.sinks = &sk;
+    ak_status st = ak_backend_plan(b, &batch, NULL);
+    if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
+    dev_sync(c->device);
+    tbuf_download(&ob);
+    memcpy(o_bytes, tbuf_host(&ob), oesz * (size_t)T * Hq * Dv);
+    tbuf_free(&qb);
+    tbuf_free(&ob);
+    free(bt);
+    return st;
+}
+
+/* Each request run alone, then inside random batches of the others (random
+ * order and size): with cfg.batch_invariant its rows must be bitwise equal.
+ * The requests span what changes a plan: a long decode (split), short
+ * decodes, a chunk on a long prefix, a verification, a prompt. */
+static void prop_batch_invariant(test_ctx *t, const char *name)
+{
+    const char *tname = "batch invariance (bitwise)";
+    if (!t_selected(t, tname) || !t_storage_selected(t, AK_KV_PAGED)) return;
+    enum { R = 7, BATCHES = 6 };
+    static const req_spec reqs[R] = {{1, 5000}, {1, 50}, {40, 1500}, {4, 2100}, {17, 17}, {1, 700}, {1, 3}};
+    attn_case tc;
+    memset(&tc, 0, sizeof tc);
+    tc.name = tname;
+    tc.num_qo_heads = 16;
+    tc.num_kv_heads = 4;
+    tc.head_dim_qk = tc.head_dim_vo = 128;
+    tc.dtype = AK_BF16;
+    tc.sinks = 1;
+    tc.causal = 1;
+    tc.window_left = -1;
+    tc.page_size = 16;
+    tc.layout = AK_LAYOUT_NHD;
+    tc.storage = AK_KV_PAGED;
+    tc.num_reqs = R;
+    memcpy(tc.reqs, reqs, sizeof reqs);
+    uint64_t rng = t->seed ^ scn_name_hash(tname);
+    scene sc;
+    if (scene_build(&sc, &tc, t->device, &rng)) {
+        t_fail(t, name, tname, "cannot build the scene");
+        return;
+    }
+    sc.cfg.batch_invariant = 1;
+    sc.cfg.workload = AK_WORKLOAD_ANY;
+    ak_backend *b = NULL;
+    ak_status st = ak_backend_create(&sc.cfg, &sc.lim, name, &b);
+    if (st != AK_OK) {
+        if (st == AK_ERR_UNSUPPORTED) t_skip(t, name, tname, "unsupported");
+        else t_fail(t, name, tname, "create: %s", ak_last_error());
+        scene_free(&sc);
+        return;
+    }
+    const size_t row = ak_dtype_size(sc.cfg.o_dtype) * (size_t)tc.num_qo_heads * tc.head_dim_vo;
+    unsigned char *alone[R], *got = malloc(row * (size_t)sc.b.num_tokens + 1);
+    int ok = 1, compared = 0;
+    char why[160] = "";
+    for (int r = 0; r < R; r++) {
+        alone[r] = malloc(row * (size_t)reqs[r].q_len + 1);
+        if (st == AK_OK) st = run_subset(b, &sc, &r, 1, alone[r]);
+    }
+    for (int k = 0; k < BATCHES && st == AK_OK && ok; k++) {
+        int sel[R];
+        for (int r = 0; r < R; r++) sel[r] = r;
+        scn_shuffle_i32(&rng, sel, R);
+        const int n = scn_rng_int(&rng, 2, R);
+        st = run_subset(b, &sc, sel, n, got);
+        size_t at = 0;
+        for (int i = 0; i < n && st == AK_OK && ok; i++) {
+            const size_t bytes = row * (size_t)reqs[sel[i]].q_len;
+            if (memcmp(got + at, alone[sel[i]], bytes)) {
+                snprintf(why, sizeof why, "batch %d: request %d (q_len %d, kv_len %d) differs from its run alone", k,
+                         sel[i], reqs[sel[i]].q_len, reqs[sel[i]].kv_len);
+                ok = 0;
+            }
+            at += bytes;
+            compared++;
+        }
+    }
+    if (st != AK_OK)
+        t_fail(t, name, tname, "status %s: %s", ak_status_str(st), ak_last_error());
+    else if (!ok)
+        t_fail(t, name, tname, "%s", why);
+    else
+        t_pass(t, name, tname, "%d requests in %d random batches, bitwise equal to each alone", compared, BATCHES);
+    for (int r = 0; r < R; r++) free(alone[r]);
+    free(got);
+    ak_backend_destroy(b);
+    scene_free(&sc);
+}
+
 void test_props(test_ctx *t)
 {
     const char *names[16];
@@ -358,5 +493,6 @@ void test_props(test_ctx *t)
         prop_merge(t, names[i], 12);
         prop_layout(t, names[i], 0);
         prop_layout(t, names[i], 1);
+        prop_batch_invariant(t, names[i]);
     }
 }
