@@ -13,6 +13,9 @@
  * its batch to a captured size); later steps leave the rows past their
  * tokens alone, and their padded slots (-1) make kv_update skip them.
  *
+ * Interleaved cases alternate layers between a windowed and a full backend
+ * (Gemma, gpt-oss), both planned every step and captured in one graph.
+ *
  * Ragged cases (contiguous K/V: cuda_varlen, cuda_paged's ragged mode)
  * capture run() alone, with q/o sized for the largest step and K/V buffers
  * that hold its sum of kv_len, and replay it after plans of prompt prefills
@@ -48,6 +51,9 @@ typedef struct graph_case {
     int page_size;     /* paged */
     ak_kv_layout layout; /* paged */
     int mixed;         /* paged: steps mix decodes, verifications and chunks (needs ALWAYS) */
+    int sinks;         /* cfg.use_sinks: every layer its own sink logits */
+    int interleave;    /* layers alternate between two backends, windowed and full (Gemma,
+                          gpt-oss), both planned each step, captured in one graph */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -55,16 +61,19 @@ typedef struct graph_case {
 #define NHD AK_LAYOUT_NHD
 #define HND AK_LAYOUT_HND
 static const graph_case graph_cases[] = {
-    {"graph replay gqa4 bf16 d128 (tensor cores)", PAGED, 16, 4, 128, AK_BF16, 5, 1, -1, 16, NHD, 0},
-    {"graph replay mha f16 d64 hnd (CUDA cores)", PAGED, 4, 4, 64, AK_F16, 3, 1, -1, 16, HND, 0},
-    {"graph replay gqa8 bf16 d256 page 1 window", PAGED, 16, 2, 256, AK_BF16, 2, 1, 700, 1, NHD, 0},
-    {"graph replay batch 1 long context hnd", PAGED, 32, 8, 128, AK_BF16, 1, 1, -1, 16, HND, 0},
-    {"graph replay mixed gqa4 bf16 d128", PAGED, 16, 4, 128, AK_BF16, 6, 1, -1, 16, NHD, 1},
-    {"graph replay mixed mha f16 d64 hnd page 1 window", PAGED, 4, 4, 64, AK_F16, 4, 1, 500, 1, HND, 1},
-    {"graph replay mixed gqa8 bf16 d256 page 64", PAGED, 16, 2, 256, AK_BF16, 3, 1, -1, 64, NHD, 1},
-    {"graph replay ragged prefill gqa4 bf16 d128", RAGGED, 16, 4, 128, AK_BF16, 4, 1, -1, 0, NHD, 0},
-    {"graph replay ragged cross mqa f16 d64 window", RAGGED, 8, 1, 64, AK_F16, 3, 0, 50, 0, NHD, 0},
-    {"graph replay ragged prefill gqa2 bf16 d256", RAGGED, 8, 4, 256, AK_BF16, 2, 1, -1, 0, NHD, 0},
+    {"graph replay gqa4 bf16 d128 (tensor cores)", PAGED, 16, 4, 128, AK_BF16, 5, 1, -1, 16, NHD, 0, 0, 0},
+    {"graph replay mha f16 d64 hnd (CUDA cores)", PAGED, 4, 4, 64, AK_F16, 3, 1, -1, 16, HND, 0, 0, 0},
+    {"graph replay gqa8 bf16 d256 page 1 window", PAGED, 16, 2, 256, AK_BF16, 2, 1, 700, 1, NHD, 0, 0, 0},
+    {"graph replay batch 1 long context hnd", PAGED, 32, 8, 128, AK_BF16, 1, 1, -1, 16, HND, 0, 0, 0},
+    {"graph replay mixed gqa4 bf16 d128", PAGED, 16, 4, 128, AK_BF16, 6, 1, -1, 16, NHD, 1, 0, 0},
+    {"graph replay mixed mha f16 d64 hnd page 1 window", PAGED, 4, 4, 64, AK_F16, 4, 1, 500, 1, HND, 1, 0, 0},
+    {"graph replay mixed gqa8 bf16 d256 page 64", PAGED, 16, 2, 256, AK_BF16, 3, 1, -1, 64, NHD, 1, 0, 0},
+    {"graph replay ragged prefill gqa4 bf16 d128", RAGGED, 16, 4, 128, AK_BF16, 4, 1, -1, 0, NHD, 0, 0, 0},
+    {"graph replay ragged cross mqa f16 d64 window", RAGGED, 8, 1, 64, AK_F16, 3, 0, 50, 0, NHD, 0, 0, 0},
+    {"graph replay ragged prefill gqa2 bf16 d256", RAGGED, 8, 4, 256, AK_BF16, 2, 1, -1, 0, NHD, 0, 0, 0},
+    /* gpt-oss-shaped: 64/8 heads, head dim 64, sinks, window-128 and full layers */
+    {"graph replay interleaved window/full sinks (gpt-oss)", PAGED, 64, 8, 64, AK_BF16, 4, 1, 127, 16, NHD, 0, 1, 1},
+    {"graph replay mixed sinks d96 page 1", PAGED, 8, 8, 96, AK_F16, 2, 1, -1, 1, NHD, 1, 1, 0},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -286,14 +295,27 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         lim.num_cache_blocks = num_blocks;
     }
 
-    /* a paged decode case replays over decode batches, any other over any */
-    ak_backend *b = create_for_graphs(t, name, gc->name, &cfg, &lim,
-                                      paged && !gc->mixed ? AK_GRAPH_DECODE_ONLY : AK_GRAPH_ALWAYS);
-    if (!b) return;
+    cfg.use_sinks = gc->sinks;
+    /* an interleaved case: layer l runs on backend l % 2, the second one
+     * with the full context (each planned every step, as an engine does) */
+    const int nbk = gc->interleave ? 2 : 1;
+    ak_attn_config cfgs[2] = {cfg, cfg}, ref_cfg[2];
+    cfgs[1].window_left = -1;
+    ak_backend *bk[2] = {NULL, NULL};
+    for (int i = 0; i < nbk; i++) {
+        /* a paged decode case replays over decode batches, any other over any */
+        bk[i] = create_for_graphs(t, name, gc->name, &cfgs[i], &lim,
+                                  paged && !gc->mixed ? AK_GRAPH_DECODE_ONLY : AK_GRAPH_ALWAYS);
+        if (!bk[i]) {
+            ak_backend_destroy(bk[0]);
+            return;
+        }
+        ref_cfg[i] = cfgs[i];
+        ref_cfg[i].device.kind = AK_DEVICE_CPU;
+        ref_cfg[i].o_dtype = AK_F32;
+    }
+    ak_backend *b = bk[0];
     ak_status st;
-    ak_attn_config ref_cfg = cfg;
-    ref_cfg.device.kind = AK_DEVICE_CPU;
-    ref_cfg.o_dtype = AK_F32;
 
     ak_kv_cache *cache = NULL;
     const size_t pool_bytes = paged ? (size_t)num_blocks * P * Hk * D * esz : 0;
@@ -318,6 +340,15 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         before_v[l] = malloc(pool_bytes + 1);
     }
     char *qh = malloc(esz * T * Hq * D), *kh = malloc(esz * KT * Hk * D), *vh = malloc(esz * KT * Hk * D);
+    /* each layer's sink logits, on the device and on the host */
+    float sinks_h[GRAPH_MAX_LAYERS][64];
+    void *sinks_d[GRAPH_MAX_LAYERS] = {NULL};
+    _Static_assert(sizeof sinks_h[0] / sizeof sinks_h[0][0] >= 64, "sinks for 64 query heads");
+    for (int l = 0; l < layers && gc->sinks; l++) {
+        for (int h = 0; h < Hq; h++) sinks_h[l][h] = 1.0f + 3.0f * scn_uniform(&rng);
+        cudaMalloc(&sinks_d[l], sizeof(float) * Hq);
+        cudaMemcpy(sinks_d[l], sinks_h[l], sizeof(float) * Hq, cudaMemcpyHostToDevice);
+    }
     float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -326,6 +357,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     int ok = 1;
     char why[256] = "";
 
+    st = AK_OK;
     for (int s = 0; s < steps && ok; s++) {
         step_lengths(&rng, s, gc, q_lens, kv_lens);
         scn_batch_free(&sb);
@@ -357,7 +389,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             cudaMemset(g.o[l], 0xff, esz * T * Hq * D);
             cudaMemset(g.lse[l], 0xff, 4 * (size_t)T * Hq);
         }
-        st = ak_backend_plan(b, &sb.batch, stream);
+        for (int i = 0; i < nbk && st == AK_OK; i++) st = ak_backend_plan(bk[i], &sb.batch, stream);
         if (st != AK_OK) {
             snprintf(why, sizeof why, "plan step %d: %s", s, ak_last_error());
             ok = 0;
@@ -376,12 +408,14 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, D);
                 ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, KT, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, KT, Hk, D);
                 ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, T, Hq);
+                ak_tensor sk = ak_tensor_1d(sinks_d[l], AK_F32, Hq);
                 ak_paged_kv view;
                 ak_run_args a;
                 ak_run_args_init(&a);
                 a.q = &qt;
                 a.o = &ot;
                 a.lse = &lt;
+                if (gc->sinks) a.sinks = &sk;
                 if (paged) {
                     ak_kv_cache_layer(cache, l, &view);
                     if (!ak_backend_forward_includes_kv_update(b))
@@ -391,7 +425,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                     a.k = &kt;
                     a.v = &vt;
                 }
-                if (st == AK_OK) st = ak_backend_run(b, &a, stream);
+                if (st == AK_OK) st = ak_backend_run(bk[l % nbk], &a, stream);
             }
             const cudaError_t ce = cudaStreamEndCapture(stream, &graph);
             if (st != AK_OK || !CUDA_OK(ce) || !CUDA_OK(cudaGraphInstantiate(&exec, graph, 0))) {
@@ -415,12 +449,14 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
             ak_tensor kt = ak_tensor_3d(kh, gc->dtype, KN, Hk, D), vt = ak_tensor_3d(vh, gc->dtype, KN, Hk, D);
             ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
+            ak_tensor sk = ak_tensor_1d(sinks_h[l], AK_F32, Hq);
             ak_paged_kv hview;
             ak_run_args a;
             ak_run_args_init(&a);
             a.q = &qt;
             a.o = &rt;
             a.lse = &rl;
+            if (gc->sinks) a.sinks = &sk;
             if (paged) {
                 ak_kv_cache_layer(cache, l, &hview);
                 cudaMemcpy(hk, hview.k_data, pool_bytes, cudaMemcpyDeviceToHost);
@@ -440,7 +476,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 a.v = &vt;
             }
             ak_backend *ref = NULL;
-            if (ak_backend_create(&ref_cfg, &lim, "cpu_ref", &ref) != AK_OK ||
+            if (ak_backend_create(&ref_cfg[l % nbk], &lim, "cpu_ref", &ref) != AK_OK ||
                 ak_backend_plan(ref, &sb.batch, NULL) != AK_OK || ak_backend_run(ref, &a, NULL) != AK_OK) {
                 snprintf(why, sizeof why, "cpu_ref: %s", ak_last_error());
                 ak_backend_destroy(ref);
@@ -470,7 +506,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     free(vh);
     free(o_ref);
     free(l_ref);
-    ak_backend_destroy(b);
+    for (int l = 0; l < layers; l++) cudaFree(sinks_d[l]);
+    for (int i = 0; i < nbk; i++) ak_backend_destroy(bk[i]);
     ak_kv_cache_destroy(cache);
 }
 
