@@ -116,9 +116,11 @@ typedef struct options {
     int page_size;
     ak_kv_layout layout;
     bench_model custom; /* the preset with --heads / --head-dim applied */
+    int window, window_set; /* --window */
     ak_dtype dtype;
     int dtype_set;
     int check, json, graph, sweep, kv_update;
+    int invariant;      /* --invariant: cfg.batch_invariant */
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
     int layers; /* 0: automatic */
     uint64_t seed;
@@ -143,13 +145,16 @@ static void usage(FILE *f)
         "                            (64 requests: 62 decodes + 2 chunks of 256, kv_len 2048)\n"
         "  --decode-kv-len N  mixed: the decodes' keys (default: --kv-len, the chunks' keys)\n"
         "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
-        "                   | phi3-mini\n"
+        "                   | phi3-mini (head dim 96) | gpt-oss-20b (64/8, head dim 64, sinks, window 128)\n"
+        "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
         "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
         "                   cannot serve the config are listed as skipped); default: the selector\n"
         "  --device D       cpu | cuda (default: cuda when a GPU is found, else cpu; the default\n"
         "                   job moves to the CPU when no CUDA backend accepts its batch)\n"
         "  --batch N --q-len N --kv-len N --prefills N (mixed) --page-size N (16)\n"
-        "  --heads QO/KV --head-dim D   override the preset's heads / head dim\n"
+        "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
+        "  --window W       override the preset's window_left (-1: full context)\n"
+        "  --invariant      cfg.batch_invariant (fixed KV splits: its cost against the default)\n"
         "  --layout L       nhd (default) | hnd: the paged cache layout\n"
         "  --dtype T        f32 | f16 | bf16 for q, KV and o (default: bf16 on a GPU, f32 on the CPU)\n"
         "  --check          compare with cpu_ref on the same data (a sample of the batch when the\n"
@@ -312,7 +317,16 @@ static int parse_options(int argc, char **argv, options *o)
                 return -1;
             }
         } else if (!strcmp(a, "--head-dim")) {
-            if (parse_int(a, v, 1, &o->custom.head_dim)) return -1;
+            /* D, or QK/VO */
+            const int n = v ? sscanf(v, "%d/%d", &o->custom.head_dim_qk, &o->custom.head_dim_vo) : 0;
+            if (n == 1) o->custom.head_dim_vo = o->custom.head_dim_qk;
+            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0) {
+                fprintf(stderr, "attnkit-bench: --head-dim: D or QK/VO, e.g. 128 or 192/128\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--window")) {
+            if (parse_int(a, v, -1, &o->window)) return -1;
+            o->window_set = 1;
         } else if (!strcmp(a, "--layout")) {
             if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) {
                 fprintf(stderr, "attnkit-bench: --layout: nhd or hnd\n");
@@ -341,6 +355,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--graph")) o->graph = 1;
             else if (!strcmp(a, "--sweep")) o->sweep = 1;
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
+            else if (!strcmp(a, "--invariant")) o->invariant = 1;
             else {
                 fprintf(stderr, "attnkit-bench: unknown option '%s' (--help lists them)\n", a);
                 return -1;
@@ -359,7 +374,11 @@ static int parse_options(int argc, char **argv, options *o)
             m->num_qo_heads = o->custom.num_qo_heads;
             m->num_kv_heads = o->custom.num_kv_heads;
         }
-        if (o->custom.head_dim) m->head_dim = o->custom.head_dim;
+        if (o->custom.head_dim_qk) {
+            m->head_dim_qk = o->custom.head_dim_qk;
+            m->head_dim_vo = o->custom.head_dim_vo;
+        }
+        if (o->window_set) m->window_left = o->window;
     }
     o->model = &o->models[0];
     if (o->num_models > 1 && !o->compare) {
@@ -499,8 +518,10 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
            sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
            sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);
     printf(",\"layout\":\"%s\"", c->kv_layout == AK_LAYOUT_HND ? "hnd" : "nhd");
-    printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d", c->num_qo_heads, c->num_kv_heads,
-           c->head_dim_qk);
+    printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"head_dim_vo\":%d", c->num_qo_heads,
+           c->num_kv_heads, c->head_dim_qk, c->head_dim_vo);
+    printf(",\"window_left\":%d,\"sinks\":%s,\"batch_invariant\":%s", c->window_left,
+           c->use_sinks ? "true" : "false", c->batch_invariant ? "true" : "false");
     printf(",\"num_tokens\":%d,\"num_kv_tokens\":%lld,\"layers\":%d,\"graph\":%s,\"kv_update\":%s",
            sc->b.num_tokens, (long long)sc->b.num_kv_tokens, sc->num_layers, r->graph ? "true" : "false",
            o->kv_update ? "true" : "false");
@@ -599,6 +620,8 @@ static int run_layers(void *arg)
             args.kv = &sc->kv[l];
         }
         args.o = &o;
+        const ak_tensor sinks = scene_sinks(sc);
+        if (sc->cfg.use_sinks) args.sinks = &sinks;
         const ak_status st = ak_backend_run(lr->b, &args, lr->stream);
         if (st != AK_OK) {
             snprintf(lr->err, sizeof lr->err, "run(layer %d): %s: %s", l, ak_status_str(st), ak_last_error());
@@ -928,7 +951,7 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         return SHAPE_DONE;
     }
     bench_scene sc;
-    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->layout, o->seed)) {
+    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->layout, o->invariant, o->seed)) {
         scene_free(&sc);
         st->failures++;
         return SHAPE_DONE;
@@ -1125,7 +1148,8 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
     const options *o = &st->opt;
     const bench_shape shape = {BW_PREFILL, batch, prompt, prompt, 0, 0};
     bench_scene sc;
-    if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), o->page_size, o->layout, o->seed)) {
+    if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), o->page_size, o->layout, o->invariant,
+                   o->seed)) {
         scene_free(&sc);
         st->failures++;
         return;

@@ -15,18 +15,23 @@
 
 /* ---- models ------------------------------------------------------------------ */
 
-/* Per-GPU attention shapes of the models the issue names. window_left counts
+/* Per-GPU attention shapes of the models engines serve. window_left counts
  * the keys left of the token: Mistral's sliding window of 4096 keys (the
  * token's own included) is window_left 4095. Gemma-2 alternates 4096-window
- * and global layers; the preset models the global ones (soft-cap 50). */
+ * and global layers, gpt-oss 128-window and full ones; the presets model the
+ * global ones of Gemma-2 (soft-cap 50) and the windowed ones of gpt-oss
+ * (--window -1 gives its full ones). deepseek-v3-prefill is the expanded
+ * form of its MLA prefill (head dims 192/128), 128 heads over 8 GPUs. */
 const bench_model bench_models[] = {
-    /* name              Hq  Hkv  D    window soft-cap layers */
-    {"llama3-8b",        32, 8,   128, -1,    0.0f,    32},
-    {"llama3-70b-tp8",   8,  1,   128, -1,    0.0f,    80}, /* 64/8 heads over 8 GPUs */
-    {"qwen2.5-7b",       28, 4,   128, -1,    0.0f,    28},
-    {"mistral-7b",       32, 8,   128, 4095,  0.0f,    32},
-    {"gemma2-9b",        16, 8,   256, -1,    50.0f,   42},
-    {"phi3-mini",        32, 32,  96,  -1,    0.0f,    32},
+    /* name                  Hq  Hkv  Dqk  Dvo  window soft-cap sinks layers */
+    {"llama3-8b",            32, 8,   128, 128, -1,    0.0f,    0,    32},
+    {"llama3-70b-tp8",       8,  1,   128, 128, -1,    0.0f,    0,    80}, /* 64/8 heads over 8 GPUs */
+    {"qwen2.5-7b",           28, 4,   128, 128, -1,    0.0f,    0,    28},
+    {"mistral-7b",           32, 8,   128, 128, 4095,  0.0f,    0,    32},
+    {"gemma2-9b",            16, 8,   256, 256, -1,    50.0f,   0,    42},
+    {"phi3-mini",            32, 32,  96,  96,  -1,    0.0f,    0,    32},
+    {"gpt-oss-20b",          64, 8,   64,  64,  127,   0.0f,    1,    24},
+    {"deepseek-v3-prefill",  16, 16,  192, 128, -1,    0.0f,    0,    61},
 };
 const int bench_num_models = (int)(sizeof bench_models / sizeof bench_models[0]);
 
@@ -121,7 +126,7 @@ static int fill_random(const bd_ctx *ctx, void *dst, ak_dtype t, size_t n, float
 /* ---- the batch and its accounting ---------------------------------------------------- */
 
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, ak_kv_layout layout, uint64_t seed)
+               ak_dtype dtype, int page_size, ak_kv_layout layout, int batch_invariant, uint64_t seed)
 {
     memset(sc, 0, sizeof *sc);
     sc->ctx = ctx;
@@ -147,10 +152,13 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     ak_attn_config_init(c);
     c->num_qo_heads = m->num_qo_heads;
     c->num_kv_heads = m->num_kv_heads;
-    c->head_dim_qk = c->head_dim_vo = m->head_dim;
+    c->head_dim_qk = m->head_dim_qk;
+    c->head_dim_vo = m->head_dim_vo;
     c->causal = 1;
     c->window_left = m->window_left;
     c->logits_soft_cap = m->soft_cap;
+    c->use_sinks = m->sinks;
+    c->batch_invariant = batch_invariant;
     c->q_dtype = c->kv_dtype = c->o_dtype = dtype;
     c->device = ctx->dev;
     c->kv_storage = AK_KV_PAGED;
@@ -239,12 +247,17 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
         break;
     default: snprintf(what, sizeof what, "?"); break;
     }
-    char extra[64] = "";
+    char extra[96] = "";
     if (c->window_left >= 0) snprintf(extra, sizeof extra, ", window %d", c->window_left + 1);
     if (c->logits_soft_cap > 0)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", soft-cap %g", c->logits_soft_cap);
-    snprintf(buf, cap, "%s %s (%d/%d heads, head_dim %d%s) %s page %d: %s; %d query tokens, %lld keys",
-             bench_workload_name(s->workload), m->name, c->num_qo_heads, c->num_kv_heads, c->head_dim_qk, extra,
+    if (c->use_sinks) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", sinks");
+    if (c->batch_invariant) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", batch-invariant");
+    char dims[24];
+    if (c->head_dim_qk == c->head_dim_vo) snprintf(dims, sizeof dims, "%d", c->head_dim_qk);
+    else snprintf(dims, sizeof dims, "%d/%d", c->head_dim_qk, c->head_dim_vo);
+    snprintf(buf, cap, "%s %s (%d/%d heads, head_dim %s%s) %s page %d: %s; %d query tokens, %lld keys",
+             bench_workload_name(s->workload), m->name, c->num_qo_heads, c->num_kv_heads, dims, extra,
              ak_dtype_name(c->kv_dtype), c->page_size, what, sc->b.num_tokens, (long long)sc->b.num_kv_tokens);
 }
 
@@ -278,6 +291,11 @@ ak_tensor scene_v_new(const bench_scene *sc)
     return ak_tensor_3d(sc->v_new, sc->cfg.kv_dtype, sc->b.num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
 }
 
+ak_tensor scene_sinks(const bench_scene *sc)
+{
+    return ak_tensor_1d(sc->sinks, AK_F32, sc->cfg.num_qo_heads);
+}
+
 ak_tensor scene_k_rag(const bench_scene *sc, int layer)
 {
     return ak_tensor_3d((char *)sc->k_rag + (size_t)layer * sc->k_rag_layer_bytes, sc->cfg.kv_dtype,
@@ -291,7 +309,7 @@ ak_tensor scene_v_rag(const bench_scene *sc, int layer)
 }
 
 /* Random tensors' ids for derive_seed. */
-enum { SEED_K = 2, SEED_V = 3, SEED_Q = 4, SEED_K_NEW = 5, SEED_V_NEW = 6 };
+enum { SEED_K = 2, SEED_V = 3, SEED_Q = 4, SEED_K_NEW = 5, SEED_V_NEW = 6, SEED_SINKS = 7 };
 
 /* K is drawn from a wider range than q and V so that the softmax is peaked
  * enough for a wrong key to show in the error (as the test harness does). */
@@ -446,6 +464,15 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
             return -1;
     }
     if (bd_download(ctx, sc->q0_host, sc->q, sc->q_layer_bytes)) return -1;
+    if (c->use_sinks) {
+        /* sink logits in [-2, 4), one set for every layer */
+        uint64_t rs = derive_seed(seed, SEED_SINKS, 0);
+        sc->sinks_host = malloc(sizeof(float) * (size_t)Hq);
+        sc->sinks = bd_malloc(ctx, sizeof(float) * (size_t)Hq);
+        if (!sc->sinks_host || !sc->sinks) return -1;
+        for (int h = 0; h < Hq; h++) sc->sinks_host[h] = 1.0f + 3.0f * scn_uniform(&rs);
+        if (bd_upload(ctx, sc->sinks, sc->sinks_host, sizeof(float) * (size_t)Hq)) return -1;
+    }
     if (sc->ragged_kv) {
         sc->k_rag = bd_malloc(ctx, sc->k_rag_layer_bytes * (size_t)layers);
         sc->v_rag = bd_malloc(ctx, sc->v_rag_layer_bytes * (size_t)layers);
@@ -473,7 +500,9 @@ void scene_free(bench_scene *sc)
         bd_free(ctx, sc->slots);
         bd_free(ctx, sc->k_rag);
         bd_free(ctx, sc->v_rag);
+        bd_free(ctx, sc->sinks);
     }
+    free(sc->sinks_host);
     ak_kv_cache_destroy(sc->cache);
     free(sc->kv);
     free(sc->q0_host);
@@ -713,11 +742,13 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     batch.block_table_stride = sc->b.bt_stride;
     ak_tensor qt = ak_tensor_3d(q, c->q_dtype, T, Hq, Dqk);
     ak_tensor ot = ak_tensor_3d(ref->o, AK_F32, T, Hq, Dvo);
+    ak_tensor st = ak_tensor_1d(sc->sinks_host, AK_F32, c->num_qo_heads);
     ak_run_args args;
     ak_run_args_init(&args);
     args.q = &qt;
     args.kv = &kv;
     args.o = &ot;
+    if (c->use_sinks) args.sinks = &st;
     const double t0 = bd_now();
     if (ak_backend_create(&rc_cfg, &lim, "cpu_ref", &b) != AK_OK || ak_backend_plan(b, &batch, NULL) != AK_OK ||
         ak_backend_run(b, &args, NULL) != AK_OK) {

@@ -20,9 +20,11 @@ typedef struct bench_model {
     const char *name;
     int num_qo_heads;  /* per GPU for tensor-parallel presets */
     int num_kv_heads;
-    int head_dim;      /* qk and vo */
+    int head_dim_qk;
+    int head_dim_vo;
     int window_left;   /* -1: full context */
     float soft_cap;    /* 0: off */
+    int sinks;         /* attention sinks (cfg.use_sinks) */
     int num_layers;    /* the model's layers (said when the rotation needs more) */
 } bench_model;
 
@@ -87,12 +89,14 @@ typedef struct bench_scene {
     int ragged_kv;
     void *k_rag, *v_rag;  /* device: [num_layers][num_kv_tokens, Hk, D] */
     size_t k_rag_layer_bytes, v_rag_layer_bytes;
+    float *sinks_host;    /* [Hq] sink logits (cfg.use_sinks), one set for every layer */
+    void *sinks;          /* device copy */
 } bench_scene;
 
 /* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap).
  * Returns 0, or -1 after printing why the shape is invalid. */
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, ak_kv_layout layout, uint64_t seed);
+               ak_dtype dtype, int page_size, ak_kv_layout layout, int batch_invariant, uint64_t seed);
 
 /* Allocates and fills the storage: layers (layers_override > 0, else enough
  * that together they exceed 4x the cache, as far as memory allows), random K/V everywhere, the new tokens' rows written
@@ -107,6 +111,8 @@ ak_tensor scene_o(const bench_scene *sc, int layer);
 /* The new K/V rows as tensors for ak_kv_update. */
 ak_tensor scene_k_new(const bench_scene *sc);
 ak_tensor scene_v_new(const bench_scene *sc);
+/* The sink logits as a tensor for ak_run_args.sinks (cfg.use_sinks). */
+ak_tensor scene_sinks(const bench_scene *sc);
 /* Layer l's ragged K/V (ragged_kv scenes) as tensors for ak_run_args. */
 ak_tensor scene_k_rag(const bench_scene *sc, int layer);
 ak_tensor scene_v_rag(const bench_scene *sc, int layer);
