@@ -2,15 +2,23 @@
 # One command on the GPU machine: build, GPU tests, compute-sanitizer
 # (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
 # short table last.
-#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]   stages: test sanitize bench prefill cpu compare peers
-# `all` is every stage but compare (issue 6's paged/ragged/varlen sweep, ~5 min)
-# and peers (issue 7's bench/peers.py --quick with FlashInfer, ~4 min): name
-# them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back
-# with the device tool.
+#   scripts/gpu-check.sh [all|STAGE[,STAGE...]]
+#   stages: test sanitize bench prefill coverage cpu (all), compare peers (named only)
+# `all` is every stage but compare (the paged/ragged/varlen sweep, ~5 min)
+# and peers (bench/peers.py --quick with FlashInfer, ~4 min): name them on
+# their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
+# the device tool.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
+stages=" test sanitize bench prefill coverage cpu compare peers all "
+for st in ${what//,/ }; do
+    if [[ $stages != *" $st "* ]]; then
+        echo "gpu-check: unknown stage '$st'; stages:$stages" >&2
+        exit 2
+    fi
+done
 LOG=${OUT:-gpu-check-logs}
 mkdir -p "$LOG"
 # AK_BUILD: build folder (absolute, to keep it outside a carried snapshot)
@@ -32,19 +40,30 @@ fi
 note build ok
 
 if want test; then
-    # the suite under both prefill kernels side by side (wgmma is the default
-    # on an H100; mma.sync is the other family), each bounded in time
-    timeout ${AK_TEST_TIMEOUT:-500} stdbuf -oL $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu.log" 2>&1 &
-    pid_wgmma=$!
-    AK_CUDA_PREFILL=mma timeout ${AK_TEST_TIMEOUT:-500} $BUILD/attnkit-test --device cuda -v >"$LOG/test-gpu-mma.log" 2>&1 &
-    pid_mma=$!
-    wait $pid_wgmma; rc=$?
-    wait $pid_mma; rc_mma=$?
-    grep -E "^FAIL" "$LOG/test-gpu.log" | head -20
-    grep -E "graph replay|merge of|invariance" "$LOG/test-gpu.log" | cut -c1-150
-    note "gpu tests" "$(tail -1 "$LOG/test-gpu.log") (rc $rc)"
-    grep -E "^FAIL" "$LOG/test-gpu-mma.log" | head -10
-    note "gpu tests, mma prefill" "$(tail -1 "$LOG/test-gpu-mma.log") (rc $rc_mma)"
+    # the suite under the three kernel families side by side: wgmma prefill
+    # (the default on an H100), mma.sync, and the portable kernel for every
+    # config (AK_CUDA_PORTABLE=1); each split into shards (--shard I/N) run
+    # as parallel processes, each bounded in time
+    shards() { # family-tag N env...
+        local tag=$1 n=$2; shift 2
+        for ((i = 0; i < n; i++)); do
+            env "$@" timeout ${AK_TEST_TIMEOUT:-400} stdbuf -oL $BUILD/attnkit-test --device cuda -v --shard $i/$n \
+                >"$LOG/test-gpu-$tag-$i.log" 2>&1 &
+        done
+    }
+    shards wgmma 6 AK_CUDA_PREFILL=
+    shards mma 4 AK_CUDA_PREFILL=mma
+    shards portable 4 AK_CUDA_PORTABLE=1
+    wait
+    for tag in wgmma mma portable; do
+        cat "$LOG"/test-gpu-$tag-*.log >"$LOG/test-gpu-$tag.log"
+        grep -E "^FAIL" "$LOG/test-gpu-$tag.log" | head -20
+        p=$(grep -hE "passed, .* failed" "$LOG"/test-gpu-$tag-*.log | awk '{p+=$1; f+=$3} END {print p" passed, "f" failed"}')
+        n=$(ls "$LOG"/test-gpu-$tag-*.log | wc -l)
+        done_n=$(grep -lE "passed, .* failed" "$LOG"/test-gpu-$tag-*.log | wc -l)
+        note "gpu tests $tag" "$p ($done_n of $n shards finished)"
+    done
+    grep -hE "graph replay|merge of|invariance" "$LOG/test-gpu-wgmma.log" | cut -c1-150
     $BUILD/attnkit-test --device cpu >"$LOG/test-cpu.log" 2>&1
     note "cpu tests" "$(tail -1 "$LOG/test-cpu.log")"
 fi
@@ -60,7 +79,7 @@ if want sanitize; then
                  "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16" \
                  "ragged prefill bf16 d128 gqa4" "ragged cross attention, kv 0" "ragged decode batch" \
                  "ragged mixed decode+chunks" "ragged verify on long keys" "ragged:" \
-                 "graph replay ragged prefill gqa4"; do
+                 "graph replay ragged prefill gqa4" "head dim" "sinks" "graph replay interleaved"; do
             timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
                 >>"$LOG/sanitize-$tool.log" 2>&1
             rc=$?
@@ -137,6 +156,49 @@ if len(rows) >= 3:
     print(f"mixed {m:.4f} ms vs parts {p:.4f} + {d:.4f} = {p + d:.4f} ms: {m / (p + d):.2f} of the sum")
 PY
     note prefill "see $LOG/prefill-sdpa.txt, bench-mixed.jsonl"
+fi
+
+if want coverage && [[ -x $BUILD/attnkit-bench ]]; then
+    # head dims, sinks, windows and batch invariance: decode (64 x 4096, page
+    # 16) and prefill (4 x 4096 causal) at each head dim of the tensor-core
+    # table, MHA and GQA 32/8; the portable kernel at 512; the gpt-oss and
+    # phi-3 presets; invariance against the default
+    cb() { timeout 60 $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
+    {
+        for d in 64 80 96 112 128 192 256 192/128 512; do
+            cb --workload decode --batch 64 --kv-len 4096 --heads 32/8 --head-dim $d
+            cb --workload decode --batch 64 --kv-len 4096 --heads 32/32 --head-dim $d
+            cb --workload prefill --batch 4 --q-len 4096 --kv-len 4096 --heads 32/8 --head-dim $d --iters 10
+        done
+        cb --workload decode --batch 64 --kv-len 4096 --model phi3-mini
+        cb --workload prefill --batch 4 --q-len 4096 --kv-len 4096 --model phi3-mini --iters 10
+        cb --workload decode --batch 64 --kv-len 8192 --model gpt-oss-20b
+        cb --workload decode --batch 64 --kv-len 8192 --model gpt-oss-20b --window -1
+        cb --workload prefill --batch 1 --q-len 8192 --kv-len 8192 --model gpt-oss-20b --iters 10
+        cb --workload prefill --batch 1 --q-len 8192 --kv-len 8192 --model gpt-oss-20b --window -1 --iters 10
+        cb --workload prefill --batch 4 --q-len 4096 --kv-len 4096 --model deepseek-v3-prefill --iters 10
+        cb --workload decode --batch 1 --kv-len 32768
+        cb --workload decode --batch 1 --kv-len 32768 --invariant
+        cb --workload decode --batch 64 --kv-len 4096 --invariant
+        cb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096
+        cb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096 --invariant
+    } >"$LOG/bench-coverage.jsonl"
+    for d in 96 192/128 512; do
+        cb --workload mixed --batch 8 --prefills 2 --q-len 256 --kv-len 1024 --heads 16/4 --head-dim $d --check \
+            2>&1 | grep -E "^cuda|check" | tail -1
+    done
+    python3 - "$LOG/bench-coverage.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'model':>20} {'work':>7} {'heads':>6} {'dims':>8} {'win':>4} {'snk':>3} {'inv':>3} {'batch':>5} {'q':>5} {'kv':>6} {'ms':>9} {'GB/s':>6} {'frac':>5} {'TFLOP/s':>7} {'plan_us':>7}")
+for r in rows:
+    dims = str(r['head_dim']) + ('' if r.get('head_dim_vo', r['head_dim']) == r['head_dim'] else '/' + str(r['head_dim_vo']))
+    print(f"{r['model']:>20} {r['workload']:>7} {str(r['num_qo_heads'])+'/'+str(r['num_kv_heads']):>6} {dims:>8} "
+          f"{r.get('window_left', -1):>4} {int(r.get('sinks', False)):>3} {int(r.get('batch_invariant', False)):>3} "
+          f"{r['batch']:>5} {r['q_len']:>5} {r['kv_len']:>6} {r['median_ms']:>9.4f} {r['gbps']:>6.0f} "
+          f"{r['ceiling_fraction']:>5.2f} {r['tflops']:>7.1f} {r.get('plan_us', 0):>7.1f}")
+PY
+    note coverage "$(grep -c . "$LOG/bench-coverage.jsonl") rows in bench-coverage.jsonl"
 fi
 
 if want cpu && [[ -x $BUILD/attnkit-bench ]]; then

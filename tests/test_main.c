@@ -1,7 +1,9 @@
 /*
  * test_main.c - attnkit-test: runs every suite for one device.
  *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged]
- *                [--seed N] [-v]
+ *                [--shard I/N] [--seed N] [-v]
+ * --shard I/N runs the cases whose name hashes to I mod N: N processes with
+ * I = 0 .. N-1 run the whole suite between them, side by side.
  * Exit 0 if nothing failed, 1 otherwise, 77 (skipped) for --device cuda
  * where no GPU is present.
  */
@@ -34,13 +36,19 @@ int main(int argc, char **argv)
             if (!strcmp(s, "paged")) t.storage = AK_KV_PAGED;
             else if (!strcmp(s, "ragged")) t.storage = AK_KV_RAGGED;
             else { fprintf(stderr, "--storage: paged or ragged, not %s\n", s); return 2; }
+        } else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d/%d", &t.shard, &t.shards) != 2 || t.shards < 1 || t.shard < 0 ||
+                t.shard >= t.shards) {
+                fprintf(stderr, "--shard: I/N with 0 <= I < N, not %s\n", argv[i]);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             t.seed = strtoull(argv[++i], NULL, 10);
         } else if (!strcmp(argv[i], "-v")) {
             t.verbose = 1;
         } else {
             fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged] "
-                            "[--seed N] [-v]\n", argv[0]);
+                            "[--shard I/N] [--seed N] [-v]\n", argv[0]);
             return 2;
         }
     }
