@@ -390,7 +390,7 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     ak_tensor kt = ak_tensor_3d(tbuf_data(&sc->k_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dqk);
     ak_tensor vt = ak_tensor_3d(tbuf_data(&sc->v_rag), c->kv_dtype, sc->b.num_kv_tokens, c->num_kv_heads, Dvo);
 
-    ak_tensor sk = ak_tensor_1d(tbuf_data(&sc->sinks_buf), AK_F32, Hq);
+    ak_tensor sk = ak_tensor_1d(sc->sinks ? tbuf_data(&sc->sinks_buf) : NULL, AK_F32, Hq);
     ak_run_args a;
     ak_run_args_init(&a);
     a.q = &q;

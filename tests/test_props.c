@@ -385,7 +385,7 @@ static ak_status run_subset(ak_backend *b, const scene *sc, const int *sel, int 
     batch.block_table = bt;
     ak_tensor qt = ak_tensor_3d(tbuf_data(&qb), c->q_dtype, T, Hq, D);
     ak_tensor ot = ak_tensor_3d(tbuf_data(&ob), c->o_dtype, T, Hq, Dv);
-    ak_tensor sk = ak_tensor_1d(tbuf_data(&sc->sinks_buf), AK_F32, Hq);
+    ak_tensor sk = ak_tensor_1d(sc->sinks ? tbuf_data(&sc->sinks_buf) : NULL, AK_F32, Hq);
     ak_run_args a;
     ak_run_args_init(&a);
     a.q = &qt;
