@@ -7,7 +7,7 @@
 #   - install rules, the CMake package (attnkit::attnkit, the shared library;
 #     attnkit::attnkit_static) and attnkit.pc for pkg-config;
 #   - the wheel's copy of libattnkit.so (pip install ., pyproject.toml);
-#   - a test of the exported symbols.
+#   - tests: the exported symbols, and a consumer built three ways.
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -163,9 +163,45 @@ if(SKBUILD AND TARGET attnkit_shared)
           COMPONENT python)
 endif()
 
-# ---- tests: the exported symbols -------------------------
+# ---- tests: the exported symbols, and consumers of the library -------------------------
 if(AK_TOP_LEVEL AND TARGET attnkit_shared)
   add_test(NAME exports COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/check_exports.sh
                                 $<TARGET_FILE:attnkit_shared> ${CMAKE_CURRENT_SOURCE_DIR}/include/attnkit.h)
   set_tests_properties(exports PROPERTIES SKIP_RETURN_CODE 77)
+
+  # tests/consumer: a C project outside this build that runs a decode step.
+  # consumer_install puts this build into build/consumer/prefix; the package
+  # and pkgconfig modes build the consumer against that tree, the subdir mode
+  # against the source tree (add_subdirectory, which compiles the library
+  # again, CUDA included when this build has it: the C link of the CUDA
+  # objects is what it proves).
+  set(AK_CONSUMER_RUN ${CMAKE_COMMAND} -E env CC=${CMAKE_C_COMPILER} CMAKE_GENERATOR=${CMAKE_GENERATOR}
+                      bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/consumer/run.sh)
+  set(AK_CONSUMER_DIR ${CMAKE_CURRENT_BINARY_DIR}/consumer)
+  set(AK_CONSUMER_SUBDIR_ARGS -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE})
+  if(AK_HAVE_CUDA)
+    # add_test splits a ;-list into arguments: run.sh turns the commas back
+    string(REPLACE ";" "," AK_CONSUMER_ARCHS "${CMAKE_CUDA_ARCHITECTURES}")
+    list(APPEND AK_CONSUMER_SUBDIR_ARGS -DAK_CUDA=ON -DCMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER}
+         -DCMAKE_CUDA_ARCHITECTURES=${AK_CONSUMER_ARCHS})
+  else()
+    list(APPEND AK_CONSUMER_SUBDIR_ARGS -DAK_CUDA=OFF)
+  endif()
+  if(AK_INSTALL)
+    add_test(NAME consumer_install
+             COMMAND ${AK_CONSUMER_RUN} install ${CMAKE_CURRENT_BINARY_DIR} ${AK_CONSUMER_DIR}/prefix)
+    add_test(NAME consumer_package
+             COMMAND ${AK_CONSUMER_RUN} package ${AK_CONSUMER_DIR}/prefix ${AK_CONSUMER_DIR}/package
+                     ${attnkit_VERSION})
+    add_test(NAME consumer_pkgconfig
+             COMMAND ${AK_CONSUMER_RUN} pkgconfig ${AK_CONSUMER_DIR}/prefix ${AK_CONSUMER_DIR}/pkgconfig
+                     ${attnkit_VERSION})
+    set_tests_properties(consumer_install PROPERTIES FIXTURES_SETUP ak_installed LABELS consumer)
+    set_tests_properties(consumer_package consumer_pkgconfig PROPERTIES
+                         FIXTURES_REQUIRED ak_installed LABELS consumer SKIP_RETURN_CODE 77)
+  endif()
+  add_test(NAME consumer_subdir
+           COMMAND ${AK_CONSUMER_RUN} subdir ${CMAKE_CURRENT_SOURCE_DIR} ${AK_CONSUMER_DIR}/subdir
+                   ${attnkit_VERSION} ${AK_CONSUMER_SUBDIR_ARGS})
+  set_tests_properties(consumer_subdir PROPERTIES LABELS consumer TIMEOUT 1800)
 endif()
