@@ -164,6 +164,14 @@ if(SKBUILD AND TARGET attnkit_shared)
 endif()
 
 # ---- tests: the exported symbols, and consumers of the library -------------------------
+# the tools report the library's version
+if(AK_TOP_LEVEL)
+  foreach(tool IN ITEMS attnkit-info attnkit-bench)
+    add_test(NAME ${tool}_version COMMAND ${tool} --version)
+    string(REPLACE "." "\\." ak_version_regex "${attnkit_VERSION}")
+    set_tests_properties(${tool}_version PROPERTIES PASS_REGULAR_EXPRESSION "^attnkit ${ak_version_regex}\n$")
+  endforeach()
+endif()
 if(AK_TOP_LEVEL AND TARGET attnkit_shared)
   add_test(NAME exports COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tests/check_exports.sh
                                 $<TARGET_FILE:attnkit_shared> ${CMAKE_CURRENT_SOURCE_DIR}/include/attnkit.h)
