@@ -183,8 +183,8 @@ if(AK_TOP_LEVEL AND TARGET attnkit_shared)
   # against the source tree (add_subdirectory, which compiles the library
   # again, CUDA included when this build has it: the C link of the CUDA
   # objects is what it proves).
-  set(AK_CONSUMER_RUN ${CMAKE_COMMAND} -E env CC=${CMAKE_C_COMPILER} CMAKE_GENERATOR=${CMAKE_GENERATOR}
-                      bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/consumer/run.sh)
+  set(AK_CONSUMER_RUN ${CMAKE_COMMAND} -E env CC=${CMAKE_C_COMPILER} CMAKE=${CMAKE_COMMAND}
+                      CMAKE_GENERATOR=${CMAKE_GENERATOR} bash ${CMAKE_CURRENT_SOURCE_DIR}/tests/consumer/run.sh)
   set(AK_CONSUMER_DIR ${CMAKE_CURRENT_BINARY_DIR}/consumer)
   set(AK_CONSUMER_SUBDIR_ARGS -DCMAKE_BUILD_TYPE=${CMAKE_BUILD_TYPE})
   if(AK_HAVE_CUDA)

@@ -12,15 +12,17 @@
 #                                            CMAKE_CUDA_ARCHITECTURES stands for ';')
 # Each mode builds consumer_static and consumer_shared, runs both, and (with
 # readelf) checks that only consumer_shared loads libattnkit.so. CC names the
-# C compiler (default cc). Exit 77 (skipped): pkg-config is not installed.
+# C compiler (default cc), CMAKE the cmake binary (default cmake). Exit 77
+# (skipped): pkg-config is not installed.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 cc=${CC:-cc}
+cmake=${CMAKE:-cmake}
 jobs=${AK_JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 usage() {
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
 }
 
@@ -49,8 +51,8 @@ run_both() {
 cmake_build() {
     local work=$1
     shift
-    cmake -S "$here" -B "$work" -DCMAKE_C_COMPILER="$cc" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "$@"
-    cmake --build "$work" --parallel "$jobs"
+    "$cmake" -S "$here" -B "$work" -DCMAKE_C_COMPILER="$cc" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF "$@"
+    "$cmake" --build "$work" --parallel "$jobs"
 }
 
 mode=${1:-}
@@ -59,7 +61,7 @@ install)
     [ $# -eq 3 ] || usage
     build=$2 prefix=$3
     rm -rf "$prefix"
-    cmake --install "$build" --prefix "$prefix"
+    "$cmake" --install "$build" --prefix "$prefix"
     ;;
 package)
     [ $# -eq 4 ] || usage
