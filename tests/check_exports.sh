@@ -1,9 +1,11 @@
 #!/bin/sh
 # check_exports.sh LIB HEADER - the shared library LIB exports exactly the
-# functions that HEADER declares with AK_API: every other exported symbol is
-# an internal one leaking into the ABI, every missing one a public function
-# that cannot be called. Prints both lists; exits 1 if either is non-empty,
-# 77 (skipped) when nm is not installed. ctest runs it as `exports`.
+# functions that HEADER declares, and HEADER declares each with AK_API: an
+# exported symbol not declared is an internal one leaking into the ABI, a
+# declared function not exported (or declared without AK_API, which hidden
+# visibility then keeps inside the library) one that no program can call.
+# Prints each list; exits 1 if any is non-empty, 77 (skipped) when nm is not
+# installed. ctest runs it as `exports`.
 set -eu
 
 if [ $# -ne 2 ]; then
@@ -21,12 +23,14 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# AK_API <return type> ak_name(...: one declaration per line starts so
-sed -n 's/^AK_API [^(]*[ *]\(ak_[a-z0-9_]*\)(.*/\1/p' "$header" | sort -u >"$tmp/public"
+# a declaration starts at the left margin: [AK_API] <return type> ak_name(
+grep -E '^[A-Za-z_].*[ *]ak_[a-z0-9_]+\(' "$header" | grep -vE '^(typedef|static)' >"$tmp/decls" || true
+grep -v '^AK_API ' "$tmp/decls" >"$tmp/unmarked" || true
+sed -n 's/^[^(]*[ *]\(ak_[a-z0-9_]*\)(.*/\1/p' "$tmp/decls" | sort -u >"$tmp/public"
 nm -D --defined-only "$lib" | awk 'NF >= 3 { print $3 }' | sed 's/@.*//' | sort -u >"$tmp/exported"
 
 if [ ! -s "$tmp/public" ]; then
-    echo "no AK_API declarations found in $header" >&2
+    echo "no function declarations found in $header" >&2
     exit 1
 fi
 
@@ -34,13 +38,18 @@ comm -13 "$tmp/public" "$tmp/exported" >"$tmp/extra"
 comm -23 "$tmp/public" "$tmp/exported" >"$tmp/missing"
 echo "$lib: $(wc -l <"$tmp/exported") symbols exported, $(wc -l <"$tmp/public") public functions in $header"
 status=0
+if [ -s "$tmp/unmarked" ]; then
+    echo "declared without AK_API (not exported under hidden visibility):"
+    sed 's/^/  /' "$tmp/unmarked"
+    status=1
+fi
 if [ -s "$tmp/extra" ]; then
-    echo "exported but not public (missing -fvisibility=hidden, or a function to declare AK_API):"
+    echo "exported but not declared in the header (compiled without -fvisibility=hidden?):"
     sed 's/^/  /' "$tmp/extra"
     status=1
 fi
 if [ -s "$tmp/missing" ]; then
-    echo "public but not exported (AK_API missing on the declaration, or no definition):"
+    echo "declared but not exported (no definition in the library?):"
     sed 's/^/  /' "$tmp/missing"
     status=1
 fi
