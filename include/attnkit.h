@@ -43,6 +43,25 @@ extern "C" {
 
 #define AK_API_VERSION 1
 
+/* AK_API marks every public function. The shared library is compiled with
+ * hidden visibility by default, so it exports these and nothing else. */
+#if defined(__GNUC__) || defined(__clang__)
+#define AK_API __attribute__((visibility("default")))
+#else
+#define AK_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The version of the library linked or loaded, at run time: major * 10000 +
+ * minor * 100 + patch (0.2.0 -> 200). The build-time version is the one
+ * find_package(attnkit) or pkg-config --modversion reports. */
+AK_API int ak_version(void);
+/* The same as text: "0.2.0". */
+AK_API const char *ak_version_string(void);
+
 /* ------------------------------------------------------------------------ */
 /* Status                                                                   */
 /* ------------------------------------------------------------------------ */
@@ -68,11 +87,11 @@ typedef enum ak_status {
 } ak_status;
 
 /* A short, static description of a status code. */
-const char *ak_status_str(ak_status s);
+AK_API const char *ak_status_str(ak_status s);
 
 /* The detailed message of the last failed call on this thread ("" if none).
  * The pointer stays valid until the next attnkit call on this thread. */
-const char *ak_last_error(void);
+AK_API const char *ak_last_error(void);
 
 /* ------------------------------------------------------------------------ */
 /* Devices, dtypes, tensors                                                 */
@@ -85,12 +104,12 @@ typedef enum ak_dtype {
     AK_FP8_E4M3 = 3, /* reserved: fp8 KV with per-layer scales, not yet supported */
 } ak_dtype;
 
-const char *ak_dtype_name(ak_dtype t); /* "f32", "f16", "bf16", "fp8_e4m3" */
-size_t ak_dtype_size(ak_dtype t);      /* bytes per element, 0 if unknown */
+AK_API const char *ak_dtype_name(ak_dtype t); /* "f32", "f16", "bf16", "fp8_e4m3" */
+AK_API size_t ak_dtype_size(ak_dtype t);      /* bytes per element, 0 if unknown */
 
 /* Converts n elements between dtypes in host memory (f32, f16, bf16), rounding
  * to nearest even; src and dst may not overlap unless equal. */
-ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst /* OUT */, ak_dtype dst_dtype, size_t n);
+AK_API ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst /* OUT */, ak_dtype dst_dtype, size_t n);
 
 typedef enum ak_device_kind {
     AK_DEVICE_CPU = 0,
@@ -115,13 +134,13 @@ typedef struct ak_device_info {
 
 /* Number of devices of a kind (the CPU counts as 1; CUDA is 0 when the library
  * was built without CUDA or no GPU/driver is present). Never fails. */
-int ak_device_count(ak_device_kind kind);
-ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
+AK_API int ak_device_count(ak_device_kind kind);
+AK_API ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
 
 /* Threads the CPU backends run on: AK_NUM_THREADS if set and > 0, else
  * OpenMP's default (1 in a build without OpenMP). Read at each backend's
  * create(). */
-int ak_cpu_num_threads(void);
+AK_API int ak_cpu_num_threads(void);
 
 /* Opaque stream handle: a cudaStream_t for CUDA backends (NULL = legacy default
  * stream), ignored on the CPU. */
@@ -140,11 +159,11 @@ typedef struct ak_tensor {
 } ak_tensor;
 
 /* A contiguous row-major view with ndim = 1, 2, 3 or 4 dimensions. */
-ak_tensor ak_tensor_1d(void *data, ak_dtype dtype, int64_t d0);
-ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
-ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
-ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2,
-                       int64_t d3);
+AK_API ak_tensor ak_tensor_1d(void *data, ak_dtype dtype, int64_t d0);
+AK_API ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
+AK_API ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
+AK_API ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2,
+                              int64_t d3);
 
 /* ------------------------------------------------------------------------ */
 /* Attention configuration                                                  */
@@ -198,7 +217,7 @@ typedef struct ak_attn_config {
 /* Defaults: MHA 1/1 heads, head dim 128, f32 on the CPU, causal, full window,
  * no soft-cap, paged NHD cache with page size 16, any workload, no sinks, not
  * batch-invariant. */
-void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
+AK_API void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 
 /* Sizes fixed at create(): every static buffer of a backend is allocated from
  * these, and plan() rejects a batch above them (AK_ERR_LIMIT_EXCEEDED). */
@@ -214,7 +233,7 @@ typedef struct ak_limits {
 
 /* Defaults: 256 requests, 16384 tokens, 2048 blocks per request,
  * 65536 cache blocks, max_splits 0. */
-void ak_limits_init(ak_limits *lim /* OUT */);
+AK_API void ak_limits_init(ak_limits *lim /* OUT */);
 
 /* ------------------------------------------------------------------------ */
 /* Paged KV cache                                                           */
@@ -255,17 +274,18 @@ typedef struct ak_kv_cache_config {
 } ak_kv_cache_config;
 
 /* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU. */
-void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
+AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
 
 typedef struct ak_kv_cache ak_kv_cache;
 
 /* Allocates num_layers K and V pools of num_blocks blocks each. The memory is
  * not initialised. */
-ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out /* OUT */);
-void ak_kv_cache_destroy(ak_kv_cache *cache); /* accepts NULL */
+AK_API ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out /* OUT */);
+AK_API void ak_kv_cache_destroy(ak_kv_cache *cache); /* accepts NULL */
 
 /* The view of one layer's pools, for ak_kv_update and ak_backend_run. */
-ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer, ak_paged_kv *view /* OUT */);
+AK_API ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer,
+                                   ak_paged_kv *view /* OUT */);
 
 /* Block allocator, shared by all layers (a block id names the same block in
  * every layer's pool). Allocation is all-or-nothing: when fewer than n blocks
@@ -274,11 +294,12 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer, ak_paged_kv *vi
  * shared by several requests); ak_kv_cache_free drops one and returns the block
  * to the pool at zero. Freeing a block that is not allocated is an error and
  * changes nothing. */
-ak_status ak_kv_cache_alloc(ak_kv_cache *cache, int n, int32_t *block_ids /* OUT [n] */);
-ak_status ak_kv_cache_share(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
-ak_status ak_kv_cache_free(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
-int ak_kv_cache_num_free(const ak_kv_cache *cache);
-int ak_kv_cache_refcount(const ak_kv_cache *cache, int32_t block_id); /* -1 if out of range */
+AK_API ak_status ak_kv_cache_alloc(ak_kv_cache *cache, int n, int32_t *block_ids /* OUT [n] */);
+AK_API ak_status ak_kv_cache_share(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
+AK_API ak_status ak_kv_cache_free(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
+AK_API int ak_kv_cache_num_free(const ak_kv_cache *cache);
+/* -1 if block_id is out of range */
+AK_API int ak_kv_cache_refcount(const ak_kv_cache *cache, int32_t block_id);
 
 /* ------------------------------------------------------------------------ */
 /* Batch metadata                                                           */
@@ -300,7 +321,7 @@ typedef struct ak_batch {
     int block_table_stride;     /* paged: entries per block-table row */
 } ak_batch;
 
-void ak_batch_init(ak_batch *batch /* OUT */);
+AK_API void ak_batch_init(ak_batch *batch /* OUT */);
 
 /* Metadata derived from a batch, in the CSR form kernels use. Caller-owned
  * arrays sized by ak_batch_meta_sizes. */
@@ -317,16 +338,16 @@ typedef struct ak_batch_meta {
 
 /* How large the metadata arrays of a batch are. Validates the batch like
  * ak_batch_build_meta. */
-ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
-                              const ak_limits *lim, int *num_tokens /* OUT */,
-                              int *num_kv_indices /* OUT */);
+AK_API ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
+                                     const ak_limits *lim, int *num_tokens /* OUT */,
+                                     int *num_kv_indices /* OUT */);
 
 /* Validates the batch against cfg and lim (a NULL lim skips the limit checks)
  * and fills meta. On failure nothing is written and the message names the
  * field: a block id out of range, kv_len beyond the blocks given, q_len >
  * kv_len, a non-monotone qo_indptr, a batch above the limits. */
-ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
-                              const ak_limits *lim, ak_batch_meta *meta /* OUT */);
+AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
+                                     const ak_limits *lim, ak_batch_meta *meta /* OUT */);
 
 /* ------------------------------------------------------------------------ */
 /* KV-cache write                                                           */
@@ -340,8 +361,8 @@ ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */
-ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
-                       const int64_t *slot_mapping, int num_tokens, ak_stream stream);
+AK_API ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
+                              const int64_t *slot_mapping, int num_tokens, ak_stream stream);
 
 /* ------------------------------------------------------------------------ */
 /* Merging partial attention states                                         */
@@ -353,8 +374,8 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
  * -inf for an empty part). v_out: [num_tokens, num_heads, head_dim], s_out:
  * [num_tokens, num_heads] (f32, may be NULL). Any strides, so the state axis
  * may be outermost. CPU tensors only for now (dev = CPU). */
-ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
-                          ak_tensor *s_out, ak_device dev, ak_stream stream);
+AK_API ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
+                                 ak_tensor *s_out, ak_device dev, ak_stream stream);
 
 /* ------------------------------------------------------------------------ */
 /* Backends                                                                 */
@@ -369,7 +390,7 @@ typedef enum ak_graph_support {
     AK_GRAPH_ALWAYS = 3,        /* ... of any batch within the limits */
 } ak_graph_support;
 
-const char *ak_graph_support_name(ak_graph_support g);
+AK_API const char *ak_graph_support_name(ak_graph_support g);
 
 typedef struct ak_backend ak_backend;
 
@@ -390,7 +411,7 @@ typedef struct ak_run_args {
                                 own (a captured run reads the tensor given at capture). */
 } ak_run_args;
 
-void ak_run_args_init(ak_run_args *args /* OUT */);
+AK_API void ak_run_args_init(ak_run_args *args /* OUT */);
 
 /* Creates a backend for cfg with static buffers sized by lim.
  * name: a backend name ("cpu", "cpu_ref", "cuda_paged", "cuda_varlen", ...) or
@@ -400,9 +421,9 @@ void ak_run_args_init(ak_run_args *args /* OUT */);
  * that row whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
  * backend that cannot serve cfg (AK_ERR_UNSUPPORTED) is an error whose message
  * lists every backend with its reasons; a bad override is never ignored. */
-ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim, const char *name,
-                            ak_backend **out /* OUT */);
-void ak_backend_destroy(ak_backend *b); /* accepts NULL */
+AK_API ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim,
+                                   const char *name, ak_backend **out /* OUT */);
+AK_API void ak_backend_destroy(ak_backend *b); /* accepts NULL */
 
 /* Host side: validates the batch and fills the backend's static buffers
  * (CUDA: asynchronous copies on `stream` from pinned staging). Never reads
@@ -415,19 +436,19 @@ void ak_backend_destroy(ak_backend *b); /* accepts NULL */
  * device too (one stream): each plan's copies overwrite the previous plan's.
  * plan() keeps two staging buffers and waits on the device only when the
  * copy of the plan before the previous one has not yet run. */
-ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream);
+AK_API ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream);
 
 /* Device side: attention for one layer over the planned batch. Allocates
  * nothing and never synchronises; on CUDA it is capturable into a CUDA graph
  * (see ak_backend_graph_support). Checks tensors against cfg and the plan. */
-ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream);
+AK_API ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream);
 
-const char *ak_backend_name(const ak_backend *b);
-const ak_attn_config *ak_backend_config(const ak_backend *b);
+AK_API const char *ak_backend_name(const ak_backend *b);
+AK_API const ak_attn_config *ak_backend_config(const ak_backend *b);
 /* 1 if run() writes the step's K/V into the cache itself (then the engine must
  * not call ak_kv_update), 0 if the engine calls ak_kv_update first. */
-int ak_backend_forward_includes_kv_update(const ak_backend *b);
-ak_graph_support ak_backend_graph_support(const ak_backend *b);
+AK_API int ak_backend_forward_includes_kv_update(const ak_backend *b);
+AK_API ak_graph_support ak_backend_graph_support(const ak_backend *b);
 
 /* The slot mapping of the current plan in the backend's static buffer, on
  * cfg.device: [num_tokens] int64 (paged storage only: NULL for ragged K/V,
@@ -435,16 +456,16 @@ ak_graph_support ak_backend_graph_support(const ak_backend *b);
  * plan or after a failed one). Its address never
  * changes, so an ak_kv_update that reads it can be captured in the same
  * graph as run(). */
-const int64_t *ak_backend_slot_mapping(const ak_backend *b);
+AK_API const int64_t *ak_backend_slot_mapping(const ak_backend *b);
 /* Query tokens of the current plan (0 while no plan is in force). */
-int ak_backend_planned_tokens(const ak_backend *b);
+AK_API int ak_backend_planned_tokens(const ak_backend *b);
 
 /* ------------------------------------------------------------------------ */
 /* Registry and selector                                                    */
 /* ------------------------------------------------------------------------ */
 
-int ak_backend_count(void);
-const char *ak_backend_name_at(int i); /* NULL if i is out of range */
+AK_API int ak_backend_count(void);
+AK_API const char *ak_backend_name_at(int i); /* NULL if i is out of range */
 
 /* Writes, for cfg, every backend with "chosen", "available" or its reasons, and
  * which rule chose (the AK_BACKEND override, or the selector's rule-table row
@@ -452,7 +473,7 @@ const char *ak_backend_name_at(int i); /* NULL if i is out of range */
  * ak_backend_create(cfg, lim, NULL, ...) makes (failures inside the chosen
  * backend's create() itself, e.g. out of memory, are not included).
  * buf is always NUL-terminated (truncated if cap is too small). */
-ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
+AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 
 #ifdef __cplusplus
 }

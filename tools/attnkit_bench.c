@@ -178,6 +178,7 @@ static void usage(FILE *f)
         "  --layers N       layers of the cache to rotate through (default: enough to exceed 4x\n"
         "                   the L2 / LLC, as far as memory allows; up to 4096)\n"
         "  --seed N\n"
+        "  --version        print the library's version and exit\n"
         "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
         "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
         "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
@@ -247,7 +248,7 @@ static int parse_variants(const char *s, unsigned *set)
     return *set ? 0 : -1;
 }
 
-/* Returns 0, 1 for --help, -1 on a bad option. */
+/* Returns 0, 1 for --help, 2 for --version, -1 on a bad option. */
 static int parse_options(int argc, char **argv, options *o)
 {
     memset(o, 0, sizeof *o);
@@ -265,6 +266,7 @@ static int parse_options(int argc, char **argv, options *o)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int takes_value = 1;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--version")) return 2;
         if (!strcmp(a, "--workload")) {
             if (!v || bench_workload_parse(v, &o->workload)) {
                 fprintf(stderr, "attnkit-bench: --workload: decode, prefill, extend, mixed or verify\n");
@@ -1332,6 +1334,10 @@ int main(int argc, char **argv)
     bench_state st;
     memset(&st, 0, sizeof st);
     const int p = parse_options(argc, argv, &st.opt);
+    if (p == 2) {
+        printf("attnkit %s\n", ak_version_string());
+        return 0;
+    }
     if (p != 0) {
         usage(p > 0 ? stdout : stderr);
         return p > 0 ? 0 : 2;

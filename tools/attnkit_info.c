@@ -5,6 +5,7 @@
  *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
  *                [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
  *                [--window N] [--soft-cap C] [--non-causal] [--workload any|decode]
+ *   attnkit-info --version      the library's version
  * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
  * backend that cannot).
  */
@@ -28,8 +29,9 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]\n"
             "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
-            "          [--workload any|decode]\n",
-            argv0);
+            "          [--workload any|decode]\n"
+            "       %s --version\n",
+            argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -71,6 +73,9 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--ragged")) {
             cfg.kv_storage = AK_KV_RAGGED;
+        } else if (!strcmp(a, "--version")) {
+            printf("attnkit %s\n", ak_version_string());
+            return 0;
         } else if (!strcmp(a, "--non-causal")) {
             cfg.causal = 0;
         } else if (!strcmp(a, "--workload") && v) {

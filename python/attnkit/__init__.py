@@ -17,12 +17,17 @@ A paged cache is 4-D: [num_blocks, page_size, num_kv_heads, head_dim] (NHD)
 or [num_blocks, num_kv_heads, page_size, head_dim] (HND); the block stride
 may be anything (a slice of a combined K/V pool), the rest must be packed.
 
-The library is found through ATTNKIT_LIB, else <repo>/build/libattnkit.so,
-else the loader's search path. Every failure raises attnkit.Error (or a
-subclass) carrying ak_last_error()'s message.
+The library is found through ATTNKIT_LIB, else the copy installed inside
+this package (pip install .), else, in a source checkout, build/libattnkit.so,
+else the loader's search path; library_path says which. Every failure raises
+attnkit.Error (or a subclass) carrying ak_last_error()'s message.
+`python -m attnkit` prints what attnkit-info prints. With PyTorch,
+attnkit.torch registers kv_update and run as torch.library custom ops.
 """
 import ctypes
+import itertools
 import sys
+import weakref
 
 from . import _capi
 from ._errors import BackendNotFound, Error, InvalidArgument, LimitExceeded, Unsupported
@@ -33,11 +38,18 @@ from ._tensor import parse_device as _parse_device, device_str as _device_str
 
 __all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "LimitExceeded",
            "Limits", "Unsupported", "View", "backends", "device_count", "explain", "kv_update",
-           "library_path"]
+           "library_path", "version", "backend_from_handle"]
 
 _lib, library_path = _capi.load()
 _capi.declare(_lib)
 _capi.check_struct_sizes(_lib)
+
+__version__ = _lib.ak_version_string().decode()
+
+
+def version():
+    """The library's version as an int: major * 10000 + minor * 100 + patch."""
+    return _lib.ak_version()
 
 
 def _check(status):
@@ -329,14 +341,30 @@ def _slot_mapping_arg(obj, device):
 # Backend
 # ---------------------------------------------------------------------------
 
+# Every live Backend by its handle: what attnkit.torch's custom ops, which take
+# only tensors and scalars, are given instead of the object.
+_handles = itertools.count(1)
+_live_backends = weakref.WeakValueDictionary()
+
+
+def backend_from_handle(handle):
+    """The live Backend whose .handle is `handle`."""
+    b = _live_backends.get(handle)
+    if b is None:
+        raise Error(f"no live attnkit.Backend has handle {handle}")
+    return b
+
+
 class Backend:
     """One ak_backend: create from a Config and Limits (name: a backend, or
     None for AK_BACKEND / the selector), then plan() per step and run() per
     layer. close() (or the end of a with-block, or garbage collection) destroys
-    it."""
+    it. .handle is an integer that names it (backend_from_handle) while it
+    lives."""
 
     def __init__(self, config, limits=None, name=None):
         self._h = None
+        self.handle = next(_handles)
         limits = limits if limits is not None else Limits()
         c, lc = config.to_c(), limits.to_c()
         h = ctypes.c_void_p()
@@ -348,6 +376,7 @@ class Backend:
         self._device = (c.device.kind, c.device.index)
         self._layout = c.kv_layout
         self._paged = c.kv_storage == _capi.AK_KV_PAGED
+        _live_backends[self.handle] = self
 
     # -- properties -------------------------------------------------------
 
@@ -478,6 +507,7 @@ class Backend:
 
     def close(self):
         if self._h:
+            _live_backends.pop(self.handle, None)
             _lib.ak_backend_destroy(self._h)
             self._h = None
 

@@ -19,12 +19,19 @@ LIB_NAME = "libattnkit.so"
 
 
 def _candidates():
-    """Where libattnkit.so is looked for, in order."""
+    """Where libattnkit.so is looked for, in order: ATTNKIT_LIB (alone when
+    set); the copy installed in this package (pip install .); in a source
+    checkout (PYTHONPATH=python), the build folder of `make build`; the
+    loader's search path."""
     env = os.environ.get("ATTNKIT_LIB")
     if env:
         return [env]  # an explicit path is never silently replaced
-    repo = pathlib.Path(__file__).resolve().parent.parent.parent  # python/attnkit -> repo
-    return [str(repo / "build" / LIB_NAME), LIB_NAME]  # the last: the loader's path
+    here = pathlib.Path(__file__).resolve().parent
+    found = [str(here / LIB_NAME)]
+    repo = here.parent.parent  # python/attnkit -> the repository, in a checkout
+    if (repo / "include" / "attnkit.h").is_file():
+        found.append(str(repo / "build" / LIB_NAME))
+    return found + [LIB_NAME]
 
 
 def load():
@@ -38,7 +45,8 @@ def load():
         except OSError as e:
             tried.append(f"{path} ({e})")
     raise ImportError("attnkit: cannot load " + LIB_NAME + "; tried " + "; ".join(tried) +
-                      ". Build it (make build) or set ATTNKIT_LIB to its path.")
+                      ". Install the package (pip install . in the repository), build the "
+                      "library (make build) or set ATTNKIT_LIB to its path.")
 
 
 # ---------------------------------------------------------------------------
@@ -198,6 +206,11 @@ def _proto(lib, name, restype, *argtypes):
 def declare(lib):
     P = ctypes.POINTER
     status = c_int
+    if not hasattr(lib, "ak_version_string"):
+        raise ImportError("attnkit: the library has no ak_version_string(): it is older than "
+                          "this binding (0.2.0); rebuild it or point ATTNKIT_LIB at a newer one")
+    _proto(lib, "ak_version", c_int)
+    _proto(lib, "ak_version_string", ctypes.c_char_p)
     _proto(lib, "ak_status_str", ctypes.c_char_p, status)
     _proto(lib, "ak_last_error", ctypes.c_char_p)
     _proto(lib, "ak_dtype_name", ctypes.c_char_p, c_int)

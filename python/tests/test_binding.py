@@ -6,20 +6,21 @@ message naming the field, the output left untouched). Torch tests run only
 when torch imports; CUDA tests only when torch sees a GPU and the library has
 cuda_paged.
 
-    ATTNKIT_LIB=build/libattnkit.so PYTHONPATH=python python3 -m unittest -v test_binding
-    (from python/tests; ctest runs it as python_binding)
+It tests the attnkit that `import attnkit` finds: the installed package
+(pip install .), or the source tree's, from the repository root after `make
+build`:
+    PYTHONPATH=python python3 -m unittest discover -v -s python/tests
+    python3 -m pytest python/tests    (conftest.py falls back to python/)
+ctest runs every module here as python_binding.
 """
 import array
 import ctypes
 import math
-import os
 import random
-import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import attnkit  # noqa: E402
-from attnkit import _capi  # noqa: E402
+import attnkit
+from attnkit import _capi
 
 try:
     import torch

@@ -1,0 +1,158 @@
+"""
+python -m attnkit - what attnkit-info prints, through the binding: the
+devices found, and for one config the selector's rule that fired (with the
+evidence it cites) and every backend with "chosen", "available" or its
+reasons (ak_explain). The same options and output as tools/attnkit_info.c:
+
+    python -m attnkit [--heads QO/KV] [--head-dim D | --head-dim QK/VO]
+                      [--dtype f32|f16|bf16] [--device cpu|cuda] [--page-size N]
+                      [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C]
+                      [--non-causal] [--workload any|decode]
+    python -m attnkit --version
+
+Exits 1 when no backend can serve the config, 2 on bad usage.
+"""
+import ctypes
+import re
+import sys
+
+from . import _capi, _lib
+
+EXPLAIN_CAP = 16384  # attnkit-info's buffer
+USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]
+          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]
+          [--workload any|decode]
+       {0} --version
+"""
+DTYPES = {"f32": _capi.AK_F32, "f16": _capi.AK_F16, "bf16": _capi.AK_BF16}
+
+
+class _Usage(Exception):
+    pass
+
+
+# C's conversions, so that the options read as attnkit-info reads them
+def _ints(s, most):
+    """sscanf(s, "%d/%d"): the leading integers separated by '/', at most `most`."""
+    m = re.match(r"\s*([+-]?\d+)(?:/\s*([+-]?\d+))?", s)
+    if not m:
+        return []
+    return [int(g) for g in m.groups()[:most] if g is not None]
+
+
+def _atoi(s):
+    m = re.match(r"\s*([+-]?\d+)", s)
+    return int(m.group(1)) if m else 0
+
+
+def _atof(s):
+    m = re.match(r"\s*([+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)", s)
+    return float(m.group(1)) if m else 0.0
+
+
+def _parse(argv, cfg):
+    """Fills cfg from the options; returns (device_given, version_asked)."""
+    device_given = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        v = argv[i + 1] if i + 1 < len(argv) else None
+        takes_value = True
+        if a == "--heads" and v is not None:
+            heads = _ints(v, 2)
+            if len(heads) != 2:
+                raise _Usage()
+            cfg.num_qo_heads, cfg.num_kv_heads = heads
+        elif a == "--head-dim" and v is not None:
+            dims = _ints(v, 2)
+            if not dims:
+                raise _Usage()
+            cfg.head_dim_qk = dims[0]
+            cfg.head_dim_vo = dims[-1]
+        elif a == "--dtype" and v is not None:
+            if v not in DTYPES:
+                raise _Usage()
+            cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = DTYPES[v]
+        elif a == "--device" and v is not None:
+            cfg.device.kind = _capi.AK_DEVICE_CUDA if v == "cuda" else _capi.AK_DEVICE_CPU
+            device_given = True
+        elif a == "--page-size" and v is not None:
+            cfg.page_size = _atoi(v)
+        elif a == "--layout" and v is not None:
+            cfg.kv_layout = _capi.AK_LAYOUT_HND if v == "hnd" else _capi.AK_LAYOUT_NHD
+        elif a == "--window" and v is not None:
+            cfg.window_left = _atoi(v)
+        elif a == "--soft-cap" and v is not None:
+            cfg.logits_soft_cap = _atof(v)
+        elif a == "--workload" and v is not None:
+            if v not in ("any", "decode"):
+                raise _Usage()
+            cfg.workload = _capi.AK_WORKLOAD_DECODE if v == "decode" else _capi.AK_WORKLOAD_ANY
+        else:
+            takes_value = False
+            if a == "--ragged":
+                cfg.kv_storage = _capi.AK_KV_RAGGED
+            elif a == "--version":
+                return device_given, True
+            elif a == "--non-causal":
+                cfg.causal = 0
+            else:
+                raise _Usage()
+        i += 2 if takes_value else 1
+    return device_given, False
+
+
+def _print_devices():
+    print("devices:")
+    for kind, label in ((_capi.AK_DEVICE_CPU, "cpu"), (_capi.AK_DEVICE_CUDA, "cuda")):
+        n = _lib.ak_device_count(kind)
+        if n == 0:
+            print(f"  {label}: none")
+        for i in range(n):
+            info = _capi.ak_device_info()
+            dev = _capi.ak_device(kind, i)
+            if _lib.ak_device_get_info(dev, ctypes.byref(info)) != _capi.AK_OK:
+                continue
+            name = info.name.decode(errors="replace")
+            if kind == _capi.AK_DEVICE_CPU:
+                print(f"  cpu:0  {name}, {info.num_sms} logical cores, AVX2+FMA+F16C "
+                      f"{'yes' if info.cpu_has_avx2_fma_f16c else 'no'}")
+            else:
+                print(f"  cuda:{i} {name}, sm_{info.cc_major}{info.cc_minor}, {info.num_sms} SMs, "
+                      f"{info.memory_bytes / 1073741824.0:.1f} GiB, "
+                      f"L2 {info.l2_bytes / 1048576.0:.0f} MiB")
+
+
+def main(argv=None, prog="python -m attnkit"):
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = _capi.ak_attn_config()
+    _lib.ak_attn_config_init(ctypes.byref(cfg))
+    cfg.num_qo_heads, cfg.num_kv_heads = 32, 8
+    try:
+        device_given, version_asked = _parse(argv, cfg)
+    except _Usage:
+        sys.stderr.write(USAGE.format(prog))
+        return 2
+    if version_asked:
+        print("attnkit " + _lib.ak_version_string().decode())
+        return 0
+
+    _print_devices()
+    # default device: the GPU where one is found
+    if not device_given and _lib.ak_device_count(_capi.AK_DEVICE_CUDA) > 0:
+        cfg.device.kind = _capi.AK_DEVICE_CUDA
+        if cfg.q_dtype == _capi.AK_F32:
+            cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = _capi.AK_BF16
+    buf = ctypes.create_string_buffer(EXPLAIN_CAP)
+    status = _lib.ak_explain(ctypes.byref(cfg), buf, EXPLAIN_CAP)
+    sys.stdout.write("\n" + buf.value.decode(errors="replace"))
+    sys.stdout.flush()
+    if status != _capi.AK_OK:
+        sys.stderr.write(f"\n{prog}: {_lib.ak_status_str(status).decode()}: "
+                         f"{(_lib.ak_last_error() or b'').decode(errors='replace')}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
