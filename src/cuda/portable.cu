@@ -1,22 +1,25 @@
 /*
  * portable.cu - attention for any head dims up to AK_PORTABLE_MAX_DIM, on
  * CUDA cores: the kernel that serves every (head_dim_qk, head_dim_vo) pair
- * the tensor-core kernels are not compiled for, over the same work lists
- * (decode items or prefill items), with the same masks, outputs, split-KV
- * partial states and sinks. Slower than the tensor-core kernels for prefill;
- * for decode, which is memory-bound, it streams K/V at a similar rate.
+ * the tensor-core kernels are not compiled for (512 among them), over the
+ * same work lists (decode items or prefill items), with the same masks,
+ * outputs, split-KV partial states and sinks as the others.
  *
  * A thread block serves one KV head and row tile (grid.y) and loops over the
  * plan's items (grid.x). An item has at most ROWS query rows: the heads of
  * the row tile for a decode item, (token, head) pairs for a prefill item.
- * Each of the 4 warps owns 2 rows. K/V stream through shared memory in tiles
- * of KEYS keys, double-buffered (cp.async of 16 bytes when both head dims
- * are multiples of 8, element copies otherwise). Per tile and row, lane
- * (key, half) computes half of a key's dot product from 16-byte reads of its
- * K row (rows padded by 16 bytes, so the 8 lanes of a read phase hit 8
- * different bank groups) and q (f32, broadcast); the online softmax runs
- * over the 16 keys with warp shuffles; for P.V lane l owns output dims l,
- * l + 32, ... and reads V rows element by element.
+ * K/V stream through shared memory in tiles of KEYS keys, double-buffered
+ * (cp.async of 16 bytes when both head dims are multiples of 8, element
+ * copies otherwise). The four warps split the head dims, not the rows, so
+ * that all of them work on a decode's single row as on a prefill tile:
+ *   q.k   warp w owns the 8-element chunks w, w + 4, ... of every K row;
+ *         lane (key, half) sums every other one of them for every row, from
+ *         16-byte reads of its K row (rows padded by 16 bytes, so the 8
+ *         lanes of a read phase hit 8 different bank groups) and of q (f32,
+ *         broadcast); the four warps' partial sums meet in shared memory;
+ *   softmax every warp runs the same online softmax on the summed logits of
+ *         every row (the same numbers in the same order: no exchange needed);
+ *   p.v   warp w's lane l owns the output dims d with d % 128 = 32 w + l.
  */
 #include "attn.cuh"
 
@@ -24,13 +27,13 @@
 
 #define PT_THREADS 128
 #define PT_WARPS 4
-#define PT_ROWS_PER_WARP 2
-#define PT_ROWS (PT_WARPS * PT_ROWS_PER_WARP) /* query rows of an item */
-#define PT_KEYS 16                             /* keys per K/V tile */
-#define PT_ODIMS (AK_PORTABLE_MAX_DIM / 32)   /* output dims a lane owns at most */
+#define PT_ROWS 8   /* query rows of an item */
+#define PT_KEYS 16  /* keys per K/V tile */
+#define PT_ODIMS ((AK_PORTABLE_MAX_DIM + 127) / 128) /* output dims a lane owns at most */
 
-/* The shared-memory layout, from the head dims: q rows as f32, then two K/V
- * stages. Row lengths in elements, multiples of 8 (16-byte chunks). */
+/* The shared-memory layout, from the head dims: q rows as f32, the warps'
+ * partial logits, then two K/V stages. Row lengths in elements, multiples
+ * of 8 (16-byte chunks). */
 struct pt_layout {
     int qs;   /* q row: dqk rounded up to 8 */
     int ks;   /* K row: qs + 8 (the padding spreads the lanes' reads over the banks) */
@@ -44,7 +47,7 @@ static __host__ __device__ __forceinline__ pt_layout pt_layout_of(int dqk, int d
     l.qs = (dqk + 7) / 8 * 8;
     l.ks = l.qs + 8;
     l.vs = (dvo + 7) / 8 * 8;
-    l.bytes = PT_ROWS * l.qs * 4 + 2 * PT_KEYS * (l.ks + l.vs) * 2;
+    l.bytes = PT_ROWS * l.qs * 4 + PT_WARPS * PT_ROWS * PT_KEYS * 4 + 2 * PT_KEYS * (l.ks + l.vs) * 2;
     return l;
 }
 
@@ -94,8 +97,9 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     extern __shared__ float4 smem4[];
     const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
     const pt_layout l = pt_layout_of(dqk, dvo);
-    float *qs = (float *)smem4;
-    T *kst = (T *)(qs + PT_ROWS * l.qs);
+    float *qs = (float *)smem4;                   /* [ROWS][qs] */
+    float *part = qs + PT_ROWS * l.qs;            /* [WARPS][ROWS][KEYS] partial logits */
+    T *kst = (T *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
     T *vst = kst + 2 * PT_KEYS * l.ks;
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;"); /* the kernel after may start launching */
@@ -107,6 +111,8 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     const int head0 = kv_head * p.group + row_tile * hb;
     const int heads = min(hb, p.group - row_tile * hb);
     const int num_items = p.counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
+    const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
+    const int qc = l.qs / 8; /* 8-element chunks of a q / K row */
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -123,6 +129,7 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             tok0 = it.tok0, ntok = it.ntok, pos0 = it.pos0, page_base = it.page_base;
             kv_begin = it.kv_begin, kv_end = it.kv_end, out = it.out, lo_all = 0;
         }
+        const int rows = min(PT_ROWS, ntok * hb); /* rows past the item's are skipped (warp-uniform) */
         __syncthreads(); /* every warp is done with the previous item's shared memory */
 
         /* q rows as f32, zero past dqk and in rows past the item's */
@@ -137,38 +144,36 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
         }
 
         const int n_tiles = (kv_end - kv_begin + PT_KEYS - 1) / PT_KEYS;
-        if (n_tiles > 0)
-            pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin, kv_end, kst, vst);
+        if (n_tiles > 0) pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin, kv_end, kst, vst);
         cp_async_commit();
 
-        float m[PT_ROWS_PER_WARP], d[PT_ROWS_PER_WARP], o[PT_ROWS_PER_WARP][PT_ODIMS];
+        float m[PT_ROWS], d[PT_ROWS], o[PT_ROWS][PT_ODIMS];
 #pragma unroll
-        for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
+        for (int r = 0; r < PT_ROWS; r++) {
             m[r] = -INFINITY;
             d[r] = 0.0f;
 #pragma unroll
             for (int i = 0; i < PT_ODIMS; i++) o[r][i] = 0.0f;
         }
-        const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
 
         for (int t = 0; t < n_tiles; t++) {
             cp_async_wait<0>();
-            __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
+            __syncthreads(); /* tile t landed; every warp is done with tile t - 1 and its partials */
             if (t + 1 < n_tiles)
                 pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin + (t + 1) * PT_KEYS, kv_end,
                                      kst + ((t + 1) % 2) * PT_KEYS * l.ks, vst + ((t + 1) % 2) * PT_KEYS * l.vs);
             cp_async_commit();
             const T *ks = kst + (t % 2) * PT_KEYS * l.ks, *vs = vst + (t % 2) * PT_KEYS * l.vs;
             const int t0 = kv_begin + t * PT_KEYS, key = t0 + key_l;
+
+            /* q.k: this warp's chunks, every row, lane (key, half) */
+            const T *krow = ks + key_l * l.ks;
 #pragma unroll
-            for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
-                const int row = warp * PT_ROWS_PER_WARP + r, i = row / hb, g = row - i * hb;
-                if (i >= ntok || g >= heads) continue; /* warp-uniform */
-                /* s = q . k: lane (key, half) takes every other 8-element chunk */
-                const float *q = qs + row * l.qs;
-                const T *krow = ks + key_l * l.ks;
+            for (int r = 0; r < PT_ROWS; r++) {
+                if (r >= rows) break;
+                const float *q = qs + r * l.qs;
                 float dot = 0.0f;
-                for (int c = half; c < l.qs / 8; c += 2) {
+                for (int c = warp + PT_WARPS * half; c < qc; c += 2 * PT_WARPS) {
                     const uint4 raw = *(const uint4 *)(krow + c * 8);
                     const uint32_t wds[4] = {raw.x, raw.y, raw.z, raw.w};
                     const float4 qa = *(const float4 *)(q + c * 8), qb = *(const float4 *)(q + c * 8 + 4);
@@ -180,6 +185,18 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                     }
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, PT_KEYS);
+                if (half == 0) part[(warp * PT_ROWS + r) * PT_KEYS + key_l] = dot;
+            }
+            __syncthreads(); /* every warp's partial logits are in */
+
+            /* online softmax, the same in every warp; p.v over this warp's dims */
+#pragma unroll
+            for (int r = 0; r < PT_ROWS; r++) {
+                if (r >= rows) break;
+                const int i = r / hb;
+                float dot = 0.0f;
+#pragma unroll
+                for (int w2 = 0; w2 < PT_WARPS; w2++) dot += part[(w2 * PT_ROWS + r) * PT_KEYS + key_l];
                 /* masks: the chunk, the window, causality (visible.h) */
                 int lo = max(kv_begin, lo_all), hi = kv_end - 1;
                 if (!DECODE) {
@@ -187,7 +204,6 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                     hi = ak_visible_hi(pos0 + i, kv_end, p.causal);
                 }
                 const float x = key >= lo && key <= hi ? to_logit2(p, dot) : -INFINITY;
-                /* online softmax over the tile's 16 keys (each twice in the warp) */
                 float tmax = x;
 #pragma unroll
                 for (int s = 1; s < PT_KEYS; s *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, s));
@@ -199,15 +215,15 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                 for (int s = 1; s < PT_KEYS; s *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, s);
                 m[r] = m_new;
                 d[r] = d[r] * f + psum;
-                /* o += p . v: lane owns dims lane + 32 i; p of key j from lane j */
 #pragma unroll
                 for (int i2 = 0; i2 < PT_ODIMS; i2++) o[r][i2] *= f;
+#pragma unroll 4
                 for (int j = 0; j < PT_KEYS; j++) {
                     const float pj = __shfl_sync(0xffffffffu, pk, j);
                     const T *vrow = vs + j * l.vs;
 #pragma unroll
                     for (int i2 = 0; i2 < PT_ODIMS; i2++) {
-                        const int dim = lane + 32 * i2;
+                        const int dim = 128 * i2 + 32 * warp + lane;
                         if (dim < dvo) o[r][i2] = fmaf(pj, dtype_traits<T>::to_float(vrow[dim]), o[r][i2]);
                     }
                 }
@@ -215,27 +231,31 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
         }
         cp_async_wait<0>();
 
-        /* epilogue: each row's o and lse, or its partial state */
+        /* epilogue: each row's o and lse (warp 0 lane 0), or its partial state */
 #pragma unroll
-        for (int r = 0; r < PT_ROWS_PER_WARP; r++) {
-            const int row = warp * PT_ROWS_PER_WARP + r, i = row / hb, g = row - i * hb;
-            if (i >= ntok || g >= heads) continue;
+        for (int r = 0; r < PT_ROWS; r++) {
+            const int i = r / hb, g = r - i * hb;
+            if (r >= rows || g >= heads) continue;
             const int head = head0 + g;
             float inv, lse;
             finish_row(p, head, out >= 0, m[r], d[r], inv, lse);
             if (out < 0) {
                 T *dst = (T *)p.o + (tok0 + i) * p.o_stride_tok + head * p.o_stride_head;
 #pragma unroll
-                for (int i2 = 0; i2 < PT_ODIMS; i2++)
-                    if (lane + 32 * i2 < dvo) dst[lane + 32 * i2] = dtype_traits<T>::from_float(o[r][i2] * inv);
-                if (p.lse && lane == 0) p.lse[(tok0 + i) * p.lse_stride_tok + head] = lse;
+                for (int i2 = 0; i2 < PT_ODIMS; i2++) {
+                    const int dim = 128 * i2 + 32 * warp + lane;
+                    if (dim < dvo) dst[dim] = dtype_traits<T>::from_float(o[r][i2] * inv);
+                }
+                if (p.lse && threadIdx.x == 0) p.lse[(tok0 + i) * p.lse_stride_tok + head] = lse;
             } else {
                 const int64_t slot = (int64_t)(out + i) * p.num_qo_heads + head;
                 float *dst = p.o_tmp + slot * dvo;
 #pragma unroll
-                for (int i2 = 0; i2 < PT_ODIMS; i2++)
-                    if (lane + 32 * i2 < dvo) dst[lane + 32 * i2] = o[r][i2] * inv;
-                if (lane == 0) p.lse_tmp[slot] = lse;
+                for (int i2 = 0; i2 < PT_ODIMS; i2++) {
+                    const int dim = 128 * i2 + 32 * warp + lane;
+                    if (dim < dvo) dst[dim] = o[r][i2] * inv;
+                }
+                if (threadIdx.x == 0) p.lse_tmp[slot] = lse;
             }
         }
     }
