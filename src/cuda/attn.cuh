@@ -153,77 +153,41 @@ __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
  * offset (head, chunk) is hoisted by the caller into kv_lane, rows past the
  * end are clamped, not branched, and with equal head dims K and V share one
  * offset (their strides are equal). */
-/* Block and slot of key `key` of a request (the loader's address arithmetic). */
-template <int ADDR>
-__device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_base, int key, int &slot)
-{
-    int page;
-    if (p.page_shift >= 0) {
-        page = key >> p.page_shift;
-        slot = key & ((1 << p.page_shift) - 1);
-    } else {
-        page = key / p.page_size;
-        slot = key - page * p.page_size;
-    }
-    /* ragged runs with page_shift 0: page = key, slot 0 */
-    const int idx = page_base + page;
-    /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
-     * at 236 registers, spilled with the select); -1: p.ragged */
-    const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
-    return ragged ? idx : __ldg(p.kv_indices + idx);
-}
-
-/* Element offset of chunk c of row `row` in a tile of TILE rows of DP: rows
- * of DP elements (swz), or the wgmma layout of 64-element column blocks
- * (sw128 in wgmma.cuh, written out here). */
-template <int DP, int TILE, bool SW128> __device__ __forceinline__ int kv_tile_at(int row, int c)
-{
-    return SW128 ? (c >> 3) * (TILE * 64) + row * 64 + (((c & 7) ^ (row & 7)) << 3) : swz<DP>(row, c);
-}
-
 template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, kv_lane lane, int t0, int kv_end,
                                              T *ks, T *vs)
 {
     constexpr int CHUNKS = DP / 8;
     static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
-    if (DQK != DP || DVO != DP) {
-        /* rows narrower than DP (head dims 80, 96, 112, 192, unequal pairs):
-         * the threads stride over the real chunks only, K's then V's, so
-         * none idles over padding (d80 over a DP = 128 row mapping issued
-         * 16 chunk slots for 10 chunks) */
-        constexpr int KC = DQK / 8, VC = DVO / 8;
-        const int c0 = threadIdx.x % CHUNKS;
-        const int64_t k_head = lane.k - c0 * 8, v_head = lane.v - c0 * 8;
-#pragma unroll 4
-        for (int u = threadIdx.x; u < TILE * (KC + VC); u += THREADS) {
-            const bool is_v = u >= TILE * KC;
-            const int w = is_v ? u - TILE * KC : u;
-            const int row = is_v ? w / VC : w / KC, c = is_v ? w - row * VC : w - row * KC;
-            int slot;
-            const int64_t block = kv_block_of<ADDR>(p, page_base, min(t0 + row, kv_end - 1), slot);
-            const T *src = is_v ? (const T *)p.v_pool + block * p.v_block_stride + v_head +
-                                      (int64_t)slot * p.v_stride_slot + c * 8
-                                : (const T *)p.k_pool + block * p.k_block_stride + k_head +
-                                      (int64_t)slot * p.k_stride_slot + c * 8;
-            cp_async_16((is_v ? vs : ks) + kv_tile_at<DP, TILE, SW128>(row, c), src, t0 + row < kv_end ? 16 : 0);
-        }
-        return;
-    }
     const int chunk = threadIdx.x % CHUNKS;
     const int row0 = threadIdx.x / CHUNKS;
 #pragma unroll
     for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
         const int row = row0 + i * (THREADS / CHUNKS);
-        int slot;
-        const int64_t block = kv_block_of<ADDR>(p, page_base, min(t0 + row, kv_end - 1), slot);
-        /* equal head dims: K and V share one offset (their strides are equal) */
+        const int key = min(t0 + row, kv_end - 1);
+        int page, slot;
+        if (p.page_shift >= 0) {
+            page = key >> p.page_shift;
+            slot = key & ((1 << p.page_shift) - 1);
+        } else {
+            page = key / p.page_size;
+            slot = key - page * p.page_size;
+        }
+        /* ragged runs with page_shift 0: page = key, slot 0 */
+        const int idx = page_base + page;
+        /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
+         * at 236 registers, spilled with the select); -1: p.ragged */
+        const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
+        const int64_t block = ragged ? idx : __ldg(p.kv_indices + idx);
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
-        const int64_t v_off = k_off - lane.k + lane.v;
+        const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
-        const int at = kv_tile_at<DP, TILE, SW128>(row, chunk);
-        cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
-        cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+        /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
+         * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
+        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
+                             : swz<DP>(row, chunk);
+        if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
 }
 
