@@ -31,8 +31,8 @@
 #define PT_KEYS 16  /* keys per K/V tile */
 #define PT_ODIMS ((AK_PORTABLE_MAX_DIM + 127) / 128) /* output dims a lane owns at most */
 
-/* The shared-memory layout, from the head dims: q rows as f32, the warps'
- * partial logits, then two K/V stages. Row lengths in elements, multiples
+/* The shared-memory layout, from the head dims: the K/V row offsets of two
+ * tiles, q rows as f32, the warps' partial logits, then two K/V stages. Row lengths in elements, multiples
  * of 8 (16-byte chunks). */
 struct pt_layout {
     int qs;   /* q row: dqk rounded up to 8 */
@@ -47,39 +47,50 @@ static __host__ __device__ __forceinline__ pt_layout pt_layout_of(int dqk, int d
     l.qs = (dqk + 7) / 8 * 8;
     l.ks = l.qs + 8;
     l.vs = (dvo + 7) / 8 * 8;
-    l.bytes = PT_ROWS * l.qs * 4 + PT_WARPS * PT_ROWS * PT_KEYS * 4 + 2 * PT_KEYS * (l.ks + l.vs) * 2;
+    l.bytes = 2 * 2 * PT_KEYS * 8 + PT_ROWS * l.qs * 4 + PT_WARPS * PT_ROWS * PT_KEYS * 4 +
+              2 * PT_KEYS * (l.ks + l.vs) * 2;
     return l;
 }
 
-/* One tile of keys [t0, t0 + KEYS) of K and V into a stage; keys at or past
- * kv_end are zero (and masked). VEC: 16-byte cp.async (dims multiples of 8),
- * else element loads, with K's padding columns up to qs zeroed (the dot
- * product reads whole chunks). */
+/* The element offsets of the K and V rows of keys [t0, t0 + KEYS) of KV
+ * head kv_head, into off[0, KEYS) and off[KEYS, 2 KEYS): one block-id load
+ * per key, by the first KEYS threads side by side. (With every thread
+ * looking up the block of each 16 bytes it copies, one dependent load at a
+ * time, a d512 decode moved a quarter of the copy bandwidth.) */
+__device__ __forceinline__ void pt_rows(const attn_params &p, int kv_head, int page_base, int t0, int kv_end,
+                                        int64_t *off)
+{
+    if (threadIdx.x >= PT_KEYS) return;
+    const int key = min(t0 + (int)threadIdx.x, kv_end - 1);
+    int page, slot;
+    if (p.page_shift >= 0) {
+        page = key >> p.page_shift;
+        slot = key & ((1 << p.page_shift) - 1);
+    } else {
+        page = key / p.page_size;
+        slot = key - page * p.page_size;
+    }
+    const int64_t block = p.ragged ? (int64_t)page_base + page : __ldg(p.kv_indices + page_base + page);
+    off[threadIdx.x] = block * p.k_block_stride + slot * p.k_stride_slot + kv_head * p.k_stride_head;
+    off[PT_KEYS + threadIdx.x] = block * p.v_block_stride + slot * p.v_stride_slot + kv_head * p.v_stride_head;
+}
+
+/* One tile of keys [t0, t0 + KEYS) of K and V into a stage, at the row
+ * offsets pt_rows wrote; keys at or past kv_end are zero (and masked). VEC:
+ * 16-byte cp.async (dims multiples of 8), else element loads, with K's
+ * padding columns up to qs zeroed (the dot product reads whole chunks). */
 template <typename T, bool VEC>
-__device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layout &l, int kv_head, int page_base,
-                                             int t0, int kv_end, T *ks, T *vs)
+__device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layout &l, const int64_t *off, int t0,
+                                             int kv_end, T *ks, T *vs)
 {
     const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
     const int kc = VEC ? dqk / 8 : l.qs, vc = VEC ? dvo / 8 : dvo; /* units a row: chunks or elements */
-    for (int idx = threadIdx.x; idx < PT_KEYS * (kc + vc); idx += PT_THREADS) {
-        const bool is_v = idx >= PT_KEYS * kc;
-        const int u = is_v ? idx - PT_KEYS * kc : idx;
+    for (int u = threadIdx.x; u < PT_KEYS * (kc + vc); u += PT_THREADS) {
+        const bool is_v = u >= PT_KEYS * kc;
+        const int w = is_v ? u - PT_KEYS * kc : u;
         const int per_row = is_v ? vc : kc;
-        const int row = u / per_row, c = u - row * per_row;
-        const int key = min(t0 + row, kv_end - 1);
-        int page, slot;
-        if (p.page_shift >= 0) {
-            page = key >> p.page_shift;
-            slot = key & ((1 << p.page_shift) - 1);
-        } else {
-            page = key / p.page_size;
-            slot = key - page * p.page_size;
-        }
-        const int64_t block = p.ragged ? (int64_t)page_base + page : __ldg(p.kv_indices + page_base + page);
-        const T *src = is_v ? (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot +
-                                  kv_head * p.v_stride_head
-                            : (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot +
-                                  kv_head * p.k_stride_head;
+        const int row = w / per_row, c = w - row * per_row;
+        const T *src = (const T *)(is_v ? p.v_pool : p.k_pool) + off[(is_v ? PT_KEYS : 0) + row];
         T *dst = is_v ? vs + row * l.vs : ks + row * l.ks;
         const bool live = t0 + row < kv_end;
         if (VEC) {
@@ -97,7 +108,8 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     extern __shared__ float4 smem4[];
     const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
     const pt_layout l = pt_layout_of(dqk, dvo);
-    float *qs = (float *)smem4;                   /* [ROWS][qs] */
+    int64_t *rowoff = (int64_t *)smem4;           /* [2][2 KEYS] K/V row offsets of tiles t % 2 */
+    float *qs = (float *)(rowoff + 2 * 2 * PT_KEYS); /* [ROWS][qs] */
     float *part = qs + PT_ROWS * l.qs;            /* [WARPS][ROWS][KEYS] partial logits */
     T *kst = (T *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
     T *vst = kst + 2 * PT_KEYS * l.ks;
@@ -143,8 +155,13 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             qs[idx] = x;
         }
 
+        /* row offsets of tiles 0 and 1 (each later tile's are written two
+         * tiles ahead, once the loop's barrier says the slot is free) */
         const int n_tiles = (kv_end - kv_begin + PT_KEYS - 1) / PT_KEYS;
-        if (n_tiles > 0) pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin, kv_end, kst, vst);
+        for (int t = 0; t < 2 && t < n_tiles; t++)
+            pt_rows(p, kv_head, page_base, kv_begin + t * PT_KEYS, kv_end, rowoff + t * 2 * PT_KEYS);
+        __syncthreads();
+        if (n_tiles > 0) pt_load_tile<T, VEC>(p, l, rowoff, kv_begin, kv_end, kst, vst);
         cp_async_commit();
 
         float m[PT_ROWS], d[PT_ROWS], o[PT_ROWS][PT_ODIMS];
@@ -160,8 +177,9 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             cp_async_wait<0>();
             __syncthreads(); /* tile t landed; every warp is done with tile t - 1 and its partials */
             if (t + 1 < n_tiles)
-                pt_load_tile<T, VEC>(p, l, kv_head, page_base, kv_begin + (t + 1) * PT_KEYS, kv_end,
-                                     kst + ((t + 1) % 2) * PT_KEYS * l.ks, vst + ((t + 1) % 2) * PT_KEYS * l.vs);
+                pt_load_tile<T, VEC>(p, l, rowoff + ((t + 1) % 2) * 2 * PT_KEYS, kv_begin + (t + 1) * PT_KEYS,
+                                     kv_end, kst + ((t + 1) % 2) * PT_KEYS * l.ks,
+                                     vst + ((t + 1) % 2) * PT_KEYS * l.vs);
             cp_async_commit();
             const T *ks = kst + (t % 2) * PT_KEYS * l.ks, *vs = vst + (t % 2) * PT_KEYS * l.vs;
             const int t0 = kv_begin + t * PT_KEYS, key = t0 + key_l;
@@ -228,6 +246,10 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                     }
                 }
             }
+            /* tile t + 2's row offsets into the slot tile t's copies used
+             * (every thread passed this tile's first barrier after them) */
+            if (t + 2 < n_tiles)
+                pt_rows(p, kv_head, page_base, kv_begin + (t + 2) * PT_KEYS, kv_end, rowoff + (t % 2) * 2 * PT_KEYS);
         }
         cp_async_wait<0>();
 
