@@ -111,30 +111,6 @@ template <int DQK, int DVO> struct head_dims {
     static_assert(DQK % 16 == 0 && DVO % 16 == 0, "tensor-core head dims are multiples of 16 (one k step)");
 };
 
-/* How a K/V (or q) tile sits in shared memory, per kernel family:
- *   TILE_SWZ   rows of DP elements, chunk c of row r at c ^ (r % 8): eight
- *              rows read at one chunk hit eight bank groups (mma.sync
- *              prefill; decode at DP-wide dims);
- *   TILE_SW128 wgmma's 64-element column blocks, hardware 128-byte swizzle;
- *   TILE_ROWS  rows of the real dim, padded to an odd number of chunks, no
- *              swizzle: an odd stride (in chunks) also puts eight rows at one
- *              chunk in eight bank groups, and a row narrower than DP (head
- *              dims 80, 96, 112, 192, unequal pairs) takes less shared memory
- *              (decode: more bytes in flight per byte of it). */
-enum { TILE_SWZ = 0, TILE_SW128 = 1, TILE_ROWS = 2 };
-
-/* Element offset of chunk c of row r of a tile of rows of D real elements
- * (DP: D rounded up as head_dims does; TILE: rows, for TILE_SW128). */
-template <int LAYOUT, int D, int DP, int TILE> struct tile_layout {
-    static constexpr int ROW = LAYOUT == TILE_ROWS ? ((D / 8) % 2 ? D : D + 8) : DP; /* elements a row */
-    static __device__ __forceinline__ int at(int r, int c)
-    {
-        return LAYOUT == TILE_SW128 ? (c >> 3) * (TILE * 64) + r * 64 + (((c & 7) ^ (r & 7)) << 3)
-               : LAYOUT == TILE_ROWS ? r * ROW + c * 8
-                                     : swz<DP>(r, c);
-    }
-};
-
 /* Where a thread's 16-byte chunk sits in a K and a V row of its KV head:
  * the per-CTA part of every K/V address, hoisted out of the tile loop. */
 struct kv_lane {
@@ -154,9 +130,9 @@ __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
 }
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
- * into one stage of two tiles in the kernel's LAYOUT; K rows are DQK
- * elements, V rows DVO, the rest of a DP row is left as it is (no kernel
- * reads it). Keys at or past kv_end are
+ * into one stage of two swizzled [TILE][DP] tiles (SW128: wgmma's layout of
+ * 64-element column blocks); K rows are DQK elements, V rows DVO, the rest of
+ * a DP row is left as it is (no kernel reads it). Keys at or past kv_end are
  * zero-filled (and masked by the caller). Two addressing schemes, one loader:
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
  *          block kv_indices[page_base + j / page_size];
@@ -177,7 +153,7 @@ __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
  * offset (head, chunk) is hoisted by the caller into kv_lane, rows past the
  * end are clamped, not branched, and with equal head dims K and V share one
  * offset (their strides are equal). */
-template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, int LAYOUT = TILE_SWZ, int ADDR = -1>
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, kv_lane lane, int t0, int kv_end,
                                              T *ks, T *vs)
 {
@@ -206,12 +182,12 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end ? 16 : 0;
-        typedef tile_layout<LAYOUT, DQK, DP, TILE> k_rows;
-        typedef tile_layout<LAYOUT, DVO, DP, TILE> v_rows;
-        const int k_at = k_rows::at(row, chunk);
-        const int v_at = k_rows::ROW == v_rows::ROW ? k_at : v_rows::at(row, chunk);
-        if (chunk < DQK / 8) cp_async_16(ks + k_at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
-        if (chunk < DVO / 8) cp_async_16(vs + v_at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+        /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
+         * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
+        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
+                             : swz<DP>(row, chunk);
+        if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
 }
 

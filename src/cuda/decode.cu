@@ -28,8 +28,7 @@
 
 template <int DQK, int DVO> struct decode_traits {
     static constexpr int DP = head_dims<DQK, DVO>::DP;
-    /* Shared memory per warp is 2 * KEYS_PER_WARP * DP * 2 bytes a stage (at
-     * DP-wide dims), and
+    /* Shared memory per warp is 2 * KEYS_PER_WARP * DP * 2 bytes a stage, and
      * it sets how many warps an SM holds. 3 stages keep two tiles in flight
      * while one is computed. At DP = 256, 4 warps x 3 stages would be 192 KB
      * (one block per SM, 4 warps); 2 warps x 3 stages is 96 KB, two blocks
@@ -41,17 +40,9 @@ template <int DQK, int DVO> struct decode_traits {
     static constexpr int CHUNKS = DP / 8; /* 16-byte chunks per shared-memory row */
     static constexpr int STAGES = 3;
     static constexpr int ROWS = 16; /* query heads per tensor-core tile */
-    /* rows of DP elements under the XOR swizzle at DP-wide dims (64, 128,
-     * 256); rows of the real dim padded to an odd chunk count otherwise
-     * (tile_layout, attn.cuh): d80 takes 22.5 KB a stage instead of 32 */
-    static constexpr int LAYOUT = DQK == DP && DVO == DP ? TILE_SWZ : TILE_ROWS;
-    typedef tile_layout<LAYOUT, DQK, DP, 0> k_rows; /* K and q */
-    typedef tile_layout<LAYOUT, DVO, DP, 0> v_rows;
-    static constexpr int K_STAGE = TILE * k_rows::ROW, V_STAGE = TILE * v_rows::ROW; /* elements */
-    static constexpr int KV_BYTES = STAGES * (K_STAGE + V_STAGE) * 2;
-    static constexpr int Q_BYTES = ROWS * k_rows::ROW * 2 > AK_DECODE_CC_MAX_GROUP * DP * 4
-                                       ? ROWS * k_rows::ROW * 2
-                                       : AK_DECODE_CC_MAX_GROUP * DP * 4;
+    static constexpr int KV_BYTES = STAGES * 2 * TILE * DP * 2;
+    static constexpr int Q_BYTES = ROWS * DP * 2 > AK_DECODE_CC_MAX_GROUP * DP * 4 ? ROWS * DP * 2
+                                                                                   : AK_DECODE_CC_MAX_GROUP * DP * 4;
     /* the epilogue reuses the K/V stages: per-warp o, m, d of every row */
     static constexpr int EPI_BYTES = WARPS * ROWS * (DVO + 2) * 4;
     static constexpr int SMEM_BYTES = KV_BYTES + Q_BYTES;
@@ -116,7 +107,7 @@ template <int DQK, int DVO, typename T> struct mma_engine {
             uint4 v = make_uint4(0, 0, 0, 0);
             if (row < rows)
                 v = *(const uint4 *)((const T *)p.q + tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c * 8);
-            *(uint4 *)(qs + tr::k_rows::at(row, c)) = v;
+            *(uint4 *)(qs + swz<DP>(row, c)) = v;
         }
     }
 
@@ -132,8 +123,8 @@ template <int DQK, int DVO, typename T> struct mma_engine {
         for (int kk = 0; kk < DQK / 16; kk++) {
             uint32_t a[4], b[4];
             const int mi = lane / 8, r = lane % 8;
-            ldmatrix_x4(a, qs + tr::k_rows::at((mi % 2) * 8 + r, 2 * kk + mi / 2));
-            ldmatrix_x4(b, ks + tr::k_rows::at(key0 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
+            ldmatrix_x4(a, qs + swz<DP>((mi % 2) * 8 + r, 2 * kk + mi / 2));
+            ldmatrix_x4(b, ks + swz<DP>(key0 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
             mma_16816<T>(s[0], a, b);
             mma_16816<T>(s[1], a, b + 2);
         }
@@ -178,7 +169,7 @@ template <int DQK, int DVO, typename T> struct mma_engine {
         for (int np = 0; np < DVO / 16; np++) {
             uint32_t b[4];
             const int mi = lane / 8, r = lane % 8;
-            ldmatrix_x4_trans(b, vs + tr::v_rows::at(key0 + (mi % 2) * 8 + r, 2 * np + mi / 2));
+            ldmatrix_x4_trans(b, vs + swz<DP>(key0 + (mi % 2) * 8 + r, 2 * np + mi / 2));
             mma_16816<T>(o[2 * np], pa, b);
             mma_16816<T>(o[2 * np + 1], pa, b + 2);
         }
@@ -343,8 +334,6 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
     const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     T *kv_stages = (T *)smem;
     void *qs = (char *)smem + tr::KV_BYTES;
-    auto k_stage = [&](int s) { return kv_stages + s * (tr::K_STAGE + tr::V_STAGE); };
-    auto v_stage = [&](int s) { return kv_stages + s * (tr::K_STAGE + tr::V_STAGE) + tr::K_STAGE; };
     const int num_items = p.counts[COUNT_DECODE];
 
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -359,8 +348,10 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles)
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T, tr::LAYOUT>(
-                    p, it.page_base, lane_off, it.kv_begin + s * tr::TILE, it.kv_end, k_stage(s), v_stage(s));
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + s * tr::TILE, it.kv_end,
+                                                                     kv_stages + (2 * s) * tr::TILE * DP,
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
             cp_async_commit();
         }
         ENGINE::load_q(p, tok, head0, rows, qs);
@@ -372,12 +363,15 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) {
                 const int s = next % tr::STAGES;
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T, tr::LAYOUT>(
-                    p, it.page_base, lane_off, it.kv_begin + next * tr::TILE, it.kv_end, k_stage(s), v_stage(s));
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                     it.kv_begin + next * tr::TILE, it.kv_end,
+                                                                     kv_stages + (2 * s) * tr::TILE * DP,
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
             }
             cp_async_commit();
             const int s = t % tr::STAGES;
-            eng.tile(p, qs, k_stage(s), v_stage(s), it.kv_begin + t * tr::TILE, lo, it.kv_end);
+            eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * DP, kv_stages + (2 * s + 1) * tr::TILE * DP,
+                     it.kv_begin + t * tr::TILE, lo, it.kv_end);
         }
         cp_async_wait<0>();
         __syncthreads(); /* the stages become epilogue scratch */

@@ -238,7 +238,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
         auto fill = [&](int t) {
             const int g = g0 + t, st = g % STAGES;
             if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-            load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, TILE_SW128, ADDR>(p, it.page_base, lane_off,
+            load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off,
                                                                          it.kv_begin + t * KEYS, it.kv_end,
                                                                          stages + st * 2 * KEYS * DP,
                                                                          stages + st * 2 * KEYS * DP + KEYS * DP);
