@@ -475,6 +475,26 @@ AK_API const char *ak_backend_name_at(int i); /* NULL if i is out of range */
  * buf is always NUL-terminated (truncated if cap is too small). */
 AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 
+/* Whether backend `name` serves cfg on a device described by dev: a real one
+ * (ak_device_get_info) or one filled in by hand, to ask about another GPU
+ * (its kind, cc_major / cc_minor and num_sms are read). AK_OK with one line
+ * on how (its kernels) in buf; AK_ERR_UNSUPPORTED with its reasons in buf;
+ * AK_ERR_BACKEND_NOT_FOUND for an unknown name. buf is always
+ * NUL-terminated. */
+AK_API ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const ak_device_info *dev,
+                                     char *buf /* OUT */, size_t cap);
+
+/* The graph support a backend declares (AK_GRAPH_NEVER for an unknown name). */
+AK_API ak_graph_support ak_backend_graph_support_of(const char *name);
+
+/* The support matrix: a Markdown table of every feature (head dims, dtypes,
+ * sinks, window, soft-cap, non-causal, ragged K/V, decode-only instances,
+ * batch invariance, graph support) against every backend compiled in, each
+ * cell the backend's own check() (and, for the CUDA backends, which kernel
+ * serves it) on this CPU or on a CUDA device of compute capability 9.0.
+ * attnkit-info --matrix prints it; the docs hold a copy a test compares. */
+AK_API ak_status ak_support_matrix(char *buf /* OUT */, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

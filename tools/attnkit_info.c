@@ -5,6 +5,8 @@
  *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
  *                [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
  *                [--window N] [--soft-cap C] [--non-causal] [--workload any|decode]
+ *                [--sinks] [--invariant]
+ *   attnkit-info --matrix       the support matrix (every backend's check(), Markdown)
  *   attnkit-info --version      the library's version
  * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
  * backend that cannot).
@@ -29,9 +31,10 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]\n"
             "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
-            "          [--workload any|decode]\n"
+            "          [--workload any|decode] [--sinks] [--invariant]\n"
+            "       %s --matrix\n"
             "       %s --version\n",
-            argv0, argv0);
+            argv0, argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -78,6 +81,15 @@ int main(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--non-causal")) {
             cfg.causal = 0;
+        } else if (!strcmp(a, "--sinks")) {
+            cfg.use_sinks = 1;
+        } else if (!strcmp(a, "--invariant")) {
+            cfg.batch_invariant = 1;
+        } else if (!strcmp(a, "--matrix")) {
+            static char m[32768];
+            const ak_status st = ak_support_matrix(m, sizeof m);
+            fputs(m, stdout);
+            return st == AK_OK ? 0 : 1;
         } else if (!strcmp(a, "--workload") && v) {
             if (!strcmp(v, "decode")) cfg.workload = AK_WORKLOAD_DECODE;
             else if (!strcmp(v, "any")) cfg.workload = AK_WORKLOAD_ANY;

@@ -7,7 +7,8 @@ reasons (ak_explain). The same options and output as tools/attnkit_info.c:
     python -m attnkit [--heads QO/KV] [--head-dim D | --head-dim QK/VO]
                       [--dtype f32|f16|bf16] [--device cpu|cuda] [--page-size N]
                       [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C]
-                      [--non-causal] [--workload any|decode]
+                      [--non-causal] [--workload any|decode] [--sinks] [--invariant]
+    python -m attnkit --matrix
     python -m attnkit --version
 
 Exits 1 when no backend can serve the config, 2 on bad usage.
@@ -18,10 +19,12 @@ import sys
 
 from . import _capi, _lib
 
-EXPLAIN_CAP = 16384  # attnkit-info's buffer
+EXPLAIN_CAP = 16384  # attnkit-info's buffers
+MATRIX_CAP = 32768
 USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]
           [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]
-          [--workload any|decode]
+          [--workload any|decode] [--sinks] [--invariant]
+       {0} --matrix
        {0} --version
 """
 DTYPES = {"f32": _capi.AK_F32, "f16": _capi.AK_F16, "bf16": _capi.AK_BF16}
@@ -51,7 +54,8 @@ def _atof(s):
 
 
 def _parse(argv, cfg):
-    """Fills cfg from the options; returns (device_given, version_asked)."""
+    """Fills cfg from the options; returns (device_given, what): what is
+    "version", "matrix" or None."""
     device_given = False
     i = 0
     while i < len(argv):
@@ -93,13 +97,19 @@ def _parse(argv, cfg):
             if a == "--ragged":
                 cfg.kv_storage = _capi.AK_KV_RAGGED
             elif a == "--version":
-                return device_given, True
+                return device_given, "version"
+            elif a == "--matrix":
+                return device_given, "matrix"
             elif a == "--non-causal":
                 cfg.causal = 0
+            elif a == "--sinks":
+                cfg.use_sinks = 1
+            elif a == "--invariant":
+                cfg.batch_invariant = 1
             else:
                 raise _Usage()
         i += 2 if takes_value else 1
-    return device_given, False
+    return device_given, None
 
 
 def _print_devices():
@@ -129,13 +139,18 @@ def main(argv=None, prog="python -m attnkit"):
     _lib.ak_attn_config_init(ctypes.byref(cfg))
     cfg.num_qo_heads, cfg.num_kv_heads = 32, 8
     try:
-        device_given, version_asked = _parse(argv, cfg)
+        device_given, what = _parse(argv, cfg)
     except _Usage:
         sys.stderr.write(USAGE.format(prog))
         return 2
-    if version_asked:
+    if what == "version":
         print("attnkit " + _lib.ak_version_string().decode())
         return 0
+    if what == "matrix":
+        buf = ctypes.create_string_buffer(MATRIX_CAP)
+        status = _lib.ak_support_matrix(buf, MATRIX_CAP)
+        sys.stdout.write(buf.value.decode(errors="replace"))
+        return 0 if status == _capi.AK_OK else 1
 
     _print_devices()
     # default device: the GPU where one is found

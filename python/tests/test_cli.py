@@ -13,7 +13,7 @@ import attnkit
 
 CASES = ([], ["--device", "cpu", "--heads", "8/2", "--head-dim", "64", "--dtype", "bf16"],
          ["--ragged", "--workload", "decode"], ["--device", "cuda"], ["--version"],
-         ["--heads", "3"], ["--bogus"])
+         ["--heads", "3"], ["--bogus"], ["--matrix"], ["--sinks", "--invariant", "--window", "127"])
 
 
 def _env():

@@ -331,3 +331,163 @@ const int64_t *ak_backend_slot_mapping(const ak_backend *b)
     return b->vt->slot_mapping(b->state);
 }
 int ak_backend_planned_tokens(const ak_backend *b) { return b && b->planned ? b->num_tokens : 0; }
+
+/* ---- describing a backend, and the support matrix ------------------------ */
+
+ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const ak_device_info *dev, char *buf,
+                              size_t cap)
+{
+    textbuf tb = {buf, cap, 0};
+    if (buf && cap) buf[0] = '\0';
+    if (!name) return ak_set_error(AK_ERR_INVALID_ARG, "name is NULL");
+    if (!dev) return ak_set_error(AK_ERR_INVALID_ARG, "dev is NULL");
+    AK_TRY(ak_config_validate(cfg));
+    const ak_backend_vtbl *vt = find(name);
+    if (!vt) {
+        tb_printf(&tb, "no backend is named %s", name);
+        return ak_set_error(AK_ERR_BACKEND_NOT_FOUND, "no backend is named %s", name);
+    }
+    const ak_attn_config c = ak_config_normalized(cfg);
+    ak_device_info d = *dev;
+    d.device = cfg->device;
+    ak_reasons why;
+    const int n = reasons_for(vt, &c, d.device.kind == cfg->device.kind ? &d : NULL, &why);
+    if (n > 0) {
+        for (int r = 0; r < n && r < AK_MAX_REASONS; r++) tb_printf(&tb, "%s%s", r ? "; " : "", why.text[r]);
+        return ak_set_error(AK_ERR_UNSUPPORTED, "%s cannot serve this config: %s", name, why.text[0]);
+    }
+    if (vt->explain) {
+        char note[AK_REASON_LEN * 2];
+        vt->explain(&c, &d, note, sizeof note);
+        tb_printf(&tb, "%s", note);
+    } else {
+        tb_printf(&tb, "serves this config");
+    }
+    return AK_OK;
+}
+
+ak_graph_support ak_backend_graph_support_of(const char *name)
+{
+    const ak_backend_vtbl *vt = name ? find(name) : NULL;
+    return vt ? vt->graph_support : AK_GRAPH_NEVER;
+}
+
+/* One row of the support matrix: a change to the base config. */
+typedef struct matrix_row {
+    const char *feature;
+    int head_dim_qk, head_dim_vo; /* 0: the base's (128) */
+    int dtype;                    /* -1: the device's (CPU f32, CUDA bf16) */
+    int sinks, window, soft_cap, non_causal, ragged, decode, invariant;
+} matrix_row;
+
+static const matrix_row matrix_rows[] = {
+    {"head dim 64", 64, 64, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 80", 80, 80, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 96", 96, 96, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 112", 112, 112, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 128", 128, 128, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 192", 192, 192, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 256", 256, 256, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 512", 512, 512, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 192/128", 192, 128, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 128/64", 128, 64, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 72/40 (any other up to 512)", 72, 40, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 576/512", 576, 512, -1, 0, 0, 0, 0, 0, 0, 0},
+    {"f32", 0, 0, AK_F32, 0, 0, 0, 0, 0, 0, 0},
+    {"f16", 0, 0, AK_F16, 0, 0, 0, 0, 0, 0, 0},
+    {"bf16", 0, 0, AK_BF16, 0, 0, 0, 0, 0, 0, 0},
+    {"attention sinks", 0, 0, -1, 1, 0, 0, 0, 0, 0, 0},
+    {"sliding window", 0, 0, -1, 0, 1, 0, 0, 0, 0, 0},
+    {"soft-cap", 0, 0, -1, 0, 0, 1, 0, 0, 0, 0},
+    {"non-causal", 0, 0, -1, 0, 0, 0, 1, 0, 0, 0},
+    {"ragged (contiguous) K/V", 0, 0, -1, 0, 0, 0, 0, 1, 0, 0},
+    {"decode-only instance", 0, 0, -1, 0, 0, 0, 0, 0, 1, 0},
+    {"batch invariance", 0, 0, -1, 0, 0, 0, 0, 0, 0, 1},
+};
+
+/* The device a matrix cell asks about: this CPU, or a CUDA device of compute
+ * capability 9.0 (whether or not one is present: check() reads only this). */
+static ak_device_info matrix_device(ak_device_kind kind)
+{
+    ak_device_info d;
+    memset(&d, 0, sizeof d);
+    d.device.kind = kind;
+    if (kind == AK_DEVICE_CPU) {
+        const ak_device cpu = {AK_DEVICE_CPU, 0};
+        if (ak_device_get_info(cpu, &d) != AK_OK) d.num_sms = 1;
+    } else {
+        snprintf(d.name, sizeof d.name, "compute capability 9.0");
+        d.cc_major = 9;
+        d.num_sms = 132;
+        d.max_smem_per_block = 227 * 1024;
+    }
+    return d;
+}
+
+ak_status ak_support_matrix(char *buf, size_t cap)
+{
+    textbuf tb = {buf, cap, 0};
+    if (buf && cap) buf[0] = '\0';
+    tb_printf(&tb, "| feature |");
+    for (int b = 0; b < REGISTRY_SIZE; b++) tb_printf(&tb, " %s |", registry[b]->name);
+    tb_printf(&tb, "\n|---|");
+    for (int b = 0; b < REGISTRY_SIZE; b++) tb_printf(&tb, "---|");
+    tb_printf(&tb, "\n");
+    /* the base config of a backend: 32/8 heads, head dim 128, a paged cache,
+     * or ragged K/V for a backend that reads no cache */
+    int ragged_base[REGISTRY_SIZE > 0 ? REGISTRY_SIZE : 1];
+    for (int b = 0; b < REGISTRY_SIZE; b++) {
+        ak_attn_config c;
+        ak_attn_config_init(&c);
+        c.num_qo_heads = 32;
+        c.num_kv_heads = 8;
+        c.device.kind = registry[b]->device;
+        if (c.device.kind == AK_DEVICE_CUDA) c.q_dtype = c.kv_dtype = c.o_dtype = AK_BF16;
+        const ak_device_info dev = matrix_device(registry[b]->device);
+        char note[512];
+        ragged_base[b] = ak_backend_describe(registry[b]->name, &c, &dev, note, sizeof note) != AK_OK;
+    }
+    for (size_t r = 0; r < sizeof matrix_rows / sizeof *matrix_rows; r++) {
+        const matrix_row *row = &matrix_rows[r];
+        tb_printf(&tb, "| %s |", row->feature);
+        for (int b = 0; b < REGISTRY_SIZE; b++) {
+            const ak_backend_vtbl *vt = registry[b];
+            ak_attn_config c;
+            ak_attn_config_init(&c);
+            c.num_qo_heads = 32;
+            c.num_kv_heads = 8;
+            c.device.kind = vt->device;
+            if (ragged_base[b]) c.kv_storage = AK_KV_RAGGED;
+            const ak_dtype dt = row->dtype >= 0 ? (ak_dtype)row->dtype : vt->device == AK_DEVICE_CUDA ? AK_BF16
+                                                                                                      : AK_F32;
+            c.q_dtype = c.kv_dtype = c.o_dtype = dt;
+            if (row->head_dim_qk) {
+                c.head_dim_qk = row->head_dim_qk;
+                c.head_dim_vo = row->head_dim_vo;
+            }
+            c.use_sinks = row->sinks;
+            if (row->window) c.window_left = 127;
+            if (row->soft_cap) c.logits_soft_cap = 30.0f;
+            c.causal = !row->non_causal;
+            if (row->ragged) c.kv_storage = AK_KV_RAGGED;
+            if (row->decode) c.workload = AK_WORKLOAD_DECODE;
+            c.batch_invariant = row->invariant;
+            const ak_device_info dev = matrix_device(vt->device);
+            char note[512];
+            const ak_status st = ak_backend_describe(vt->name, &c, &dev, note, sizeof note);
+            /* which kernel, where the backend has more than one */
+            const char *how = st != AK_OK                       ? "no"
+                              : strstr(note, "portable kernel") ? "yes (portable)"
+                              : vt->device == AK_DEVICE_CUDA && row->head_dim_qk ? "yes (tensor cores)"
+                                                                                 : "yes";
+            tb_printf(&tb, " %s |", how);
+        }
+        tb_printf(&tb, "\n");
+    }
+    tb_printf(&tb, "| CUDA graphs |");
+    for (int b = 0; b < REGISTRY_SIZE; b++)
+        tb_printf(&tb, " %s |", ak_graph_support_name(registry[b]->graph_support));
+    tb_printf(&tb, "\n");
+    ak_clear_error();
+    return tb.len + 1 < cap ? AK_OK : ak_set_error(AK_ERR_INVALID_ARG, "cap = %zu is too small for the matrix", cap);
+}
