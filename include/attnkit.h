@@ -334,6 +334,10 @@ typedef struct ak_batch_meta {
     int32_t *positions;        /* [num_tokens] position of each query token; may be NULL */
     int64_t *slot_mapping;     /* paged: [num_tokens] block * page_size + offset where
                                   each new token's K/V goes; may be NULL */
+    int32_t *kv_first_block;   /* paged, may be NULL: [num_reqs] windowed configs leave out
+                                  the blocks before the first key any query of the request
+                                  sees; kv_indices of request r then start at its block
+                                  kv_first_block[r] (0 without a window) */
 } ak_batch_meta;
 
 /* How large the metadata arrays of a batch are. Validates the batch like
@@ -345,7 +349,10 @@ AK_API ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config
 /* Validates the batch against cfg and lim (a NULL lim skips the limit checks)
  * and fills meta. On failure nothing is written and the message names the
  * field: a block id out of range, kv_len beyond the blocks given, q_len >
- * kv_len, a non-monotone qo_indptr, a batch above the limits. */
+ * kv_len, a non-monotone qo_indptr, a batch above the limits. With
+ * meta->kv_first_block set and a sliding window, the blocks no query sees
+ * are neither checked nor copied (a windowed layer's plan does not pay for
+ * the context the window hides). */
 AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
                                      const ak_limits *lim, ak_batch_meta *meta /* OUT */);
 

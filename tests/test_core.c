@@ -119,7 +119,7 @@ static void core_meta(test_ctx *t)
     CHECK(t, "meta sizes", st == AK_OK && nt == 8 && ni == 6, "tokens %d indices %d", nt, ni);
     int32_t qoi[4], kvi[4], idx[6], last[3], pos[8];
     int64_t slots[8];
-    ak_batch_meta m = {qoi, kvi, idx, last, pos, slots};
+    ak_batch_meta m = {qoi, kvi, idx, last, pos, slots, NULL};
     st = ak_batch_build_meta(&b, &cfg, NULL, &m);
     const int32_t want_kvi[4] = {0, 2, 5, 6}, want_idx[6] = {7, 2, 5, 0, 9, 3}, want_last[3] = {2, 1, 4};
     const int32_t want_pos[8] = {5, 6, 7, 8, 0, 1, 2, 3};
@@ -128,6 +128,29 @@ static void core_meta(test_ctx *t)
           !memcmp(last, want_last, sizeof last), "mismatch");
     CHECK(t, "meta positions and slots", !memcmp(pos, want_pos, sizeof pos) && !memcmp(slots, want_slots, sizeof slots),
           "mismatch");
+
+    /* a window of 3 keys (window_left 2) with kv_first_block: the chunk's
+     * queries (positions 6-8) see keys from 4 on, so its block 0 is left out,
+     * unchecked: an id out of range there is no error; the same batch
+     * without kv_first_block is refused */
+    cfg.window_left = 2;
+    const int32_t bt_w[3 * 3] = {7, 2, -1, -5, 0, 9, 3, -1, -1};
+    b.block_table = bt_w;
+    ak_limits lim;
+    ak_limits_init(&lim);
+    lim.num_cache_blocks = 10;
+    int32_t first[3] = {-1, -1, -1};
+    ak_batch_meta mw = {qoi, kvi, idx, last, pos, slots, first};
+    st = ak_batch_build_meta(&b, &cfg, &lim, &mw);
+    const int32_t want_wkvi[4] = {0, 2, 4, 5}, want_widx[5] = {7, 2, 0, 9, 3}, want_first[3] = {0, 1, 0};
+    CHECK(t, "meta trimmed to the window", st == AK_OK && !memcmp(kvi, want_wkvi, sizeof kvi) &&
+          !memcmp(idx, want_widx, sizeof want_widx) && !memcmp(first, want_first, sizeof first) &&
+          !memcmp(slots, want_slots, sizeof slots), "status %s, kv_indptr %d %d %d %d, first %d %d %d",
+          ak_status_str(st), kvi[0], kvi[1], kvi[2], kvi[3], first[0], first[1], first[2]);
+    mw.kv_first_block = NULL;
+    st = ak_batch_build_meta(&b, &cfg, &lim, &mw);
+    CHECK(t, "meta untrimmed checks every block", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "[1][0]"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
 }
 
 static void core_kv_update(test_ctx *t)

@@ -6,6 +6,7 @@
  * batch leaves the caller's arrays (and a backend's static buffers) untouched.
  */
 #include "internal.h"
+#include "visible.h"
 
 #include <string.h>
 
@@ -20,8 +21,18 @@ static int row_in_range(const int32_t *row, int n, int32_t num_blocks)
     return bad == 0;
 }
 
-/* Everything the metadata needs, checked. Returns the totals. */
-static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim,
+/* The first block of a request any of its queries sees: the block of the
+ * first query's window start (the queries' windows slide right), 0 without a
+ * window or when trimming is off. */
+static int first_block(const ak_attn_config *cfg, int trim, int q_len, int kv_len)
+{
+    if (!trim || cfg->window_left < 0 || q_len <= 0 || kv_len <= 0) return 0;
+    return ak_visible_lo(kv_len - q_len, cfg->window_left) / cfg->page_size;
+}
+
+/* Everything the metadata needs, checked (trim: only the blocks some query
+ * sees). Returns the totals. */
+static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim, int trim,
                           int *num_tokens, int64_t *num_kv_indices)
 {
     if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "batch is NULL");
@@ -90,16 +101,17 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                                 "limits.max_blocks_per_req = %d",
                                 r, kv_len, need, lim->max_blocks_per_req);
         const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
-        if (!row_in_range(row, need, num_blocks)) {
+        const int first = first_block(cfg, trim, q_len, kv_len);
+        if (!row_in_range(row + first, need - first, num_blocks)) {
             /* the slow path, only to name the first bad entry */
-            for (int i = 0; i < need; i++)
+            for (int i = first; i < need; i++)
                 if (row[i] < 0 || row[i] >= num_blocks)
                     return ak_set_error(AK_ERR_INVALID_ARG,
                                         "batch.block_table[%d][%d] = %d is out of range [0, %d) "
                                         "(limits.num_cache_blocks)",
                                         r, i, row[i], num_blocks);
         }
-        indices += need;
+        indices += need - first;
     }
     if (tokens > INT32_MAX)
         return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch has %lld query tokens", (long long)tokens);
@@ -114,7 +126,7 @@ ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
     AK_TRY(ak_config_validate(cfg));
     int tokens = 0;
     int64_t indices = 0;
-    AK_TRY(validate(batch, cfg, lim, &tokens, &indices));
+    AK_TRY(validate(batch, cfg, lim, 0, &tokens, &indices));
     if (indices > INT32_MAX)
         return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch references %lld blocks", (long long)indices);
     if (num_tokens) *num_tokens = tokens;
@@ -128,8 +140,9 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
     AK_TRY(ak_config_validate(cfg));
     int tokens = 0;
     int64_t indices = 0;
-    AK_TRY(validate(b, cfg, lim, &tokens, &indices));
     if (!meta) return ak_set_error(AK_ERR_INVALID_ARG, "meta is NULL");
+    const int trim = meta->kv_first_block != NULL;
+    AK_TRY(validate(b, cfg, lim, trim, &tokens, &indices));
     if (!meta->qo_indptr || !meta->kv_indptr)
         return ak_set_error(AK_ERR_INVALID_ARG, "meta.%s is NULL",
                             meta->qo_indptr ? "kv_indptr" : "qo_indptr");
@@ -146,11 +159,14 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
         if (!paged) {
             kv_acc += kv_len;
             meta->kv_indptr[r + 1] = kv_acc;
+            if (trim) meta->kv_first_block[r] = 0;
         } else {
             const int need = ak_ceil_div(kv_len, page);
+            const int first = first_block(cfg, trim, q_len, kv_len);
             const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
-            if (meta->kv_indices) memcpy(meta->kv_indices + kv_acc, row, sizeof(int32_t) * need);
-            kv_acc += need;
+            if (meta->kv_indices) memcpy(meta->kv_indices + kv_acc, row + first, sizeof(int32_t) * (need - first));
+            if (trim) meta->kv_first_block[r] = first;
+            kv_acc += need - first;
             meta->kv_indptr[r + 1] = kv_acc;
             if (meta->kv_last_page_len)
                 meta->kv_last_page_len[r] = kv_len == 0 ? 0 : kv_len - (need - 1) * page;

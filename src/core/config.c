@@ -283,8 +283,10 @@ ak_status ak_meta_alloc_host(const ak_meta_capacity *cap, ak_batch_meta *meta)
     meta->kv_last_page_len = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
     /* positions stay NULL: no backend reads them, so plan() skips them */
     meta->slot_mapping = malloc(sizeof(int64_t) * (size_t)(cap->max_tokens + 1));
+    /* windowed configs: the blocks no query sees are left out (batch.c) */
+    meta->kv_first_block = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
     if (!meta->qo_indptr || !meta->kv_indptr || !meta->kv_indices || !meta->kv_last_page_len ||
-        !meta->slot_mapping) {
+        !meta->slot_mapping || !meta->kv_first_block) {
         ak_meta_free_host(meta);
         return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate batch metadata for %d requests",
                             cap->max_reqs);
@@ -300,6 +302,7 @@ void ak_meta_free_host(ak_batch_meta *meta)
     free(meta->kv_last_page_len);
     free(meta->positions);
     free(meta->slot_mapping);
+    free(meta->kv_first_block);
     memset(meta, 0, sizeof *meta);
 }
 

@@ -661,6 +661,7 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     c->kv_lens = s->kv_lens;
     c->kv_indptr = s->meta.kv_indptr;
     c->kv_indices = s->meta.kv_indices;
+    c->kv_first_block = s->meta.kv_first_block;
 
     if (cfg->kv_storage == AK_KV_PAGED) {
         c->page_size = a->kv->page_size;

@@ -79,10 +79,12 @@ typedef struct ak_cpu_ctx {
     const int32_t *qo_indptr;     /* [num_reqs + 1] */
     const int32_t *kv_lens;       /* [num_reqs] */
     const int32_t *kv_indptr;     /* [num_reqs + 1]: paged in blocks, ragged in rows */
-    const int32_t *kv_indices;    /* paged: block ids */
+    const int32_t *kv_indices;    /* paged: block ids, request r's from its block kv_first_block[r] */
+    const int32_t *kv_first_block; /* paged: [num_reqs] (NULL: 0), batch.c */
 
     /* K/V row (request r, key j, KV head g), kv_addr.h: paged, block b =
-     * kv_indices[kv_indptr[r] + j / page_size], slot j % page_size; ragged
+     * kv_indices[kv_indptr[r] + j / page_size - kv_first_block[r]], slot j %
+     * page_size; ragged
      * (page_size = 0), block kv_indptr[r] + j, slot 0. */
     int page_size;
     const char *k_base, *v_base;

@@ -133,8 +133,9 @@ static void key_offsets(const ak_cpu_ctx *c, int r, int j0, int n, int64_t *koff
         }
         return;
     }
+    /* request r's block list starts at its block kv_first_block[r] */
     const int32_t *blocks = c->kv_indices + c->kv_indptr[r];
-    int b = j0 / c->page_size, slot = j0 % c->page_size;
+    int b = j0 / c->page_size - (c->kv_first_block ? c->kv_first_block[r] : 0), slot = j0 % c->page_size;
     int64_t kb = blocks[b] * c->k_addr.block, vb = blocks[b] * c->v_addr.block;
     for (int j = 0; j < n; j++) {
         koff[j] = kb + slot * c->k_addr.slot;

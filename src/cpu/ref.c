@@ -94,7 +94,9 @@ static const void *kv_row(const ref_state *s, const ak_run_args *a, int r, int j
      * rather than shared with the fast backends: the oracle stays independent */
     const ak_paged_kv *kv = a->kv;
     const int page = kv->page_size, dim = is_v ? kv->head_dim_vo : kv->head_dim_qk;
-    const int64_t block = s->meta.kv_indices[s->meta.kv_indptr[r] + j / page], slot = j % page;
+    /* a windowed plan's block list starts at the request's first visible block */
+    const int first = s->meta.kv_first_block ? s->meta.kv_first_block[r] : 0;
+    const int64_t block = s->meta.kv_indices[s->meta.kv_indptr[r] + j / page - first], slot = j % page;
     int64_t block_stride = is_v ? kv->v_block_stride : kv->k_block_stride;
     if (block_stride == 0) block_stride = (int64_t)page * kv->num_kv_heads * dim;
     const int64_t row = kv->layout == AK_LAYOUT_NHD ? slot * kv->num_kv_heads + g : (int64_t)g * page + slot;

@@ -107,6 +107,7 @@ struct engine_state {
     staging stg[NUM_STAGING];
     int next_stg;
     pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
+    int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
     /* the current plan */
     int num_items, num_pitems, num_tasks;
     int slot_hw; /* device slot_mapping entries past it are -1 */
@@ -293,6 +294,7 @@ void ak_cuda_engine_destroy(void *state)
     }
     if (s->dev) cudaFree(s->dev);
     free(s->tiles);
+    free(s->first_block);
     free(s);
 }
 
@@ -395,6 +397,8 @@ static ak_status engine_create_inner(engine_state *s)
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
         if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
+    s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
+    if (!s->first_block) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's block scratch");
     const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
     s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
     if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
@@ -438,6 +442,15 @@ ak_status ak_cuda_engine_create(const ak_attn_config *cfg, const ak_limits *lim,
 }
 
 /* ---- plan: decode items, split-KV on the host ---------------------------------- */
+
+/* Where the kernels find request r's blocks: key j's block id is
+ * kv_indices[page_base + j / page_size], so a windowed plan's list, which
+ * starts at the request's first visible block (kv_first_block, batch.c),
+ * has its page_base moved back by as many blocks (ragged: the first row). */
+static int page_base_of(const ak_batch_meta *bm, int r)
+{
+    return bm->kv_indptr[r] - (bm->kv_first_block ? bm->kv_first_block[r] : 0);
+}
 
 static int is_decode_req(const ak_batch *b, int r) { return b->qo_indptr[r + 1] - b->qo_indptr[r] == 1; }
 
@@ -504,7 +517,7 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
             decode_item it;
             it.req = r;
             it.tok = bm->qo_indptr[r];
-            it.page_base = bm->kv_indptr[r];
+            it.page_base = page_base_of(bm, r);
             it.lo = lo;
             it.unused = 0;
             it.kv_begin = lo + i * (k > 1 ? chunk : 0);
@@ -554,7 +567,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.tok0 = q0 + j;
             it.ntok = q_len - j < nt ? q_len - j : nt;
             it.pos0 = prefix + j;
-            it.page_base = bm->kv_indptr[r];
+            it.page_base = page_base_of(bm, r);
             const int pos_last = it.pos0 + it.ntok - 1;
             const int lo = ak_visible_lo(it.pos0, c->window_left);
             const int hi = ak_visible_hi(pos_last, kv_len, c->causal);
@@ -647,6 +660,7 @@ ak_status ak_cuda_engine_meta_buffers(void *state, ak_batch_meta *meta)
     meta->kv_indptr = st->m.kv_indptr;
     meta->kv_indices = s->ragged ? NULL : st->m.kv_indices;
     meta->slot_mapping = s->ragged ? NULL : st->m.slot_mapping;
+    meta->kv_first_block = s->ragged ? NULL : s->first_block; /* a host scratch: the items carry it */
     return AK_OK;
 }
 
