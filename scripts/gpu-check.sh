@@ -69,28 +69,22 @@ if want test; then
 fi
 
 if want sanitize; then
-    # the GPU suite under memcheck is slow (the sweeps, and the mixed graph
-    # replays with their f64 reference): the fixed cases that reach every
-    # kernel path, each run bounded in time
-    # the two tools run side by side (each its own process per filter)
-    for tool in memcheck racecheck; do (
-        for f in "decode gqa4" "decode mha" "decode long context" "merge of" "graph replay gqa4" \
-                 "graph replay mixed gqa4" "invariance" "bad" "slot" "prefill" "chunk" "verify" "gqa160" \
-                 "empty kv" "diagonal" "soft-cap 1.0 bf16" "non-causal encoder bf16" \
-                 "ragged prefill bf16 d128 gqa4" "ragged cross attention, kv 0" "ragged decode batch" \
-                 "ragged mixed decode+chunks" "ragged verify on long keys" "ragged:" \
-                 "graph replay ragged prefill gqa4" "head dim" "sinks" "graph replay interleaved"; do
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 99 $BUILD/attnkit-test --device cuda --filter "$f" \
-                >>"$LOG/sanitize-$tool.log" 2>&1
-            rc=$?
-            [[ $rc -ne 0 ]] && echo "$tool '$f' rc=$rc" | tee -a "$LOG/sanitize-$tool.rc"
-        done ) &
-    done
-    wait
-    for tool in memcheck racecheck; do
-        errs=$(grep -cE "^========= (Invalid|Race|Error)" "$LOG/sanitize-$tool.log")
-        summ=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG/sanitize-$tool.log" | sort | uniq -c | tr '\n' ';')
-        note "compute-sanitizer $tool" "$errs error lines; $summ"
+    # the whole GPU suite under each compute-sanitizer tool (AK_SANITIZERS,
+    # default memcheck racecheck synccheck), in AK_SANITIZE_SHARDS shards
+    # (16) side by side, each bounded by AK_SANITIZE_TIMEOUT seconds (540)
+    for tool in ${AK_SANITIZERS:-memcheck racecheck synccheck}; do
+        n=${AK_SANITIZE_SHARDS:-16}
+        for ((i = 0; i < n; i++)); do
+            timeout ${AK_SANITIZE_TIMEOUT:-540} compute-sanitizer --tool $tool --error-exitcode 99 \
+                $BUILD/attnkit-test --device cuda --shard $i/$n >"$LOG/sanitize-$tool-$i.log" 2>&1 &
+        done
+        wait
+        cat "$LOG"/sanitize-$tool-*.log >"$LOG/sanitize-$tool.log"
+        errs=$(grep -cE "^========= (Invalid|Race|Error|Barrier|Uninitialized)" "$LOG/sanitize-$tool.log")
+        summ=$(grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG"/sanitize-$tool-*.log | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+        done_n=$(grep -lE "passed, .* failed" "$LOG"/sanitize-$tool-*.log | wc -l)
+        p=$(grep -hE "passed, .* failed" "$LOG"/sanitize-$tool-*.log | awk '{p+=$1; f+=$3} END {print p" passed, "f" failed"}')
+        note "compute-sanitizer $tool" "$errs error lines; $done_n of $n shards finished ($p); $summ"
     done
 fi
 
