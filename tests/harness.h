@@ -136,5 +136,6 @@ void test_attn_cases(test_ctx *t);
 void test_props(test_ctx *t);
 void test_bad_input(test_ctx *t);
 void test_graphs(test_ctx *t);
+void test_hostile(test_ctx *t);
 
 #endif

@@ -56,6 +56,7 @@ int main(int argc, char **argv)
     test_props(&t);
     test_bad_input(&t);
     test_graphs(&t);
+    test_hostile(&t);
     printf("%d passed, %d failed (%d skipped as unsupported)\n", t.passed, t.failed, t.skipped);
     return t.failed ? 1 : 0;
 }

@@ -147,8 +147,10 @@ int ak_cpu_has_avx2_fma_f16c(void);
  * else OpenMP's default (1 without OpenMP). */
 int ak_num_threads(void);
 
-static inline int ak_ceil_div(int a, int b) { return (a + b - 1) / b; }
-static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* ceil(a / b) for a >= 0, b > 0. Not (a + b - 1) / b: that overflows for a
+ * within b of the type's maximum (kv_len near INT32_MAX). */
+static inline int ak_ceil_div(int a, int b) { return a / b + (a % b != 0); }
+static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* Element offset of (block, slot, head, dim 0) in a paged K or V pool. */
 static inline int64_t ak_paged_offset(const ak_paged_kv *kv, int64_t block_stride,
