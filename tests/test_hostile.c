@@ -80,8 +80,28 @@ static void hostile_huge_kv_len(test_ctx *t, const char *name)
         }
 }
 
+/* ---- the case table: configs at the edges of int32 --------------------------- */
+
+#define NHD AK_LAYOUT_NHD
+#define PAGED AK_KV_PAGED
+
+/* name, Hq, Hkv, Dqk, Dvo, dtype, o_dtype(unused), o_f32, causal, window, cap,
+ * page, layout, storage, num_reqs, {q_len, kv_len}... */
+static const attn_case edge_cases[] = {
+    /* non-causal queries past their keys sit at negative positions p, and
+     * p - window_left overflowed int: the rows then saw no key */
+    {"window INT32_MAX, non-causal q_len > kv_len", 4, 2, 64, 64, AK_F32, 0, 0, 0, INT32_MAX, 0, 16, NHD, PAGED, 3,
+     {{5, 2}, {1, 3}, {3, 0}}},
+    {"window INT32_MAX, non-causal q_len > kv_len bf16", 8, 2, 128, 128, AK_BF16, 0, 0, 0, INT32_MAX, 0, 16, NHD,
+     PAGED, 3, {{40, 7}, {1, 3}, {70, 100}}},
+    {"window INT32_MAX - 1, causal", 4, 2, 64, 64, AK_F16, 0, 0, 1, INT32_MAX - 1, 0, 16, NHD, PAGED, 2,
+     {{1, 40}, {20, 20}}},
+};
+
 void test_hostile(test_ctx *t)
 {
+    for (size_t i = 0; i < sizeof edge_cases / sizeof *edge_cases; i++) run_case(t, &edge_cases[i]);
+
     const char *names[16];
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++) hostile_huge_kv_len(t, names[i]);

@@ -149,7 +149,9 @@ typedef struct ak_cpu_kernels {
  * [lo(first), hi(last)]. */
 static inline int ak_cpu_visible_lo(int p, int window_left)
 {
-    return window_left >= 0 && p - window_left > 0 ? p - window_left : 0;
+    /* p > window_left, not p - window_left > 0: p is negative for a
+     * non-causal query past its keys, and p - window_left would overflow */
+    return window_left >= 0 && p > window_left ? p - window_left : 0;
 }
 static inline int ak_cpu_visible_hi(int p, int kv_len, int causal)
 {

@@ -119,7 +119,7 @@ static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)
         for (int i = 0; i < q_len; i++) {
             const int t = q0 + i, p = keys - q_len + i;
             /* visible keys [lo, hi] */
-            const int lo = c->window_left >= 0 && p - c->window_left > 0 ? p - c->window_left : 0;
+            const int lo = c->window_left >= 0 && p > c->window_left ? p - c->window_left : 0;
             const int hi = c->causal && p < keys - 1 ? p : keys - 1;
             for (int h = 0; h < c->num_qo_heads; h++) {
                 const int g = h / group;
