@@ -181,7 +181,7 @@ void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 typedef struct ak_limits {
     uint32_t struct_size;
     int max_reqs;           /* requests per plan */
-    int max_tokens;         /* query tokens per plan (sum of q_len) */
+    int max_tokens;         /* query tokens per plan (sum of q_len), <= AK_MAX_LEN */
     int max_blocks_per_req; /* block-table row length (paged) */
     int num_cache_blocks;   /* paged: block ids must be < this; run() rejects a
                                cache view with fewer blocks */
@@ -260,6 +260,12 @@ int ak_kv_cache_refcount(const ak_kv_cache *cache, int32_t block_id); /* -1 if o
 /* Batch metadata                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* The most keys of one request (kv_len), rows of ragged K/V (the sum of
+ * kv_len) and query tokens of one plan: 2^31 - 2^16, so that every kernel may
+ * step a full tile (at most 2^16 keys) past a count in int32 arithmetic.
+ * plan() rejects more (AK_ERR_LIMIT_EXCEEDED). */
+#define AK_MAX_LEN (INT32_MAX - 65535)
+
 /* One step's requests, as host arrays. Request r has q_len = qo_indptr[r+1] -
  * qo_indptr[r] new query tokens and kv_len = kv_lens[r] keys in total (its
  * cached context plus the new tokens). A decode has q_len 1, a prefill
@@ -270,7 +276,7 @@ typedef struct ak_batch {
     uint32_t struct_size;
     int num_reqs;
     const int32_t *qo_indptr;   /* [num_reqs + 1], qo_indptr[0] = 0, non-decreasing */
-    const int32_t *kv_lens;     /* [num_reqs] */
+    const int32_t *kv_lens;     /* [num_reqs], each <= AK_MAX_LEN (ragged: their sum too) */
     const int32_t *block_table; /* paged: [num_reqs, block_table_stride]; row r's
                                    first ceil(kv_len / page_size) entries are read */
     int block_table_stride;     /* paged: entries per block-table row */

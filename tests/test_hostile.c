@@ -5,6 +5,7 @@
  * message naming the field, and change nothing; nothing may crash or write
  * outside the memory the call was given.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "harness.h"
 
 #include <stdint.h>
@@ -14,11 +15,14 @@
 
 /* ---- plan(): block counts and totals near INT32_MAX ------------------------ */
 
-/* plan() of one request with q_len 1 and the given kv_len on backend `name`,
- * page 16, a block table of `stride` entries (every id 0); returns the status,
- * the message in msg. */
-static ak_status plan_one(const test_ctx *t, const char *name, int32_t kv_len, int stride, int max_blocks,
-                          char *msg, size_t cap)
+/* One plan on backend `name`: requests with q_len 1 and the given kv_lens,
+ * paged (page_size > 0; a block table of `stride` entries per request, every
+ * id 0) or ragged (page_size 0), on `threads` OpenMP threads (0: the default).
+ * Returns the status, with ak_last_error() in msg; *run_after: the status of a
+ * run() after it, which must be AK_ERR_NOT_PLANNED when the plan failed (NULL:
+ * not tried). */
+static ak_status plan_status(const test_ctx *t, const char *name, int page_size, const int32_t *kv_lens, int n,
+                             int stride, int threads, char *msg, size_t cap, ak_status *run_after)
 {
     ak_attn_config cfg;
     ak_attn_config_init(&cfg);
@@ -27,57 +31,138 @@ static ak_status plan_one(const test_ctx *t, const char *name, int32_t kv_len, i
     cfg.head_dim_qk = cfg.head_dim_vo = 64;
     cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
     cfg.device = t->device;
-    cfg.page_size = 16;
+    cfg.kv_storage = page_size > 0 ? AK_KV_PAGED : AK_KV_RAGGED;
+    cfg.page_size = page_size;
     ak_limits lim;
     ak_limits_init(&lim);
-    lim.max_reqs = 1;
-    lim.max_tokens = 1;
-    lim.max_blocks_per_req = max_blocks;
+    lim.max_reqs = n;
+    lim.max_tokens = n;
+    lim.max_blocks_per_req = 2048;
     lim.num_cache_blocks = 4;
+    lim.max_splits = 64;
+    char old_threads[32] = "";
+    if (threads > 0) {
+        /* the cpu backend reads AK_NUM_THREADS at create */
+        if (getenv("AK_NUM_THREADS")) snprintf(old_threads, sizeof old_threads, "%s", getenv("AK_NUM_THREADS"));
+        char v[16];
+        snprintf(v, sizeof v, "%d", threads);
+        setenv("AK_NUM_THREADS", v, 1);
+    }
     ak_backend *b = NULL;
-    msg[0] = '\0';
     ak_status st = ak_backend_create(&cfg, &lim, name, &b);
+    if (threads > 0) {
+        if (old_threads[0]) setenv("AK_NUM_THREADS", old_threads, 1);
+        else unsetenv("AK_NUM_THREADS");
+    }
     if (st == AK_OK) {
-        int32_t *bt = calloc((size_t)stride, sizeof(int32_t));
-        const int32_t qo[2] = {0, 1};
+        int32_t *bt = calloc((size_t)n * (size_t)(stride > 0 ? stride : 1), sizeof(int32_t));
+        int32_t *qo = calloc((size_t)n + 1, sizeof(int32_t));
+        for (int r = 0; r < n; r++) qo[r + 1] = r + 1;
         ak_batch batch;
         ak_batch_init(&batch);
-        batch.num_reqs = 1;
+        batch.num_reqs = n;
         batch.qo_indptr = qo;
-        batch.kv_lens = &kv_len;
-        batch.block_table = bt;
-        batch.block_table_stride = stride;
+        batch.kv_lens = kv_lens;
+        batch.block_table = page_size > 0 ? bt : NULL;
+        batch.block_table_stride = page_size > 0 ? stride : 0;
         st = ak_backend_plan(b, &batch, NULL);
+        snprintf(msg, cap, "%s", ak_last_error());
+        if (run_after) {
+            /* the tensors are never read: a failed plan must refuse before them */
+            ak_run_args args;
+            ak_run_args_init(&args);
+            *run_after = ak_backend_run(b, &args, NULL);
+        }
         free(bt);
+        free(qo);
+    } else {
+        snprintf(msg, cap, "%s", ak_last_error());
     }
-    snprintf(msg, cap, "%s", ak_last_error());
     ak_backend_destroy(b);
     return st;
 }
 
-/* kv_len + page_size - 1 above INT32_MAX wrapped the block count negative
- * past every check, and the metadata copy then crashed. */
-static void hostile_huge_kv_len(test_ctx *t, const char *name)
+/* A plan that must fail with `want` and a message holding both `field` and
+ * `detail`, and leave no plan in force. */
+static void expect_plan_fails(test_ctx *t, const char *name, const char *case_name, int page_size,
+                              const int32_t *kv_lens, int n, int stride, ak_status want, const char *field,
+                              const char *detail)
 {
-    static const int32_t lens[] = {INT32_MAX, INT32_MAX - 14, INT32_MAX - 15};
-    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++)
-        for (int wide = 0; wide < 2; wide++) {
-            char case_name[96], msg[4096];
-            snprintf(case_name, sizeof case_name, "plan kv_len %d, block_table_stride %s", lens[i],
-                     wide ? "2048" : "1");
-            if (!t_selected(t, case_name)) continue;
-            /* a table of 1 or 2048 entries: too short either way, for 2^27 blocks */
-            const ak_status st = plan_one(t, name, lens[i], wide ? 2048 : 1, 2048, msg, sizeof msg);
-            const ak_status want = AK_ERR_INVALID_ARG;
-            const char *field = "batch.kv_lens[0]";
-            char blocks[32];
-            snprintf(blocks, sizeof blocks, "needs %lld blocks", ((long long)lens[i] + 15) / 16);
-            if (st == want && strstr(msg, field) && strstr(msg, blocks))
-                t_pass(t, name, case_name, "%s", msg);
-            else
-                t_fail(t, name, case_name, "status %s (want %s), message \"%s\" (want %s, %s)",
-                       ak_status_str(st), ak_status_str(want), msg, field, blocks);
-        }
+    if (!t_selected(t, case_name)) return;
+    char msg[4096];
+    ak_status run_after = AK_OK;
+    const ak_status st = plan_status(t, name, page_size, kv_lens, n, stride, 0, msg, sizeof msg, &run_after);
+    if (st == AK_ERR_UNSUPPORTED && strstr(msg, "cannot serve")) {
+        t_skip(t, name, case_name, "unsupported");
+        return;
+    }
+    if (st == want && strstr(msg, field) && strstr(msg, detail) && run_after == AK_ERR_NOT_PLANNED)
+        t_pass(t, name, case_name, "%s", msg);
+    else
+        t_fail(t, name, case_name, "status %s (want %s), message \"%s\" (want %s, %s), run after it: %s",
+               ak_status_str(st), ak_status_str(want), msg, field, detail, ak_status_str(run_after));
+}
+
+/* kv_len + page_size - 1 above INT32_MAX wrapped the block count negative
+ * past every check and the metadata copy then crashed; the ragged kv_indptr
+ * summed kv_lens in int32 unchecked. */
+static void hostile_plan_sizes(test_ctx *t, const char *name)
+{
+    char detail[64];
+    const int32_t max_len = AK_MAX_LEN, huge = INT32_MAX, above = AK_MAX_LEN + 1;
+    expect_plan_fails(t, name, "plan kv_len INT32_MAX, block table of 1", 16, &huge, 1, 1, AK_ERR_LIMIT_EXCEEDED,
+                      "batch.kv_lens[0] = 2147483647", "AK_MAX_LEN");
+    expect_plan_fails(t, name, "plan kv_len AK_MAX_LEN + 1, block table of 2048", 16, &above, 1, 2048,
+                      AK_ERR_LIMIT_EXCEEDED, "batch.kv_lens[0]", "AK_MAX_LEN");
+    snprintf(detail, sizeof detail, "needs %lld blocks", ((long long)AK_MAX_LEN + 15) / 16);
+    expect_plan_fails(t, name, "plan kv_len AK_MAX_LEN, block table of 1", 16, &max_len, 1, 1, AK_ERR_INVALID_ARG,
+                      "batch.kv_lens[0]", detail);
+    const int32_t halves[3] = {5, 1 << 30, 1 << 30};
+    expect_plan_fails(t, name, "plan ragged, sum of kv_lens 2^31 + 5", 0, halves, 3, 0, AK_ERR_LIMIT_EXCEEDED,
+                      "batch.kv_lens[2]", "AK_MAX_LEN");
+
+    /* the largest ragged request plans, split over 4 threads' chunks (cpu_ref's
+     * plan would allocate a score row of 2^31 doubles: not asked) */
+    const char *case_name = "plan ragged kv_len AK_MAX_LEN, 4 threads";
+    if (t_selected(t, case_name) && strcmp(name, "cpu_ref") != 0) {
+        char msg[4096];
+        const ak_status st = plan_status(t, name, 0, &max_len, 1, 0, 4, msg, sizeof msg, NULL);
+        if (st == AK_OK)
+            t_pass(t, name, case_name, "ok");
+        else if (st == AK_ERR_UNSUPPORTED)
+            t_skip(t, name, case_name, "unsupported");
+        else
+            t_fail(t, name, case_name, "status %s: %s", ak_status_str(st), msg);
+    }
+}
+
+/* A page of INT32_MAX tokens: kv_len + page_size - 1 overflowed and the
+ * request got 0 blocks (device-independent: the metadata on the host). */
+static void hostile_meta_huge_page(test_ctx *t)
+{
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.page_size = INT32_MAX;
+    const int32_t qo[3] = {0, 1, 3}, kvl[2] = {5, 2}, bt[2] = {3, 1};
+    ak_batch b;
+    ak_batch_init(&b);
+    b.num_reqs = 2;
+    b.qo_indptr = qo;
+    b.kv_lens = kvl;
+    b.block_table = bt;
+    b.block_table_stride = 1;
+    int32_t qoi[3], kvi[3], idx[2], last[2], pos[3];
+    int64_t slots[3];
+    memset(kvi, 0xff, sizeof kvi);
+    ak_batch_meta m = {qoi, kvi, idx, last, pos, slots};
+    const ak_status st = ak_batch_build_meta(&b, &cfg, NULL, &m);
+    const int ok = st == AK_OK && kvi[0] == 0 && kvi[1] == 1 && kvi[2] == 2 && idx[0] == 3 && idx[1] == 1 &&
+                   last[0] == 5 && last[1] == 2 && slots[0] == 3LL * INT32_MAX + 4 && slots[2] == (int64_t)INT32_MAX + 1;
+    if (ok)
+        t_pass(t, NULL, "meta with page_size INT32_MAX", "ok");
+    else
+        t_fail(t, NULL, "meta with page_size INT32_MAX", "status %s %s; kv_indptr %d %d %d, last page %d %d",
+               ak_status_str(st), ak_last_error(), kvi[0], kvi[1], kvi[2], last[0], last[1]);
 }
 
 /* ---- the case table: configs at the edges of int32 --------------------------- */
@@ -104,5 +189,6 @@ void test_hostile(test_ctx *t)
 
     const char *names[16];
     const int nb = t_backends(t, names, 16);
-    for (int i = 0; i < nb; i++) hostile_huge_kv_len(t, names[i]);
+    for (int i = 0; i < nb; i++) hostile_plan_sizes(t, names[i]);
+    if (t->device.kind == AK_DEVICE_CPU && t_selected(t, "meta with page_size INT32_MAX")) hostile_meta_huge_page(t);
 }

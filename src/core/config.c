@@ -219,9 +219,9 @@ ak_status ak_limits_validate(const ak_limits *lim)
     if (lim->max_reqs <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_reqs = %d must be positive",
                             lim->max_reqs);
-    if (lim->max_tokens <= 0)
-        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_tokens = %d must be positive",
-                            lim->max_tokens);
+    if (lim->max_tokens <= 0 || lim->max_tokens > AK_MAX_LEN)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_tokens = %d is outside [1, AK_MAX_LEN = %d]",
+                            lim->max_tokens, AK_MAX_LEN);
     if (lim->max_blocks_per_req <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_blocks_per_req = %d must be positive",
                             lim->max_blocks_per_req);

@@ -553,7 +553,8 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
                 for (int p = 0; p < parts; p++) {
                     ak_cpu_work w = *it;
                     w.kv_begin = it->kv_begin + p * span;
-                    w.kv_end = w.kv_begin + span < it->kv_end ? w.kv_begin + span : it->kv_end;
+                    /* not kv_begin + span < kv_end: the last chunk's sum can pass INT32_MAX */
+                    w.kv_end = it->kv_end - w.kv_begin > span ? w.kv_begin + span : it->kv_end;
                     w.part = rows_used + p * rows;
                     w.cost = it->cost / parts;
                     s->work[nw++] = w;
