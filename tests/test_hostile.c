@@ -7,6 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "harness.h"
+#include "internal.h" /* ak_kv_cache_debug_set_refcount */
 
 #include <stdint.h>
 #include <stdio.h>
@@ -165,6 +166,77 @@ static void hostile_meta_huge_page(test_ctx *t)
                ak_status_str(st), ak_last_error(), kvi[0], kvi[1], kvi[2], last[0], last[1]);
 }
 
+/* ---- the block allocator: counts that would overflow --------------------------- */
+
+/* A cache of 6 blocks of 1 head of 8 (f16), CPU. */
+static ak_kv_cache *small_cache(void)
+{
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = 6;
+    kc.num_kv_heads = 1;
+    kc.head_dim_qk = kc.head_dim_vo = 8;
+    ak_kv_cache *c = NULL;
+    return ak_kv_cache_create(&kc, &c) == AK_OK ? c : NULL;
+}
+
+#define CHECK(t, name, cond, ...)                                              \
+    do {                                                                       \
+        if (cond)                                                              \
+            t_pass(t, NULL, name, "ok");                                       \
+        else                                                                   \
+            t_fail(t, NULL, name, __VA_ARGS__);                                \
+    } while (0)
+
+/* ak_kv_cache_share added to an int32 count with no check: a block shared
+ * 2^31 times had a negative count. A rejected list changes nothing. */
+static void hostile_refcount_overflow(test_ctx *t)
+{
+    ak_kv_cache *c = small_cache();
+    int32_t a[3];
+    if (!c || ak_kv_cache_alloc(c, 3, a) != AK_OK) {
+        t_fail(t, NULL, "allocator: share past INT32_MAX references", "cannot make the cache: %s", ak_last_error());
+        ak_kv_cache_destroy(c);
+        return;
+    }
+    ak_kv_cache_debug_set_refcount(c, a[0], INT32_MAX - 1);
+    const int32_t list[3] = {a[1], a[0], a[0]};
+    ak_status st = ak_kv_cache_share(c, 3, list);
+    CHECK(t, "allocator: share past INT32_MAX references", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "block_ids[2]") &&
+          strstr(ak_last_error(), "INT32_MAX"), "status %s: %s", ak_status_str(st), ak_last_error());
+    CHECK(t, "allocator: a rejected share changes nothing",
+          ak_kv_cache_refcount(c, a[0]) == INT32_MAX - 1 && ak_kv_cache_refcount(c, a[1]) == 1 &&
+              ak_kv_cache_num_free(c) == 3,
+          "refcounts %d %d, %d free", ak_kv_cache_refcount(c, a[0]), ak_kv_cache_refcount(c, a[1]),
+          ak_kv_cache_num_free(c));
+    st = ak_kv_cache_share(c, 1, &a[0]);
+    CHECK(t, "allocator: share up to INT32_MAX references", st == AK_OK && ak_kv_cache_refcount(c, a[0]) == INT32_MAX,
+          "status %s, refcount %d", ak_status_str(st), ak_kv_cache_refcount(c, a[0]));
+    st = ak_kv_cache_share(c, 1, &a[0]);
+    CHECK(t, "allocator: share at INT32_MAX references", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "block_ids[0]") &&
+          ak_kv_cache_refcount(c, a[0]) == INT32_MAX, "status %s, refcount %d", ak_status_str(st),
+          ak_kv_cache_refcount(c, a[0]));
+
+    /* free: a list naming a block more often than it has references is
+     * rejected where it fails, and nothing it freed before that stays freed */
+    const int32_t too_many[4] = {a[2], a[1], a[2], a[1]};
+    st = ak_kv_cache_free(c, 4, too_many);
+    CHECK(t, "allocator: a rejected free changes nothing",
+          st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "block_ids[2]") && ak_kv_cache_refcount(c, a[1]) == 1 &&
+              ak_kv_cache_refcount(c, a[2]) == 1 && ak_kv_cache_num_free(c) == 3,
+          "status %s (%s), refcounts %d %d, %d free", ak_status_str(st), ak_last_error(),
+          ak_kv_cache_refcount(c, a[1]), ak_kv_cache_refcount(c, a[2]), ak_kv_cache_num_free(c));
+    /* the pool still hands out exactly the 3 free blocks, none of a[] */
+    int32_t rest[4];
+    st = ak_kv_cache_alloc(c, 3, rest);
+    int fresh = st == AK_OK;
+    for (int i = 0; i < 3 && fresh; i++)
+        for (int j = 0; j < 3; j++) fresh &= rest[i] != a[j] && (j >= i || rest[i] != rest[j]);
+    CHECK(t, "allocator: after a rejected free the pool is intact", fresh && ak_kv_cache_alloc(c, 1, &rest[3]) ==
+          AK_ERR_OUT_OF_BLOCKS, "status %s, ids %d %d %d", ak_status_str(st), rest[0], rest[1], rest[2]);
+    ak_kv_cache_destroy(c);
+}
+
 /* ---- the case table: configs at the edges of int32 --------------------------- */
 
 #define NHD AK_LAYOUT_NHD
@@ -190,5 +262,7 @@ void test_hostile(test_ctx *t)
     const char *names[16];
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++) hostile_plan_sizes(t, names[i]);
-    if (t->device.kind == AK_DEVICE_CPU && t_selected(t, "meta with page_size INT32_MAX")) hostile_meta_huge_page(t);
+    if (t->device.kind != AK_DEVICE_CPU) return; /* device-independent: once, in the CPU run */
+    if (t_selected(t, "meta with page_size INT32_MAX")) hostile_meta_huge_page(t);
+    if (t_selected(t, "allocator")) hostile_refcount_overflow(t);
 }

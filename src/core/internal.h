@@ -141,6 +141,11 @@ ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_
 /* CPU feature detection (device.c). */
 int ak_cpu_has_avx2_fma_f16c(void);
 
+/* Test support (tests and fuzz targets, never the library): sets the count of
+ * an allocated block, so the overflow edge of ak_kv_cache_share is reached
+ * without 2^31 calls. */
+ak_status ak_kv_cache_debug_set_refcount(ak_kv_cache *cache, int32_t block_id, int32_t refs);
+
 /* ---- small utilities ----------------------------------------------------- */
 
 /* The number of OpenMP threads to use: AK_NUM_THREADS if set and > 0,

@@ -128,19 +128,25 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
 
 /* ---- block allocator ----------------------------------------------------- */
 
-static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids, int need_allocated)
+/* Every id of ids[0, n) names a block of the cache. */
+static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids)
 {
     if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
     if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
     if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->cfg.num_blocks)
             return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is out of range [0, %d)", i,
                                 ids[i], c->cfg.num_blocks);
-        if (need_allocated && c->refcount[ids[i]] == 0)
-            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, ids[i]);
-    }
     return AK_OK;
+}
+
+/* How often ids[0, i] name ids[i]. */
+static int times_named(const int32_t *ids, int i)
+{
+    int times = 0;
+    for (int j = 0; j <= i; j++) times += ids[j] == ids[i];
+    return times;
 }
 
 ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
@@ -159,28 +165,48 @@ ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
     return AK_OK;
 }
 
+/* share and free change the counts as they go and undo this call's changes
+ * when an id fails, so a rejected list changes nothing: one pass, whatever
+ * the length of the list. */
+
 ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids, 1));
-    for (int i = 0; i < n; i++) c->refcount[ids[i]]++;
+    AK_TRY(check_ids(c, n, ids));
+    for (int i = 0; i < n; i++) {
+        const int32_t id = ids[i];
+        if (c->refcount[id] == 0 || c->refcount[id] == INT32_MAX) {
+            const int32_t held = c->refcount[id];
+            for (int j = 0; j < i; j++) c->refcount[ids[j]]--;
+            if (held == 0)
+                return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, id);
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "block_ids[%d] = %d would have more than INT32_MAX = %d references (%d before "
+                                "this call)",
+                                i, id, INT32_MAX, INT32_MAX - (times_named(ids, i) - 1));
+        }
+        c->refcount[id]++;
+    }
     return AK_OK;
 }
 
 ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids, 1));
-    /* a list naming one block more often than it has references would drive
-     * the count below zero: reject it before changing anything */
+    AK_TRY(check_ids(c, n, ids));
+    const int free_before = c->num_free;
     for (int i = 0; i < n; i++) {
-        int times = 0;
-        for (int j = 0; j <= i; j++) times += ids[j] == ids[i];
-        if (times > c->refcount[ids[i]])
-            return ak_set_error(AK_ERR_INVALID_ARG,
-                                "block_ids[%d] = %d is freed %d times but has %d references", i,
-                                ids[i], times, c->refcount[ids[i]]);
+        const int32_t id = ids[i];
+        if (c->refcount[id] == 0) {
+            /* not allocated, or named more often than it has references */
+            const int times = times_named(ids, i);
+            c->num_free = free_before;
+            for (int j = 0; j < i; j++) c->refcount[ids[j]]++;
+            if (times == 1) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, id);
+            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is freed %d times but has %d references", i,
+                                id, times, times - 1);
+        }
+        /* a block goes back to the pool once, when its count reaches 0 */
+        if (--c->refcount[id] == 0) c->free_ids[c->num_free++] = id;
     }
-    for (int i = 0; i < n; i++)
-        if (--c->refcount[ids[i]] == 0) c->free_ids[c->num_free++] = ids[i];
     return AK_OK;
 }
 
@@ -190,4 +216,14 @@ int ak_kv_cache_refcount(const ak_kv_cache *c, int32_t id)
 {
     if (!c || id < 0 || id >= c->cfg.num_blocks) return -1;
     return c->refcount[id];
+}
+
+ak_status ak_kv_cache_debug_set_refcount(ak_kv_cache *c, int32_t id, int32_t refs)
+{
+    AK_TRY(check_ids(c, 1, &id));
+    if (c->refcount[id] == 0 || refs < 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "block %d has %d references, refs = %d: only an allocated block's "
+                            "count may be set, to 1 or more", id, c->refcount[id], refs);
+    c->refcount[id] = refs;
+    return AK_OK;
 }
