@@ -7,6 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "harness.h"
+#include "dtype.h"
 #include "internal.h" /* ak_kv_cache_debug_set_refcount */
 
 #include <stdint.h>
@@ -166,6 +167,180 @@ static void hostile_meta_huge_page(test_ctx *t)
                ak_status_str(st), ak_last_error(), kvi[0], kvi[1], kvi[2], last[0], last[1]);
 }
 
+/* ---- paged views: strides and sizes that would address outside the pool ------ */
+
+typedef struct view_case {
+    const char *name;
+    const char *field; /* must appear in the message, after "kv->" or "args.kv->" */
+    void (*breaks)(ak_paged_kv *kv);
+} view_case;
+
+static int64_t block_elems(const ak_paged_kv *kv, int is_v)
+{
+    return (int64_t)kv->page_size * kv->num_kv_heads * (is_v ? kv->head_dim_vo : kv->head_dim_qk);
+}
+static void k_stride_minus_block(ak_paged_kv *kv) { kv->k_block_stride = -block_elems(kv, 0); }
+static void v_stride_below_block(ak_paged_kv *kv) { kv->v_block_stride = block_elems(kv, 1) - 1; }
+static void k_stride_int64_min(ak_paged_kv *kv) { kv->k_block_stride = INT64_MIN; }
+static void v_stride_past_int64(ak_paged_kv *kv) { kv->v_block_stride = INT64_MAX / 2; }
+static void page_size_zero(ak_paged_kv *kv) { kv->page_size = 0; }
+static void heads_negative(ak_paged_kv *kv) { kv->num_kv_heads = -1; }
+static void layout_unknown(ak_paged_kv *kv) { kv->layout = (ak_kv_layout)7; }
+static void block_past_int64(ak_paged_kv *kv) { kv->page_size = INT32_MAX; kv->head_dim_qk = INT32_MAX; }
+static void no_v_data(ak_paged_kv *kv) { kv->v_data = NULL; }
+
+static const view_case view_cases[] = {
+    {"k_block_stride = -block", "k_block_stride", k_stride_minus_block},
+    {"v_block_stride = block - 1", "v_block_stride", v_stride_below_block},
+    {"k_block_stride = INT64_MIN", "k_block_stride", k_stride_int64_min},
+    {"v_block_stride: the pool passes int64 bytes", "v_block_stride", v_stride_past_int64},
+    {"page_size 0", "page_size", page_size_zero},
+    {"num_kv_heads -1", "num_kv_heads", heads_negative},
+    {"layout 7", "layout", layout_unknown},
+    {"a block of more than int64 bytes", "int64", block_past_int64},
+    {"v_data NULL", "v_data", no_v_data},
+};
+
+static uint64_t bytes_hash(const unsigned char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* ak_kv_update trusted the view's block strides (run() checked them, it did
+ * not): a negative one wrote before the pool. Both now validate the view with
+ * one function; a rejected view writes nothing, in or around the pool. The
+ * pools are guarded buffers, so a write a block before or after them lands in
+ * checked guard bytes. */
+static void hostile_views(test_ctx *t)
+{
+    const ak_dtype dt = t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+    const size_t esz = ak_dtype_size(dt);
+    enum { BLOCKS = 4, PAGE = 4, HEADS = 2, DQK = 8, DVO = 16, NEW = 2 };
+    tbuf kp, vp, kn, vn, sl;
+    tbuf_alloc(&kp, t->device, esz * BLOCKS * PAGE * HEADS * DQK);
+    tbuf_alloc(&vp, t->device, esz * BLOCKS * PAGE * HEADS * DVO);
+    tbuf_alloc(&kn, t->device, esz * NEW * HEADS * DQK);
+    tbuf_alloc(&vn, t->device, esz * NEW * HEADS * DVO);
+    tbuf_alloc(&sl, t->device, sizeof(int64_t) * NEW);
+    uint64_t rng = t->seed ^ name_hash("hostile views");
+    tbuf *fill[4] = {&kp, &vp, &kn, &vn};
+    for (int b = 0; b < 4; b++) {
+        for (size_t i = 0; i < fill[b]->bytes / esz; i++)
+            ak_store_from_f32(tbuf_host(fill[b]), dt, (int64_t)i, rng_uniform(&rng));
+        tbuf_upload(fill[b]);
+    }
+    /* block 1 slot 1 and block 3 slot 3: a negative stride lands a block before the pool */
+    const int64_t slots[NEW] = {PAGE + 1, 3 * PAGE + 3};
+    memcpy(tbuf_host(&sl), slots, sizeof slots);
+    tbuf_upload(&sl);
+    const size_t k_all = kp.bytes + 2 * GUARD_BYTES, v_all = vp.bytes + 2 * GUARD_BYTES;
+    const uint64_t k_before = bytes_hash(kp.host, k_all), v_before = bytes_hash(vp.host, v_all);
+    unsigned char *k_image = malloc(k_all), *v_image = malloc(v_all);
+    memcpy(k_image, kp.host, k_all);
+    memcpy(v_image, vp.host, v_all);
+
+    ak_paged_kv base;
+    memset(&base, 0, sizeof base);
+    base.k_data = tbuf_data(&kp);
+    base.v_data = tbuf_data(&vp);
+    base.dtype = dt;
+    base.layout = AK_LAYOUT_NHD;
+    base.device = t->device;
+    base.num_blocks = BLOCKS;
+    base.page_size = PAGE;
+    base.num_kv_heads = HEADS;
+    base.head_dim_qk = DQK;
+    base.head_dim_vo = DVO;
+    const ak_tensor k = ak_tensor_3d(tbuf_data(&kn), dt, NEW, HEADS, DQK);
+    const ak_tensor v = ak_tensor_3d(tbuf_data(&vn), dt, NEW, HEADS, DVO);
+
+    for (size_t c = 0; c < sizeof view_cases / sizeof *view_cases; c++) {
+        char name[128];
+        snprintf(name, sizeof name, "kv_update view: %s", view_cases[c].name);
+        if (!t_selected(t, name)) continue;
+        ak_paged_kv kv = base;
+        view_cases[c].breaks(&kv);
+        const ak_status st = ak_kv_update(&kv, &k, &v, tbuf_data(&sl), NEW, NULL);
+        dev_sync(t->device);
+        tbuf_download(&kp);
+        tbuf_download(&vp);
+        const int same = bytes_hash(kp.host, k_all) == k_before && bytes_hash(vp.host, v_all) == v_before;
+        const int named = strstr(ak_last_error(), view_cases[c].field) != NULL && strstr(ak_last_error(), "kv->");
+        if (st == AK_ERR_INVALID_ARG && named && same)
+            t_pass(t, NULL, name, "%s", ak_last_error());
+        else
+            t_fail(t, NULL, name, "status %s, message \"%s\" (want %s), pool and guards %s", ak_status_str(st),
+                   st ? ak_last_error() : "", view_cases[c].field, same ? "unchanged" : "WRITTEN");
+        /* undo whatever a faulty call wrote, for the next case */
+        memcpy(kp.host, k_image, k_all);
+        memcpy(vp.host, v_image, v_all);
+        tbuf_upload(&kp);
+        tbuf_upload(&vp);
+    }
+    free(k_image);
+    free(v_image);
+    tbuf_free(&kp);
+    tbuf_free(&vp);
+    tbuf_free(&kn);
+    tbuf_free(&vn);
+    tbuf_free(&sl);
+}
+
+/* run() rejects the same views through the same function, before it reads
+ * anything: o stays poison. */
+static void hostile_run_views(test_ctx *t, const char *name)
+{
+    attn_case tc = {"hostile run views", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 2,
+                    {{1, 20}, {3, 9}}};
+    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+    uint64_t rng = t->seed ^ name_hash(tc.name);
+    scene sc;
+    ak_backend *b = NULL;
+    if (scene_build(&sc, &tc, t->device, &rng) || ak_backend_create(&sc.cfg, &sc.lim, name, &b) != AK_OK ||
+        ak_backend_plan(b, &sc.batch, NULL) != AK_OK) {
+        if (b) t_fail(t, name, "run view", "cannot plan the baseline: %s", ak_last_error());
+        ak_backend_destroy(b);
+        scene_free(&sc);
+        return;
+    }
+    const size_t esz = ak_dtype_size(tc.dtype);
+    tbuf ob;
+    tbuf_alloc(&ob, t->device, esz * (size_t)sc.num_tokens * tc.num_qo_heads * tc.head_dim_vo);
+    ak_tensor q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, sc.num_tokens, tc.num_qo_heads, tc.head_dim_qk);
+    q.stride[1] = tc.head_dim_qk + 8; /* the scene pads q's rows */
+    q.stride[0] = (int64_t)tc.num_qo_heads * q.stride[1];
+    ak_tensor o = ak_tensor_3d(tbuf_data(&ob), tc.dtype, sc.num_tokens, tc.num_qo_heads, tc.head_dim_vo);
+    for (size_t c = 0; c < sizeof view_cases / sizeof *view_cases; c++) {
+        char case_name[128];
+        snprintf(case_name, sizeof case_name, "run view: %s", view_cases[c].name);
+        if (!t_selected(t, case_name)) continue;
+        tbuf_poison(&ob);
+        ak_paged_kv kv = sc.kv;
+        view_cases[c].breaks(&kv);
+        ak_run_args a;
+        ak_run_args_init(&a);
+        a.q = &q;
+        a.o = &o;
+        a.kv = &kv;
+        const ak_status st = ak_backend_run(b, &a, NULL);
+        dev_sync(t->device);
+        tbuf_download(&ob);
+        int untouched = tbuf_guards_ok(&ob);
+        for (size_t i = 0; i < ob.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&ob))[i] == POISON_BYTE;
+        const int named = strstr(ak_last_error(), view_cases[c].field) != NULL && strstr(ak_last_error(), "args.kv");
+        if (st == AK_ERR_INVALID_ARG && named && untouched)
+            t_pass(t, name, case_name, "%s", ak_last_error());
+        else
+            t_fail(t, name, case_name, "status %s, message \"%s\" (want %s), o %s", ak_status_str(st),
+                   st ? ak_last_error() : "", view_cases[c].field, untouched ? "untouched" : "WRITTEN");
+    }
+    tbuf_free(&ob);
+    ak_backend_destroy(b);
+    scene_free(&sc);
+}
+
 /* ---- the block allocator: counts that would overflow --------------------------- */
 
 /* A cache of 6 blocks of 1 head of 8 (f16), CPU. */
@@ -261,7 +436,11 @@ void test_hostile(test_ctx *t)
 
     const char *names[16];
     const int nb = t_backends(t, names, 16);
-    for (int i = 0; i < nb; i++) hostile_plan_sizes(t, names[i]);
+    for (int i = 0; i < nb; i++) {
+        hostile_plan_sizes(t, names[i]);
+        hostile_run_views(t, names[i]);
+    }
+    hostile_views(t);
     if (t->device.kind != AK_DEVICE_CPU) return; /* device-independent: once, in the CPU run */
     if (t_selected(t, "meta with page_size INT32_MAX")) hostile_meta_huge_page(t);
     if (t_selected(t, "allocator")) hostile_refcount_overflow(t);

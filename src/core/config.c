@@ -308,13 +308,59 @@ static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dty
     return AK_OK;
 }
 
+ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
+{
+    if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    if (!kv->k_data || !kv->v_data)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s is NULL", name, kv->k_data ? "v_data" : "k_data");
+    const size_t esz = ak_dtype_size(kv->dtype);
+    if (esz == 0 || kv->dtype == AK_FP8_E4M3)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "%s->dtype = %s is not a supported KV dtype", name,
+                            ak_dtype_name(kv->dtype));
+    if (kv->layout != AK_LAYOUT_NHD && kv->layout != AK_LAYOUT_HND)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->layout = %d is not a layout", name, kv->layout);
+    if (kv->device.kind != AK_DEVICE_CPU && kv->device.kind != AK_DEVICE_CUDA)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->device.kind = %d is not a device kind", name, kv->device.kind);
+#define AK_POSITIVE_(field)                                                    \
+    if (kv->field <= 0)                                                        \
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->" #field " = %d must be positive", name, kv->field);
+    AK_POSITIVE_(num_blocks)
+    AK_POSITIVE_(page_size)
+    AK_POSITIVE_(num_kv_heads)
+    AK_POSITIVE_(head_dim_qk)
+    AK_POSITIVE_(head_dim_vo)
+#undef AK_POSITIVE_
+    /* a block's elements, and the pool's bytes (num_blocks blocks at the block
+     * stride), must be int64: every address is block * stride + offset */
+    const int64_t max_elems = INT64_MAX / (int64_t)esz;
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const char *field = is_v ? "v_block_stride" : "k_block_stride";
+        const int64_t stride = is_v ? kv->v_block_stride : kv->k_block_stride;
+        const int head_dim = is_v ? kv->head_dim_vo : kv->head_dim_qk;
+        int64_t block, pool;
+        if (__builtin_mul_overflow((int64_t)kv->page_size * kv->num_kv_heads, (int64_t)head_dim, &block) ||
+            block > max_elems)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->page_size = %d x num_kv_heads = %d x head_dim_%s = %d: a block of more than "
+                                "int64 bytes",
+                                name, kv->page_size, kv->num_kv_heads, is_v ? "vo" : "qk", head_dim);
+        if (stride != 0 && stride < block)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s = %lld is below a block (%lld elements; 0 = packed)", name,
+                                field, (long long)stride, (long long)block);
+        if (__builtin_mul_overflow((int64_t)(kv->num_blocks - 1), stride ? stride : block, &pool) ||
+            pool > max_elems - block)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->%s = %lld: %d blocks span more than int64 bytes", name, field,
+                                (long long)stride, kv->num_blocks);
+    }
+    return AK_OK;
+}
+
 static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
                                 const ak_paged_kv *kv)
 {
     if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "args.kv is NULL (paged storage)");
-    if (!kv->k_data || !kv->v_data)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->%s is NULL",
-                            kv->k_data ? "v_data" : "k_data");
+    AK_TRY(ak_paged_kv_validate(kv, "args.kv"));
     if (kv->dtype != cfg->kv_dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->dtype = %s, expected cfg.kv_dtype = %s",
                             ak_dtype_name(kv->dtype), ak_dtype_name(cfg->kv_dtype));
@@ -339,14 +385,6 @@ static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
                             "args.kv->num_blocks = %d is below limits.num_cache_blocks = %d "
                             "(planned block ids could fall outside the cache)",
                             kv->num_blocks, lim->num_cache_blocks);
-    const int64_t k_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_qk;
-    const int64_t v_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_vo;
-    if (kv->k_block_stride != 0 && kv->k_block_stride < k_min)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->k_block_stride = %lld is below a block (%lld)",
-                            (long long)kv->k_block_stride, (long long)k_min);
-    if (kv->v_block_stride != 0 && kv->v_block_stride < v_min)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->v_block_stride = %lld is below a block (%lld)",
-                            (long long)kv->v_block_stride, (long long)v_min);
     return AK_OK;
 }
 

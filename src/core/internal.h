@@ -104,6 +104,12 @@ ak_status ak_limits_validate(const ak_limits *lim);
 /* cfg with sm_scale resolved (0 -> 1/sqrt(head_dim_qk)). */
 ak_attn_config ak_config_normalized(const ak_attn_config *cfg);
 
+/* Checks one paged K/V view on its own (ak_kv_update and run() both call
+ * it): data, dtype, layout, positive sizes, block strides 0 (packed) or at
+ * least a block, and a pool that int64 addresses. `name` is the field in
+ * messages ("args.kv", "kv"). */
+ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name);
+
 /* Checks the tensors of one run against cfg, the plan's token count and the
  * limits; names the field on failure. */
 ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim,
