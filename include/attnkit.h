@@ -123,7 +123,14 @@ typedef struct ak_tensor {
     int64_t stride[AK_MAX_DIMS]; /* in elements */
 } ak_tensor;
 
-/* A contiguous row-major view with ndim = 2, 3 or 4 dimensions. */
+/* A contiguous row-major view with ndim = 2, 3 or 4 dimensions. These return
+ * no status: a negative dim, or dims whose bytes (elements x dtype size, or a
+ * stride) pass INT64_MAX, give an invalid tensor instead: data NULL, ndim 0,
+ * shape as given, stride[d] = -1 at the dim d that failed and every other
+ * stride 0. Every call given it fails with AK_ERR_INVALID_ARG and a message
+ * naming that dim ("args.q is invalid: ak_tensor_*d was given shape[1] = ...").
+ * Calls likewise reject any tensor with a negative shape or stride, or whose
+ * last element lies more than INT64_MAX bytes from data. */
 ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
 ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
 ak_tensor ak_tensor_4d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2,

@@ -279,6 +279,33 @@ static void hostile_views(test_ctx *t)
         tbuf_upload(&kp);
         tbuf_upload(&vp);
     }
+    /* the new rows' tensors: one from a constructor given too large a dim, and
+     * strides whose addresses pass int64 */
+    for (int c = 0; c < 3; c++) {
+        static const char *const what[3] = {"kv_update k: ak_tensor_3d dims overflow",
+                                            "kv_update k: stride[0] past int64 bytes",
+                                            "kv_update v: stride[1] past int64 bytes"};
+        static const char *const field[3] = {"shape[1]", "k->stride[0]", "v->stride[1]"};
+        if (!t_selected(t, what[c])) continue;
+        ak_tensor kb = k, vb = v;
+        if (c == 0) kb = ak_tensor_3d(tbuf_data(&kn), dt, NEW, (int64_t)1 << 62, DQK);
+        if (c == 1) kb.stride[0] = (int64_t)1 << 62;
+        if (c == 2) vb.stride[1] = (int64_t)1 << 61;
+        const ak_status st = ak_kv_update(&base, &kb, &vb, tbuf_data(&sl), NEW, NULL);
+        dev_sync(t->device);
+        tbuf_download(&kp);
+        tbuf_download(&vp);
+        const int same = bytes_hash(kp.host, k_all) == k_before && bytes_hash(vp.host, v_all) == v_before;
+        if (st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), field[c]) && same)
+            t_pass(t, NULL, what[c], "%s", ak_last_error());
+        else
+            t_fail(t, NULL, what[c], "status %s, message \"%s\" (want %s), pool and guards %s", ak_status_str(st),
+                   st ? ak_last_error() : "", field[c], same ? "unchanged" : "WRITTEN");
+        memcpy(kp.host, k_image, k_all);
+        memcpy(vp.host, v_image, v_all);
+        tbuf_upload(&kp);
+        tbuf_upload(&vp);
+    }
     free(k_image);
     free(v_image);
     tbuf_free(&kp);
@@ -337,6 +364,149 @@ static void hostile_run_views(test_ctx *t, const char *name)
                    st ? ak_last_error() : "", view_cases[c].field, untouched ? "untouched" : "WRITTEN");
     }
     tbuf_free(&ob);
+    ak_backend_destroy(b);
+    scene_free(&sc);
+}
+
+/* ---- tensors: shapes whose sizes or addresses pass int64 --------------------- */
+
+/* ak_tensor_*d multiplied dims into int64 strides unchecked. A negative dim,
+ * or dims whose bytes pass INT64_MAX, now give an invalid tensor (data NULL,
+ * ndim 0, stride -1 at the failing dim) that every call rejects naming the
+ * dim. */
+static void hostile_tensor_constructors(test_ctx *t)
+{
+    float x[4];
+    const int64_t big = (int64_t)1 << 62;
+    struct {
+        const char *name;
+        ak_tensor got;
+        int bad_dim; /* -1: valid */
+    } cases[] = {
+        {"ak_tensor_3d(2, 2^62, 8) f32", ak_tensor_3d(x, AK_F32, 2, big, 8), 1},
+        {"ak_tensor_2d(-1, 4)", ak_tensor_2d(x, AK_F32, -1, 4), 0},
+        {"ak_tensor_4d(2^20, 2^20, 2^20, 4) f32: 2^62 elements, 2^64 bytes",
+         ak_tensor_4d(x, AK_F32, 1 << 20, 1 << 20, 1 << 20, 4), 0},
+        {"ak_tensor_4d(2^20, 2^20, 2^20, 8) bf16", ak_tensor_4d(x, AK_BF16, 1 << 20, 1 << 20, 1 << 20, 8), 0},
+        {"ak_tensor_3d(0, 2^40, 2^40): no elements, strides past int64",
+         ak_tensor_3d(x, AK_F32, 0, (int64_t)1 << 40, (int64_t)1 << 40), 1},
+        {"ak_tensor_2d(2^30, 2^30) f32: 2^62 bytes", ak_tensor_2d(x, AK_F32, 1 << 30, 1 << 30), -1},
+        {"ak_tensor_4d(0, 3, 0, 5)", ak_tensor_4d(x, AK_F32, 0, 3, 0, 5), -1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        char name[160];
+        snprintf(name, sizeof name, "tensor: %s", cases[c].name);
+        if (!t_selected(t, name)) continue;
+        const ak_tensor *g = &cases[c].got;
+        const int d = cases[c].bad_dim;
+        int ok;
+        if (d < 0) {
+            ok = g->data == x && g->ndim >= 2 && g->stride[g->ndim - 1] == 1;
+            for (int i = 0; i + 1 < g->ndim; i++) ok &= g->stride[i] == g->stride[i + 1] * (g->shape[i + 1] ? g->shape[i + 1] : 1);
+        } else {
+            ok = g->data == NULL && g->ndim == 0 && g->stride[d] == -1;
+            for (int i = 0; i < AK_MAX_DIMS; i++) ok &= i == d || g->stride[i] == 0;
+        }
+        if (ok)
+            t_pass(t, NULL, name, "ok");
+        else
+            t_fail(t, NULL, name, "data %s, ndim %d, strides %lld %lld %lld %lld (want dim %d marked)",
+                   g->data ? "set" : "NULL", g->ndim, (long long)g->stride[0], (long long)g->stride[1],
+                   (long long)g->stride[2], (long long)g->stride[3], d);
+    }
+
+    /* merge_states given such tensors, or strides past int64 */
+    enum { T = 2, S = 3, H = 2, D = 4 };
+    float v[T * S * H * D], sv[T * S * H], vo[T * H * D], so[T * H];
+    uint64_t rng = t->seed;
+    for (int i = 0; i < T * S * H * D; i++) v[i] = rng_uniform(&rng);
+    for (int i = 0; i < T * S * H; i++) sv[i] = rng_uniform(&rng);
+    for (int c = 0; c < 3; c++) {
+        static const char *const what[3] = {"merge_states v: ak_tensor_4d dims overflow",
+                                            "merge_states v: stride[1] past int64 bytes",
+                                            "merge_states v_out: stride[0] past int64 bytes"};
+        static const char *const field[3] = {"v is invalid", "v->stride[1]", "v_out->stride[0]"};
+        if (!t_selected(t, what[c])) continue;
+        ak_tensor vt = ak_tensor_4d(v, AK_F32, T, S, H, D), st_ = ak_tensor_3d(sv, AK_F32, T, S, H);
+        ak_tensor vot = ak_tensor_3d(vo, AK_F32, T, H, D), sot = ak_tensor_2d(so, AK_F32, T, H);
+        if (c == 0) vt = ak_tensor_4d(v, AK_F32, T, big, H, D);
+        if (c == 1) vt.stride[1] = (int64_t)1 << 62;
+        if (c == 2) vot.stride[0] = (int64_t)1 << 62;
+        memset(vo, 0xff, sizeof vo);
+        memset(so, 0xff, sizeof so);
+        const ak_device cpu = {AK_DEVICE_CPU, 0};
+        const ak_status st = ak_merge_states(&vt, &st_, &vot, &sot, cpu, NULL);
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof vo; i++) untouched &= ((unsigned char *)vo)[i] == 0xff;
+        for (size_t i = 0; i < sizeof so; i++) untouched &= ((unsigned char *)so)[i] == 0xff;
+        if (st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), field[c]) && untouched)
+            t_pass(t, NULL, what[c], "%s", ak_last_error());
+        else
+            t_fail(t, NULL, what[c], "status %s, message \"%s\" (want %s), outputs %s", ak_status_str(st),
+                   st ? ak_last_error() : "", field[c], untouched ? "untouched" : "WRITTEN");
+    }
+}
+
+/* run() given an invalid q, or o / lse strides past int64 bytes: rejected,
+ * naming the field, before anything is read or written. */
+static void hostile_run_tensors(test_ctx *t, const char *name)
+{
+    attn_case tc = {"hostile run tensors", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 2,
+                    {{1, 20}, {3, 9}}};
+    if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+    uint64_t rng = t->seed ^ name_hash(tc.name);
+    scene sc;
+    ak_backend *b = NULL;
+    if (scene_build(&sc, &tc, t->device, &rng) || ak_backend_create(&sc.cfg, &sc.lim, name, &b) != AK_OK ||
+        ak_backend_plan(b, &sc.batch, NULL) != AK_OK) {
+        if (b) t_fail(t, name, "run tensors", "cannot plan the baseline: %s", ak_last_error());
+        ak_backend_destroy(b);
+        scene_free(&sc);
+        return;
+    }
+    const int T = sc.num_tokens, Hq = tc.num_qo_heads, D = tc.head_dim_qk;
+    const size_t esz = ak_dtype_size(tc.dtype);
+    tbuf ob, lb;
+    tbuf_alloc(&ob, t->device, esz * (size_t)T * Hq * D);
+    tbuf_alloc(&lb, t->device, sizeof(float) * (size_t)T * Hq);
+    static const char *const what[4] = {"run q: ak_tensor_3d dims overflow", "run q: stride[0] past int64 bytes",
+                                        "run o: stride[1] past int64 bytes", "run lse: stride[0] past int64 bytes"};
+    static const char *const field[4] = {"args.q is invalid", "args.q->stride[0]", "args.o->stride[1]",
+                                         "args.lse->stride[0]"};
+    for (int c = 0; c < 4; c++) {
+        if (!t_selected(t, what[c])) continue;
+        tbuf_poison(&ob);
+        tbuf_poison(&lb);
+        ak_tensor q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, T, Hq, D);
+        q.stride[1] = D + 8; /* the scene pads q's rows */
+        q.stride[0] = (int64_t)Hq * q.stride[1];
+        ak_tensor o = ak_tensor_3d(tbuf_data(&ob), tc.dtype, T, Hq, D);
+        ak_tensor l = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
+        if (c == 0) q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, T, (int64_t)1 << 62, D);
+        if (c == 1) q.stride[0] = (int64_t)1 << 62;
+        if (c == 2) o.stride[1] = (int64_t)1 << 61;
+        if (c == 3) l.stride[0] = (int64_t)1 << 62;
+        ak_run_args a;
+        ak_run_args_init(&a);
+        a.q = &q;
+        a.o = &o;
+        a.lse = &l;
+        a.kv = &sc.kv;
+        const ak_status st = ak_backend_run(b, &a, NULL);
+        dev_sync(t->device);
+        tbuf_download(&ob);
+        tbuf_download(&lb);
+        int untouched = tbuf_guards_ok(&ob) && tbuf_guards_ok(&lb);
+        for (size_t i = 0; i < ob.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&ob))[i] == POISON_BYTE;
+        for (size_t i = 0; i < lb.bytes && untouched; i++) untouched = ((unsigned char *)tbuf_host(&lb))[i] == POISON_BYTE;
+        if (st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), field[c]) && untouched)
+            t_pass(t, name, what[c], "%s", ak_last_error());
+        else
+            t_fail(t, name, what[c], "status %s, message \"%s\" (want %s), outputs %s", ak_status_str(st),
+                   st ? ak_last_error() : "", field[c], untouched ? "untouched" : "WRITTEN");
+    }
+    tbuf_free(&ob);
+    tbuf_free(&lb);
     ak_backend_destroy(b);
     scene_free(&sc);
 }
@@ -439,9 +609,11 @@ void test_hostile(test_ctx *t)
     for (int i = 0; i < nb; i++) {
         hostile_plan_sizes(t, names[i]);
         hostile_run_views(t, names[i]);
+        hostile_run_tensors(t, names[i]);
     }
     hostile_views(t);
     if (t->device.kind != AK_DEVICE_CPU) return; /* device-independent: once, in the CPU run */
     if (t_selected(t, "meta with page_size INT32_MAX")) hostile_meta_huge_page(t);
+    hostile_tensor_constructors(t);
     if (t_selected(t, "allocator")) hostile_refcount_overflow(t);
 }

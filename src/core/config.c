@@ -36,6 +36,10 @@ size_t ak_dtype_size(ak_dtype t)
     return 0;
 }
 
+/* Row-major strides; a negative dim, or dims whose bytes pass INT64_MAX, give
+ * the invalid tensor attnkit.h describes: data NULL, ndim 0, the shape as
+ * given and stride[d] = -1 at the dim d that failed, so that the call the
+ * tensor reaches can name it (ak_tensor_validate). */
 static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *shape)
 {
     ak_tensor t;
@@ -43,11 +47,21 @@ static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *
     t.data = data;
     t.dtype = dtype;
     t.ndim = ndim;
+    const int64_t esz = ak_dtype_size(dtype) ? (int64_t)ak_dtype_size(dtype) : 1;
     int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.stride[i] = stride;
-        stride *= shape[i];
+        int64_t bytes;
+        if (shape[i] < 0 || __builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride) ||
+            __builtin_mul_overflow(stride, esz, &bytes)) {
+            for (int j = 0; j < ndim; j++) t.shape[j] = shape[j];
+            memset(t.stride, 0, sizeof t.stride);
+            t.stride[i] = -1;
+            t.data = NULL;
+            t.ndim = 0;
+            return t;
+        }
     }
     return t;
 }
@@ -279,16 +293,48 @@ void ak_meta_free_host(ak_batch_meta *meta)
     memset(meta, 0, sizeof *meta);
 }
 
+ak_status ak_tensor_validate(const ak_tensor *t, const char *name)
+{
+    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    if (t->ndim == 0 && !t->data)
+        for (int i = 0; i < AK_MAX_DIMS; i++)
+            if (t->stride[i] == -1)
+                return ak_set_error(AK_ERR_INVALID_ARG,
+                                    "%s is invalid: ak_tensor_*d was given shape[%d] = %lld, %s", name, i,
+                                    (long long)t->shape[i],
+                                    t->shape[i] < 0 ? "which is negative"
+                                                    : "and the tensor's bytes pass INT64_MAX there");
+    if (t->ndim < 1 || t->ndim > AK_MAX_DIMS)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d is outside [1, %d]", name, t->ndim, AK_MAX_DIMS);
+    /* the last element's offset, and the bytes up to it, must be int64 */
+    const int64_t esz = ak_dtype_size(t->dtype) ? (int64_t)ak_dtype_size(t->dtype) : 1;
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || t->stride[i] < 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s[%d] = %lld is negative", name,
+                                t->shape[i] < 0 ? "shape" : "stride", i,
+                                (long long)(t->shape[i] < 0 ? t->shape[i] : t->stride[i]));
+        int64_t span;
+        if (t->shape[i] > 0 && (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &span) ||
+                                __builtin_add_overflow(last, span, &last) || last > INT64_MAX / esz - 1))
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->stride[%d] = %lld with shape[%d] = %lld: the tensor spans more than "
+                                "INT64_MAX bytes",
+                                name, i, (long long)t->stride[i], i, (long long)t->shape[i]);
+    }
+    return AK_OK;
+}
+
 /* One tensor of a run: dtype, rank, exact shape, innermost stride 1,
  * non-negative strides. `name` is the field ("args.q"). */
 static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dtype, int ndim,
                               const int64_t *shape)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    AK_TRY(ak_tensor_validate(t, name));
+    int empty = 0;
+    for (int i = 0; i < ndim; i++) empty |= shape[i] == 0;
     /* an empty plan (every request q_len 0) may pass views of no memory */
-    if (!t->data && numel > 0) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
+    if (!t->data && !empty) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->dtype != dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected %s", name,
                             ak_dtype_name(t->dtype), ak_dtype_name(dtype));

@@ -104,6 +104,12 @@ ak_status ak_limits_validate(const ak_limits *lim);
 /* cfg with sm_scale resolved (0 -> 1/sqrt(head_dim_qk)). */
 ak_attn_config ak_config_normalized(const ak_attn_config *cfg);
 
+/* Checks one tensor on its own: not an invalid tensor from ak_tensor_*d (the
+ * message names the dim), ndim in [1, AK_MAX_DIMS], no negative shape or
+ * stride, and every element's byte offset within int64. `name` is the field
+ * in messages ("args.q"). */
+ak_status ak_tensor_validate(const ak_tensor *t, const char *name);
+
 /* Checks one paged K/V view on its own (ak_kv_update and run() both call
  * it): data, dtype, layout, positive sizes, block strides 0 (packed) or at
  * least a block, and a pool that int64 addresses. `name` is the field in

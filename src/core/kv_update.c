@@ -10,7 +10,7 @@
 static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged_kv *kv,
                             int num_tokens, int head_dim)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    AK_TRY(ak_tensor_validate(t, name));
     if (t->dtype != kv->dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected kv->dtype = %s", name,
                             ak_dtype_name(t->dtype), ak_dtype_name(kv->dtype));

@@ -10,7 +10,7 @@
 
 static ak_status check_shape(const ak_tensor *t, const char *name, int ndim, const int64_t *shape)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    AK_TRY(ak_tensor_validate(t, name));
     if (!t->data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->ndim != ndim)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d, expected %d", name, t->ndim, ndim);
