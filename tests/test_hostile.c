@@ -600,9 +600,30 @@ static const attn_case edge_cases[] = {
      {{1, 40}, {20, 20}}},
 };
 
+/* Soft-caps from far below the logits to far above them, on every backend
+ * against cpu_ref: the cpu kernel's tanh lost every digit for small
+ * arguments, so a large cap flattened every logit to 0 (o off by 0.16 at
+ * 1e8). A decode, a chunk on a prefix, a prefill, and a long decode that
+ * splits over its keys. */
+static void run_soft_caps(test_ctx *t)
+{
+    static const float caps[] = {1e-3f, 1e-1f, 1.0f, 30.0f, 1e2f, 1e4f, 1e6f, 1e8f};
+    static const ak_dtype dtypes[] = {AK_F32, AK_BF16, AK_F16};
+    static char name[96];
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
+        for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+            attn_case tc = {NULL, 8, 2, 128, 128, dtypes[d], 0, 0, 1, -1, caps[c], 16, NHD, PAGED, 4,
+                            {{1, 300}, {20, 60}, {33, 33}, {1, 2100}}};
+            snprintf(name, sizeof name, "soft-cap %g %s", caps[c], ak_dtype_name(dtypes[d]));
+            tc.name = name;
+            run_case(t, &tc);
+        }
+}
+
 void test_hostile(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof edge_cases / sizeof *edge_cases; i++) run_case(t, &edge_cases[i]);
+    run_soft_caps(t);
 
     const char *names[16];
     const int nb = t_backends(t, names, 16);

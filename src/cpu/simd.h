@@ -12,7 +12,9 @@
  * the register file is a property of the ISA, not of the algorithm.
  *
  * vf_exp and vf_tanh are polynomial approximations good to a few ulp over the
- * range the kernels use; they are not general-purpose libm replacements.
+ * range the kernels use; they are not general-purpose libm replacements, but
+ * both pass NaN through (a NaN logit must reach the row's sum, see
+ * attn_cpu_kernel.h).
  */
 #ifndef AK_CPU_SIMD_H
 #define AK_CPU_SIMD_H
@@ -92,6 +94,11 @@ AK_INLINE vf vf_ldexp(vf p, vf n)
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 AK_INLINE vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* a where x < lim, else b (b where x is NaN) */
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lim), _CMP_LT_OQ), b, a);
+}
 /* x where keep(x), else 0: keep = x >= lo */
 AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
 {
@@ -223,6 +230,10 @@ AK_INLINE vf vf_ldexp(vf p, vf n)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 AK_INLINE vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b)
+{
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(lim), _CMP_LT_OQ));
+}
 AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
 {
     return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ));
@@ -310,6 +321,7 @@ AK_INLINE float vf_first(vf a) { return a; }
 AK_INLINE float vf_hmax(vf a) { return a; }
 AK_INLINE vf vf_ldexp(vf p, vf n) { return ldexpf(p, (int)n); }
 AK_INLINE vf vf_round(vf x) { return nearbyintf(x); }
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b) { return x < lim ? a : b; }
 AK_INLINE vf vf_zero_below(vf r, vf x, float lo) { return x >= lo ? r : 0.0f; }
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return ak_f16_to_f32(*p); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p) { return ak_bf16_to_f32(*p); }
@@ -346,14 +358,34 @@ AK_INLINE vf vf_exp(vf x)
     return vf_zero_below(vf_ldexp(p, n), x, AK_EXP_MIN);
 }
 
-/* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large
- * |x|; near 0 the absolute error stays ~1e-7, which is what a soft-capped
- * logit (cap * tanh(s / cap)) needs. */
+/* tanh(x) for |x| below AK_TANH_SMALL: x + x^3 P(x^2), P the degree-4
+ * minimax polynomial of Cephes' tanhf (relative error ~1e-7). The soft-cap
+ * evaluates tanh(s / cap), and for a large cap every argument is tiny: there
+ * (1 - e) / (1 + e) with e = exp(-2|x|) rounds e to 1 and returns 0 (at cap
+ * 1e8 every capped logit was 0, o off by 0.16). */
+#define AK_TANH_SMALL 0.625f
+#define AK_TANH_P4 (-5.70498872745e-3f)
+#define AK_TANH_P3 2.06390887954e-2f
+#define AK_TANH_P2 (-5.37397155531e-2f)
+#define AK_TANH_P1 1.33314422036e-1f
+#define AK_TANH_P0 (-3.33332819422e-1f)
+
+/* tanh(x), relative error ~1e-7 everywhere: the odd polynomial below
+ * AK_TANH_SMALL; above it sign(x) (1 - e) / (1 + e), e = exp(-2|x|), which
+ * cannot overflow and loses nothing there (e <= 0.29). tanh(+-inf) = +-1,
+ * tanh(NaN) = NaN. */
 AK_INLINE vf vf_tanh(vf x)
 {
-    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), vf_abs(x)));
+    const vf ax = vf_abs(x), z = vf_mul(x, x);
+    vf p = vf_fma(vf_set1(AK_TANH_P4), z, vf_set1(AK_TANH_P3));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P2));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P1));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P0));
+    const vf small = vf_fma(vf_mul(p, z), x, x);
+    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), ax));
     const vf one = vf_set1(1.0f);
-    return vf_copysign(vf_div(vf_sub(one, e), vf_add(one, e)), x);
+    const vf large = vf_copysign(vf_div(vf_sub(one, e), vf_add(one, e)), x);
+    return vf_select_lt(ax, AK_TANH_SMALL, small, large);
 }
 
 #endif /* AK_CPU_SIMD_H */
