@@ -20,7 +20,21 @@
  *   - A query token at position p sees keys j with p - window_left <= j, and,
  *     when causal, j <= p. The q_len new tokens of a request sit at positions
  *     kv_len - q_len .. kv_len - 1: causal masks are aligned to the end of the KV.
- *   - A row that sees no key gives o = 0 and lse = -inf, never NaN.
+ *   - A row that sees no key gives o = 0 and lse = -inf, whatever q holds; it
+ *     is the only way a row gets lse = -inf.
+ *   - NaN and infinities are never hidden. If q, or the K or V row of a key a
+ *     query row sees, holds a NaN or an infinity, that row's o (every element)
+ *     and lse are NaN. A logit sm_scale * q.k that is not finite counts the
+ *     same, checked before the soft-cap (which would map +-inf to +-cap): a
+ *     +inf or -inf key gives a +-inf or NaN logit, and the row is NaN; it is
+ *     never dropped like a masked key (-inf) nor made the row's only weight
+ *     (+inf). Backends that compute in f32 (all but cpu_ref) also treat a
+ *     logit or sum of finite inputs that overflows f32 as not finite.
+ *   - Keys a row does not see (causal mask, window, past kv_len, other
+ *     requests, unused cache slots) never affect it, whatever they hold.
+ *   - ak_merge_states: a NaN or +inf lse, or a NaN or infinity in the v of a
+ *     state that is not empty, makes that row's o and lse NaN, in whichever
+ *     state it is; a state with lse = -inf is empty and its v is never read.
  *   - Structs that may grow start with struct_size; fill them with the matching
  *     *_init() function, which sets struct_size and every default.
  */

@@ -651,7 +651,9 @@ static ak_status cpu_plan(void *state, const ak_batch *batch, ak_stream stream, 
 /* ---- run --------------------------------------------------------------------------- */
 
 /* Merges the partial states of one split item into o and lse (shared softmax
- * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). acc: a
+ * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). An empty
+ * part (lse -inf) is skipped; a NaN part (the kernel writes a corrupted row's
+ * partial state as NaN) makes lse, and so every weight and o, NaN. acc: a
  * [head_dim_vo] buffer of the calling thread. */
 static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
 {
@@ -667,8 +669,8 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
             memset(acc, 0, sizeof(float) * (size_t)dvo);
             for (int i = 0; i < mg->num_parts; i++) {
                 const int64_t slot_row = (int64_t)mg->first_row + i * mg->rows + m;
+                if (c->part_lse[slot_row] == -INFINITY) continue;
                 const float w = ak_lse_weight(c->part_lse[slot_row], lse);
-                if (w == 0.0f) continue;
                 const float *po = c->part_o + slot_row * c->dvo_pad;
                 for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
             }
