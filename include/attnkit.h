@@ -37,6 +37,35 @@
  *     state it is; a state with lse = -inf is empty and its v is never read.
  *   - Structs that may grow start with struct_size; fill them with the matching
  *     *_init() function, which sets struct_size and every default.
+ *
+ * Threads
+ *   - ak_last_error(): thread-local; each thread sees its own last failure.
+ *   - Pure functions (ak_status_str, ak_dtype_name / _size, ak_tensor_*d, the
+ *     *_init functions, ak_graph_support_name), ak_device_count /
+ *     ak_device_get_info, ak_batch_meta_sizes / ak_batch_build_meta and
+ *     ak_merge_states (on distinct outputs) may be called from any number of
+ *     threads at once.
+ *   - Registry and selector: ak_backend_count, ak_backend_name_at, ak_explain
+ *     and ak_backend_create read constant tables and the environment
+ *     (AK_BACKEND, AK_NUM_THREADS, AK_CPU_ISA, AK_CUDA_PREFILL): safe from any
+ *     thread, as long as no thread changes the environment (setenv) meanwhile.
+ *   - ak_backend: distinct backends are independent and may plan and run in
+ *     different threads at once. One backend is used by one thread at a time:
+ *     plan, run, slot_mapping, planned_tokens and destroy on the same backend
+ *     must not overlap (the caller serialises them). ak_backend_name,
+ *     _config, _graph_support and _forward_includes_kv_update are fixed at
+ *     create and may be read from any thread until destroy. The cpu backend's
+ *     run() opens its own OpenMP team of AK_NUM_THREADS threads per call.
+ *   - ak_kv_cache: the allocator (alloc, share, free, num_free, refcount) is
+ *     safe from several threads at once (one lock per cache, held only inside
+ *     those calls), and so is ak_kv_cache_layer. destroy must not overlap any
+ *     other call on that cache. The K/V pools are not locked: see
+ *     ak_kv_update.
+ *   - ak_kv_update: calls that write disjoint slots may run at once, on one
+ *     pool or several. Two writes of one slot, or a write of a slot that a
+ *     run() reads at the same time, is a data race the caller must order (on
+ *     CUDA, the stream orders them); so is freeing a block whose slots a
+ *     running run() still reads.
  */
 #ifndef ATTNKIT_H
 #define ATTNKIT_H
@@ -268,9 +297,11 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer, ak_paged_kv *vi
  * every layer's pool). Allocation is all-or-nothing: when fewer than n blocks
  * are free it returns AK_ERR_OUT_OF_BLOCKS and allocates none. New blocks have a
  * reference count of 1; ak_kv_cache_share adds one reference to each (a prefix
- * shared by several requests); ak_kv_cache_free drops one and returns the block
- * to the pool at zero. Freeing a block that is not allocated is an error and
- * changes nothing. */
+ * shared by several requests; at most INT32_MAX references a block);
+ * ak_kv_cache_free drops one and returns the block to the pool at zero. A list
+ * that names a block out of range, not allocated, freed more often than it
+ * has references or shared past INT32_MAX is an error naming the entry, and
+ * changes nothing. Safe to call from several threads (see Threads above). */
 ak_status ak_kv_cache_alloc(ak_kv_cache *cache, int n, int32_t *block_ids /* OUT [n] */);
 ak_status ak_kv_cache_share(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
 ak_status ak_kv_cache_free(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);

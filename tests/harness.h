@@ -143,5 +143,6 @@ void test_bad_input(test_ctx *t);
 void test_graphs(test_ctx *t);
 void test_hostile(test_ctx *t);
 void test_nonfinite(test_ctx *t);
+void test_threads(test_ctx *t);
 
 #endif

@@ -1,9 +1,16 @@
 /*
  * kv_cache.c - the paged KV cache: per-layer K and V pools and one block
  * allocator (free stack + reference counts) shared by all layers.
+ *
+ * The allocator may be called from several threads at once (an engine's
+ * scheduler and its workers): one mutex guards the free stack and the counts.
+ * It is held for the length of one call, never across the kernel path (run()
+ * reads block ids from the plan, not from the cache).
  */
+#define _POSIX_C_SOURCE 200809L /* pthread mutexes under -std=c11 */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +21,8 @@ struct ak_kv_cache {
     int32_t *refcount;  /* [num_blocks]; 0 = free */
     int32_t *free_ids;  /* [num_blocks] stack of free block ids */
     int num_free;
+    pthread_mutex_t lock; /* guards refcount, free_ids and num_free */
+    int lock_made;
 };
 
 void ak_kv_cache_config_init(ak_kv_cache_config *cfg)
@@ -67,6 +76,11 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
 
     ak_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cache object");
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot make the allocator's mutex");
+    }
+    c->lock_made = 1;
     c->cfg = *cfg;
     c->k_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
     c->v_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
@@ -103,6 +117,7 @@ void ak_kv_cache_destroy(ak_kv_cache *c)
     free(c->v_pools);
     free(c->refcount);
     free(c->free_ids);
+    if (c->lock_made) pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -127,6 +142,11 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
 }
 
 /* ---- block allocator ----------------------------------------------------- */
+
+/* The mutex lives in the object, which is never const underneath: readers
+ * that take a const cache lock it too. */
+static void lock(const ak_kv_cache *c) { pthread_mutex_lock((pthread_mutex_t *)&c->lock); }
+static void unlock(const ak_kv_cache *c) { pthread_mutex_unlock((pthread_mutex_t *)&c->lock); }
 
 /* Every id of ids[0, n) names a block of the cache. */
 static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids)
@@ -154,14 +174,19 @@ ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
     if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
     if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
     if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
-    if (n > c->num_free)
-        return ak_set_error(AK_ERR_OUT_OF_BLOCKS, "asked for %d blocks, only %d of %d are free", n,
-                            c->num_free, c->cfg.num_blocks);
+    lock(c);
+    if (n > c->num_free) {
+        const int num_free = c->num_free;
+        unlock(c);
+        return ak_set_error(AK_ERR_OUT_OF_BLOCKS, "asked for %d blocks, only %d of %d are free", n, num_free,
+                            c->cfg.num_blocks);
+    }
     for (int i = 0; i < n; i++) {
         const int32_t id = c->free_ids[--c->num_free];
         c->refcount[id] = 1;
         ids[i] = id;
     }
+    unlock(c);
     return AK_OK;
 }
 
@@ -169,9 +194,8 @@ ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
  * when an id fails, so a rejected list changes nothing: one pass, whatever
  * the length of the list. */
 
-ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
+static ak_status share_locked(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids));
     for (int i = 0; i < n; i++) {
         const int32_t id = ids[i];
         if (c->refcount[id] == 0 || c->refcount[id] == INT32_MAX) {
@@ -189,9 +213,8 @@ ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
     return AK_OK;
 }
 
-ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
+static ak_status free_locked(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids));
     const int free_before = c->num_free;
     for (int i = 0; i < n; i++) {
         const int32_t id = ids[i];
@@ -210,20 +233,51 @@ ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
     return AK_OK;
 }
 
-int ak_kv_cache_num_free(const ak_kv_cache *c) { return c ? c->num_free : 0; }
+ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    AK_TRY(check_ids(c, n, ids));
+    lock(c);
+    const ak_status st = share_locked(c, n, ids);
+    unlock(c);
+    return st;
+}
+
+ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    AK_TRY(check_ids(c, n, ids));
+    lock(c);
+    const ak_status st = free_locked(c, n, ids);
+    unlock(c);
+    return st;
+}
+
+int ak_kv_cache_num_free(const ak_kv_cache *c)
+{
+    if (!c) return 0;
+    lock(c);
+    const int n = c->num_free;
+    unlock(c);
+    return n;
+}
 
 int ak_kv_cache_refcount(const ak_kv_cache *c, int32_t id)
 {
     if (!c || id < 0 || id >= c->cfg.num_blocks) return -1;
-    return c->refcount[id];
+    lock(c);
+    const int refs = c->refcount[id];
+    unlock(c);
+    return refs;
 }
 
 ak_status ak_kv_cache_debug_set_refcount(ak_kv_cache *c, int32_t id, int32_t refs)
 {
     AK_TRY(check_ids(c, 1, &id));
-    if (c->refcount[id] == 0 || refs < 1)
+    lock(c);
+    const int32_t held = c->refcount[id];
+    if (held != 0 && refs >= 1) c->refcount[id] = refs;
+    unlock(c);
+    if (held == 0 || refs < 1)
         return ak_set_error(AK_ERR_INVALID_ARG, "block %d has %d references, refs = %d: only an allocated block's "
-                            "count may be set, to 1 or more", id, c->refcount[id], refs);
-    c->refcount[id] = refs;
+                            "count may be set, to 1 or more", id, held, refs);
     return AK_OK;
 }
