@@ -20,9 +20,12 @@
 int ak_cpu_has_avx2_fma_f16c(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
+    /* F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
+     * does not know "f16c" */
+    unsigned int a, b, c, d;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
     return 0;
 #endif
