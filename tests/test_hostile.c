@@ -613,7 +613,7 @@ static void run_soft_caps(test_ctx *t)
     for (size_t c = 0; c < sizeof caps / sizeof *caps; c++)
         for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
             attn_case tc = {NULL, 8, 2, 128, 128, dtypes[d], 0, 0, 1, -1, caps[c], 16, NHD, PAGED, 4,
-                            {{1, 300}, {20, 60}, {33, 33}, {1, 2100}}};
+                            {{1, 300}, {20, 60}, {33, 33}, {1, 1100}}};
             snprintf(name, sizeof name, "soft-cap %g %s", caps[c], ak_dtype_name(dtypes[d]));
             tc.name = name;
             run_case(t, &tc);
