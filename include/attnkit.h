@@ -370,7 +370,9 @@ ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config *cfg,
  * slot_mapping[i] / page_size, offset slot_mapping[i] % page_size. A slot of -1
  * skips the token (padding). k: [num_tokens, num_kv_heads, head_dim_qk],
  * v: [num_tokens, num_kv_heads, head_dim_vo], both in kv->dtype on kv->device.
- * slot_mapping: [num_tokens] int64 on kv->device.
+ * slot_mapping: [num_tokens] int64 on kv->device. The view is checked as
+ * run() checks it (positive sizes, block strides 0 or at least a block, a pool
+ * int64 can address), on every device, before anything is written.
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */
@@ -386,7 +388,10 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
  * part), s: [num_tokens, num_states, num_heads] their LSEs (f32, natural log;
  * -inf for an empty part). v_out: [num_tokens, num_heads, head_dim], s_out:
  * [num_tokens, num_heads] (f32, may be NULL). Any strides, so the state axis
- * may be outermost. CPU tensors only for now (dev = CPU). */
+ * may be outermost. CPU tensors only for now (dev = CPU). NaN and infinities
+ * follow the Conventions above: a NaN or +inf lse, or a NaN or infinity in
+ * the v of a non-empty state, makes that row NaN; an empty state's v is never
+ * read. */
 ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
                           ak_tensor *s_out, ak_device dev, ak_stream stream);
 
