@@ -138,6 +138,29 @@ static void hostile_plan_sizes(test_ctx *t, const char *name)
     }
 }
 
+/* 2^30 query and KV heads: the cpu backend's create multiplied them into int
+ * row counts; every backend refuses such a config. */
+static void hostile_huge_heads(test_ctx *t, const char *name)
+{
+    const char *case_name = "create with 2^30 heads";
+    if (!t_selected(t, case_name)) return;
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.num_qo_heads = cfg.num_kv_heads = 1 << 30;
+    cfg.head_dim_qk = cfg.head_dim_vo = 64;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+    cfg.device = t->device;
+    ak_limits lim;
+    ak_limits_init(&lim);
+    ak_backend *b = NULL;
+    const ak_status st = ak_backend_create(&cfg, &lim, name, &b);
+    if (st == AK_ERR_UNSUPPORTED && strstr(ak_last_error(), "cfg.num_qo_heads = 1073741824") && !b)
+        t_pass(t, name, case_name, "%s", ak_last_error());
+    else
+        t_fail(t, name, case_name, "status %s: %s", ak_status_str(st), ak_last_error());
+    ak_backend_destroy(b);
+}
+
 /* A page of INT32_MAX tokens: kv_len + page_size - 1 overflowed and the
  * request got 0 blocks (device-independent: the metadata on the host). */
 static void hostile_meta_huge_page(test_ctx *t)
@@ -629,6 +652,7 @@ void test_hostile(test_ctx *t)
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++) {
         hostile_plan_sizes(t, names[i]);
+        hostile_huge_heads(t, names[i]);
         hostile_run_views(t, names[i]);
         hostile_run_tensors(t, names[i]);
     }

@@ -158,6 +158,9 @@ int ak_num_threads(void)
 /* The largest head dim any backend is asked to consider; beyond it a config
  * is rejected before any backend sees it. */
 #define AK_MAX_HEAD_DIM 1024
+/* Likewise the most query heads: rows of a work item (tokens x heads) and
+ * grid sizes stay far inside int (the largest models have 128). */
+#define AK_MAX_HEADS 65536
 
 static int dtype_known(ak_dtype t) { return ak_dtype_size(t) != 0; }
 
@@ -171,6 +174,9 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
     if (cfg->num_kv_heads <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.num_kv_heads = %d must be positive",
                             cfg->num_kv_heads);
+    if (cfg->num_qo_heads > AK_MAX_HEADS)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.num_qo_heads = %d is above %d", cfg->num_qo_heads,
+                            AK_MAX_HEADS);
     if (cfg->num_qo_heads <= 0 || cfg->num_qo_heads % cfg->num_kv_heads != 0)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "cfg.num_qo_heads = %d is not a positive multiple of "
