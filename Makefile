@@ -5,7 +5,7 @@ BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all build run test asan clean
+.PHONY: all build run test asan tsan fuzz clean
 
 all: build
 
@@ -27,5 +27,38 @@ asan:
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -LE gpu
 
+# The thread tests (tests/test_threads.c) under ThreadSanitizer. Each backend
+# runs with AK_NUM_THREADS=1: libgomp is not built with TSan, so the
+# synchronisation inside an OpenMP team (its barriers and the hand-off of the
+# work list) is invisible to TSan, which then reports every parallel region
+# as a race. With teams of one thread the regions start no threads, and the
+# races TSan reports are between the test's own threads, i.e. attnkit's
+# shared state. (The races of the kernels' own parallel regions are not
+# covered here.)
+tsan:
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DAK_SANITIZE_THREAD=ON -DAK_CUDA=OFF
+	cmake --build build-tsan -j $(JOBS) --target attnkit-test
+	cd build-tsan && AK_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+		./attnkit-test --device cpu --filter "threads:" -v
+
+# The libFuzzer targets of tests/fuzz (clang, ASan + UBSan, CUDA and OpenMP
+# off), each for FUZZ_SECONDS from its seed corpus (tests/fuzz/corpus/NAME);
+# what they find new goes to build-fuzz/corpus/NAME, a failing input to
+# build-fuzz/crash-*. Any finding fails the target.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= attn alloc kv_update merge
+fuzz:
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DAK_FUZZ=ON -DAK_CUDA=OFF -DCMAKE_DISABLE_FIND_PACKAGE_OpenMP=ON
+	cmake --build build-fuzz -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p build-fuzz/corpus/$$t; \
+		echo "fuzz_$$t: $(FUZZ_SECONDS) s"; \
+		build-fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=20 -print_final_stats=1 \
+			-artifact_prefix=build-fuzz/crash-$$t- build-fuzz/corpus/$$t tests/fuzz/corpus/$$t \
+			> build-fuzz/fuzz_$$t.log 2>&1 || { tail -60 build-fuzz/fuzz_$$t.log; exit 1; }; \
+		grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|cov:" build-fuzz/fuzz_$$t.log | tail -3; \
+	done
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan build-fuzz

@@ -20,7 +20,21 @@
  *   - A query token at position p sees keys j with p - window_left <= j, and,
  *     when causal, j <= p. The q_len new tokens of a request sit at positions
  *     kv_len - q_len .. kv_len - 1: causal masks are aligned to the end of the KV.
- *   - A row that sees no key gives o = 0 and lse = -inf, never NaN.
+ *   - A row that sees no key gives o = 0 and lse = -inf, whatever q holds; it
+ *     is the only way a row gets lse = -inf (with sinks, lse = the sink below).
+ *   - NaN and infinities are never hidden. If q, or the K or V row of a key a
+ *     query row sees, holds a NaN or an infinity, that row's o (every element)
+ *     and lse are NaN. A logit sm_scale * q.k that is not finite counts the
+ *     same, checked before the soft-cap (which would map +-inf to +-cap): a
+ *     +inf or -inf key gives a +-inf or NaN logit, and the row is NaN; it is
+ *     never dropped like a masked key (-inf) nor made the row's only weight
+ *     (+inf). Backends that compute in f32 (all but cpu_ref) also treat a
+ *     logit or sum of finite inputs that overflows f32 as not finite.
+ *   - Keys a row does not see (causal mask, window, past kv_len, other
+ *     requests, unused cache slots) never affect it, whatever they hold.
+ *   - ak_merge_states: a NaN or +inf lse, or a NaN or infinity in the v of a
+ *     state that is not empty, makes that row's o and lse NaN, in whichever
+ *     state it is; a state with lse = -inf is empty and its v is never read.
  *   - Sinks (cfg.use_sinks): row r of query head h has lse = log(sum_j exp(s_j)
  *     + exp(sink_h)) and o = sum_j exp(s_j - lse) v_j: the sink is one more
  *     "key" with a zero value. The returned lse includes it, so {o, lse} stays
@@ -30,6 +44,35 @@
  *     A row that sees no key gives o = 0 and lse = sink_h.
  *   - Structs that may grow start with struct_size; fill them with the matching
  *     *_init() function, which sets struct_size and every default.
+ *
+ * Threads
+ *   - ak_last_error(): thread-local; each thread sees its own last failure.
+ *   - Pure functions (ak_status_str, ak_dtype_name / _size, ak_tensor_*d, the
+ *     *_init functions, ak_graph_support_name), ak_device_count /
+ *     ak_device_get_info, ak_batch_meta_sizes / ak_batch_build_meta and
+ *     ak_merge_states (on distinct outputs) may be called from any number of
+ *     threads at once.
+ *   - Registry and selector: ak_backend_count, ak_backend_name_at, ak_explain
+ *     and ak_backend_create read constant tables and the environment
+ *     (AK_BACKEND, AK_NUM_THREADS, AK_CPU_ISA, AK_CUDA_PREFILL): safe from any
+ *     thread, as long as no thread changes the environment (setenv) meanwhile.
+ *   - ak_backend: distinct backends are independent and may plan and run in
+ *     different threads at once. One backend is used by one thread at a time:
+ *     plan, run, slot_mapping, planned_tokens and destroy on the same backend
+ *     must not overlap (the caller serialises them). ak_backend_name,
+ *     _config, _graph_support and _forward_includes_kv_update are fixed at
+ *     create and may be read from any thread until destroy. The cpu backend's
+ *     run() opens its own OpenMP team of AK_NUM_THREADS threads per call.
+ *   - ak_kv_cache: the allocator (alloc, share, free, num_free, refcount) is
+ *     safe from several threads at once (one lock per cache, held only inside
+ *     those calls), and so is ak_kv_cache_layer. destroy must not overlap any
+ *     other call on that cache. The K/V pools are not locked: see
+ *     ak_kv_update.
+ *   - ak_kv_update: calls that write disjoint slots may run at once, on one
+ *     pool or several. Two writes of one slot, or a write of a slot that a
+ *     run() reads at the same time, is a data race the caller must order (on
+ *     CUDA, the stream orders them); so is freeing a block whose slots a
+ *     running run() still reads.
  */
 #ifndef ATTNKIT_H
 #define ATTNKIT_H
@@ -158,7 +201,14 @@ typedef struct ak_tensor {
     int64_t stride[AK_MAX_DIMS]; /* in elements */
 } ak_tensor;
 
-/* A contiguous row-major view with ndim = 1, 2, 3 or 4 dimensions. */
+/* A contiguous row-major view with ndim = 1, 2, 3 or 4 dimensions. These
+ * return no status: a negative dim, or dims whose bytes (elements x dtype
+ * size, or a stride) pass INT64_MAX, give an invalid tensor instead: data
+ * NULL, ndim 0, shape as given, stride[d] = -1 at the dim d that failed and
+ * every other stride 0. Every call given it fails with AK_ERR_INVALID_ARG and
+ * a message naming that dim ("args.q is invalid: ak_tensor_*d was given
+ * shape[1] = ..."). Calls likewise reject any tensor with a negative shape or
+ * stride, or whose last element lies more than INT64_MAX bytes from data. */
 AK_API ak_tensor ak_tensor_1d(void *data, ak_dtype dtype, int64_t d0);
 AK_API ak_tensor ak_tensor_2d(void *data, ak_dtype dtype, int64_t d0, int64_t d1);
 AK_API ak_tensor ak_tensor_3d(void *data, ak_dtype dtype, int64_t d0, int64_t d1, int64_t d2);
@@ -224,7 +274,7 @@ AK_API void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 typedef struct ak_limits {
     uint32_t struct_size;
     int max_reqs;           /* requests per plan */
-    int max_tokens;         /* query tokens per plan (sum of q_len) */
+    int max_tokens;         /* query tokens per plan (sum of q_len), <= AK_MAX_LEN */
     int max_blocks_per_req; /* block-table row length (paged) */
     int num_cache_blocks;   /* paged: block ids must be < this; run() rejects a
                                cache view with fewer blocks */
@@ -291,9 +341,11 @@ AK_API ak_status ak_kv_cache_layer(const ak_kv_cache *cache, int layer,
  * every layer's pool). Allocation is all-or-nothing: when fewer than n blocks
  * are free it returns AK_ERR_OUT_OF_BLOCKS and allocates none. New blocks have a
  * reference count of 1; ak_kv_cache_share adds one reference to each (a prefix
- * shared by several requests); ak_kv_cache_free drops one and returns the block
- * to the pool at zero. Freeing a block that is not allocated is an error and
- * changes nothing. */
+ * shared by several requests; at most INT32_MAX references a block);
+ * ak_kv_cache_free drops one and returns the block to the pool at zero. A list
+ * that names a block out of range, not allocated, freed more often than it
+ * has references or shared past INT32_MAX is an error naming the entry, and
+ * changes nothing. Safe to call from several threads (see Threads above). */
 AK_API ak_status ak_kv_cache_alloc(ak_kv_cache *cache, int n, int32_t *block_ids /* OUT [n] */);
 AK_API ak_status ak_kv_cache_share(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
 AK_API ak_status ak_kv_cache_free(ak_kv_cache *cache, int n, const int32_t *block_ids /* [n] */);
@@ -305,6 +357,12 @@ AK_API int ak_kv_cache_refcount(const ak_kv_cache *cache, int32_t block_id);
 /* Batch metadata                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* The most keys of one request (kv_len), rows of ragged K/V (the sum of
+ * kv_len) and query tokens of one plan: 2^31 - 2^16, so that every kernel may
+ * step a full tile (at most 2^16 keys) past a count in int32 arithmetic.
+ * plan() rejects more (AK_ERR_LIMIT_EXCEEDED). */
+#define AK_MAX_LEN (INT32_MAX - 65535)
+
 /* One step's requests, as host arrays. Request r has q_len = qo_indptr[r+1] -
  * qo_indptr[r] new query tokens and kv_len = kv_lens[r] keys in total (its
  * cached context plus the new tokens). A decode has q_len 1, a prefill
@@ -315,7 +373,7 @@ typedef struct ak_batch {
     uint32_t struct_size;
     int num_reqs;
     const int32_t *qo_indptr;   /* [num_reqs + 1], qo_indptr[0] = 0, non-decreasing */
-    const int32_t *kv_lens;     /* [num_reqs] */
+    const int32_t *kv_lens;     /* [num_reqs], each <= AK_MAX_LEN (ragged: their sum too) */
     const int32_t *block_table; /* paged: [num_reqs, block_table_stride]; row r's
                                    first ceil(kv_len / page_size) entries are read */
     int block_table_stride;     /* paged: entries per block-table row */
@@ -364,7 +422,9 @@ AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config
  * slot_mapping[i] / page_size, offset slot_mapping[i] % page_size. A slot of -1
  * skips the token (padding). k: [num_tokens, num_kv_heads, head_dim_qk],
  * v: [num_tokens, num_kv_heads, head_dim_vo], both in kv->dtype on kv->device.
- * slot_mapping: [num_tokens] int64 on kv->device.
+ * slot_mapping: [num_tokens] int64 on kv->device. The view is checked as
+ * run() checks it (positive sizes, block strides 0 or at least a block, a pool
+ * int64 can address), on every device, before anything is written.
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */
@@ -380,7 +440,10 @@ AK_API ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const a
  * part), s: [num_tokens, num_states, num_heads] their LSEs (f32, natural log;
  * -inf for an empty part). v_out: [num_tokens, num_heads, head_dim], s_out:
  * [num_tokens, num_heads] (f32, may be NULL). Any strides, so the state axis
- * may be outermost. CPU tensors only for now (dev = CPU). */
+ * may be outermost. CPU tensors only for now (dev = CPU). NaN and infinities
+ * follow the Conventions above: a NaN or +inf lse, or a NaN or infinity in
+ * the v of a non-empty state, makes that row NaN; an empty state's v is never
+ * read. */
 AK_API ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
                                  ak_tensor *s_out, ak_device dev, ak_stream stream);
 

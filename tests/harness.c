@@ -327,7 +327,7 @@ void dense_attention(const scene *sc, double *o, double *lse)
                 double mx = -INFINITY;
                 for (int j = 0; j < L; j++) {
                     const int visible = (!tc->causal || j <= pos) &&
-                                        (tc->window_left < 0 || j >= pos - tc->window_left);
+                                        (tc->window_left < 0 || j >= (int64_t)pos - tc->window_left);
                     if (!visible) {
                         w[j] = -INFINITY;
                         continue;

@@ -121,6 +121,11 @@ void dense_attention(const scene *sc, double *o, double *lse);
  * reported through *bad (a message, "" if none). */
 ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, char *bad, size_t cap);
 
+/* Runs a case on every backend of the device under test whose check()
+ * accepts it, against cpu_ref (itself against dense_attention): the case
+ * table's runner (test_attn.c), for case tables in other files too. */
+void run_case(test_ctx *t, const attn_case *tc);
+
 /* Error measures. */
 double rel_err_f(const float *x, const double *ref, int64_t n);
 double max_lse_err(const float *x, const double *ref, int64_t n); /* inf if -inf mismatch */
@@ -132,5 +137,8 @@ void test_attn_cases(test_ctx *t);
 void test_props(test_ctx *t);
 void test_bad_input(test_ctx *t);
 void test_graphs(test_ctx *t);
+void test_hostile(test_ctx *t);
+void test_nonfinite(test_ctx *t);
+void test_threads(test_ctx *t);
 
 #endif

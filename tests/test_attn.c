@@ -193,7 +193,7 @@ static const attn_case fixed_cases[] = {
 };
 
 /* Runs one case on every backend of the device under test. */
-static void run_case(test_ctx *t, const attn_case *tc)
+void run_case(test_ctx *t, const attn_case *tc)
 {
     if (!t_selected(t, tc->name) || !t_storage_selected(t, tc->storage)) return;
     const char *names[16];

@@ -64,6 +64,9 @@ int main(int argc, char **argv)
     test_props(&t);
     test_bad_input(&t);
     test_graphs(&t);
+    test_hostile(&t);
+    test_nonfinite(&t);
+    test_threads(&t);
     printf("%d passed, %d failed (%d skipped as unsupported)\n", t.passed, t.failed, t.skipped);
     return t.failed ? 1 : 0;
 }

@@ -36,9 +36,9 @@ from ._tensor import View, as_arg as _as_arg, host_int_array as _host_int_array
 from ._tensor import DTYPES as _DTYPES, dtype_name as _dtype_name
 from ._tensor import parse_device as _parse_device, device_str as _device_str
 
-__all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "LimitExceeded",
-           "Limits", "Unsupported", "View", "backends", "device_count", "explain", "kv_update",
-           "library_path", "version", "backend_from_handle"]
+__all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "KVCache",
+           "LimitExceeded", "Limits", "Unsupported", "View", "backends", "device_count", "explain",
+           "kv_update", "library_path", "version", "backend_from_handle"]
 
 _lib, library_path = _capi.load()
 _capi.declare(_lib)
@@ -57,6 +57,9 @@ def _check(status):
         msg = (_lib.ak_last_error() or b"").decode(errors="replace")
         text = (_lib.ak_status_str(status) or b"").decode()
         raise _BY_STATUS.get(status, Error)(msg, status, text)
+
+
+from ._cache import KVCache  # noqa: E402  (the block allocator; uses _check)
 
 
 # ---------------------------------------------------------------------------

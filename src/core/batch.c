@@ -61,7 +61,7 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
     }
 
     const int32_t num_blocks = lim ? lim->num_cache_blocks : INT32_MAX;
-    int64_t tokens = 0, indices = 0;
+    int64_t tokens = 0, indices = 0, kv_rows = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         const int32_t lo = b->qo_indptr[r], hi = b->qo_indptr[r + 1];
         if (hi < lo)
@@ -73,6 +73,9 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
         const int kv_len = b->kv_lens[r];
         if (kv_len < 0)
             return ak_set_error(AK_ERR_INVALID_ARG, "batch.kv_lens[%d] = %d is negative", r, kv_len);
+        if (kv_len > AK_MAX_LEN)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch.kv_lens[%d] = %d is above AK_MAX_LEN = %d", r,
+                                kv_len, AK_MAX_LEN);
         if (cfg->workload == AK_WORKLOAD_DECODE && q_len > 1)
             return ak_set_error(AK_ERR_INVALID_ARG,
                                 "batch q_len of request %d (qo_indptr[%d] - qo_indptr[%d] = %d) "
@@ -88,7 +91,20 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
             return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
                                 "batch query tokens (qo_indptr[%d] = %d) exceed limits.max_tokens = %d",
                                 r + 1, hi, lim->max_tokens);
-        if (!paged) continue;
+        if (tokens > AK_MAX_LEN)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                "batch query tokens (qo_indptr[%d] = %d) are above AK_MAX_LEN = %d", r + 1, hi,
+                                AK_MAX_LEN);
+        if (!paged) {
+            /* ragged: kv_indptr, in rows, is int32 and kernels add a tile to it */
+            kv_rows += kv_len;
+            if (kv_rows > AK_MAX_LEN)
+                return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                    "batch.kv_lens[%d] = %d brings the sum of kv_lens (the ragged K/V rows) to "
+                                    "%lld, above AK_MAX_LEN = %d",
+                                    r, kv_len, (long long)kv_rows, AK_MAX_LEN);
+            continue;
+        }
         const int need = ak_ceil_div(kv_len, cfg->page_size);
         if (need > b->block_table_stride)
             return ak_set_error(AK_ERR_INVALID_ARG,
@@ -112,9 +128,12 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                                         r, i, row[i], num_blocks);
         }
         indices += need - first;
+        /* kv_indptr, in blocks, is int32 */
+        if (indices > INT32_MAX)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                "batch.kv_lens[%d] = %d brings the blocks of the batch to %lld, above INT32_MAX",
+                                r, kv_len, (long long)indices);
     }
-    if (tokens > INT32_MAX)
-        return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch has %lld query tokens", (long long)tokens);
     *num_tokens = (int)tokens;
     *num_kv_indices = indices;
     return AK_OK;
@@ -127,8 +146,6 @@ ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
     int tokens = 0;
     int64_t indices = 0;
     AK_TRY(validate(batch, cfg, lim, 0, &tokens, &indices));
-    if (indices > INT32_MAX)
-        return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch references %lld blocks", (long long)indices);
     if (num_tokens) *num_tokens = tokens;
     if (num_kv_indices) *num_kv_indices = (int)indices;
     return AK_OK;

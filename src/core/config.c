@@ -54,6 +54,10 @@ ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst, ak_dtype ds
     return AK_OK;
 }
 
+/* Row-major strides; a negative dim, or dims whose bytes pass INT64_MAX, give
+ * the invalid tensor attnkit.h describes: data NULL, ndim 0, the shape as
+ * given and stride[d] = -1 at the dim d that failed, so that the call the
+ * tensor reaches can name it (ak_tensor_validate). */
 static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *shape)
 {
     ak_tensor t;
@@ -61,11 +65,21 @@ static ak_tensor tensor_nd(void *data, ak_dtype dtype, int ndim, const int64_t *
     t.data = data;
     t.dtype = dtype;
     t.ndim = ndim;
+    const int64_t esz = ak_dtype_size(dtype) ? (int64_t)ak_dtype_size(dtype) : 1;
     int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         t.shape[i] = shape[i];
         t.stride[i] = stride;
-        stride *= shape[i];
+        int64_t bytes;
+        if (shape[i] < 0 || __builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : 1, &stride) ||
+            __builtin_mul_overflow(stride, esz, &bytes)) {
+            for (int j = 0; j < ndim; j++) t.shape[j] = shape[j];
+            memset(t.stride, 0, sizeof t.stride);
+            t.stride[i] = -1;
+            t.data = NULL;
+            t.ndim = 0;
+            return t;
+        }
     }
     return t;
 }
@@ -164,6 +178,9 @@ int ak_cpu_num_threads(void)
 /* The largest head dim any backend is asked to consider; beyond it a config
  * is rejected before any backend sees it. */
 #define AK_MAX_HEAD_DIM 1024
+/* Likewise the most query heads: rows of a work item (tokens x heads) and
+ * grid sizes stay far inside int (the largest models have 128). */
+#define AK_MAX_HEADS 65536
 
 static int dtype_known(ak_dtype t) { return ak_dtype_size(t) != 0; }
 
@@ -177,6 +194,9 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
     if (cfg->num_kv_heads <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.num_kv_heads = %d must be positive",
                             cfg->num_kv_heads);
+    if (cfg->num_qo_heads > AK_MAX_HEADS)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.num_qo_heads = %d is above %d", cfg->num_qo_heads,
+                            AK_MAX_HEADS);
     if (cfg->num_qo_heads <= 0 || cfg->num_qo_heads % cfg->num_kv_heads != 0)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "cfg.num_qo_heads = %d is not a positive multiple of "
@@ -243,9 +263,9 @@ ak_status ak_limits_validate(const ak_limits *lim)
     if (lim->max_reqs <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_reqs = %d must be positive",
                             lim->max_reqs);
-    if (lim->max_tokens <= 0)
-        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_tokens = %d must be positive",
-                            lim->max_tokens);
+    if (lim->max_tokens <= 0 || lim->max_tokens > AK_MAX_LEN)
+        return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_tokens = %d is outside [1, AK_MAX_LEN = %d]",
+                            lim->max_tokens, AK_MAX_LEN);
     if (lim->max_blocks_per_req <= 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "limits.max_blocks_per_req = %d must be positive",
                             lim->max_blocks_per_req);
@@ -306,16 +326,48 @@ void ak_meta_free_host(ak_batch_meta *meta)
     memset(meta, 0, sizeof *meta);
 }
 
+ak_status ak_tensor_validate(const ak_tensor *t, const char *name)
+{
+    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    if (t->ndim == 0 && !t->data)
+        for (int i = 0; i < AK_MAX_DIMS; i++)
+            if (t->stride[i] == -1)
+                return ak_set_error(AK_ERR_INVALID_ARG,
+                                    "%s is invalid: ak_tensor_*d was given shape[%d] = %lld, %s", name, i,
+                                    (long long)t->shape[i],
+                                    t->shape[i] < 0 ? "which is negative"
+                                                    : "and the tensor's bytes pass INT64_MAX there");
+    if (t->ndim < 1 || t->ndim > AK_MAX_DIMS)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d is outside [1, %d]", name, t->ndim, AK_MAX_DIMS);
+    /* the last element's offset, and the bytes up to it, must be int64 */
+    const int64_t esz = ak_dtype_size(t->dtype) ? (int64_t)ak_dtype_size(t->dtype) : 1;
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || t->stride[i] < 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s[%d] = %lld is negative", name,
+                                t->shape[i] < 0 ? "shape" : "stride", i,
+                                (long long)(t->shape[i] < 0 ? t->shape[i] : t->stride[i]));
+        int64_t span;
+        if (t->shape[i] > 0 && (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &span) ||
+                                __builtin_add_overflow(last, span, &last) || last > INT64_MAX / esz - 1))
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->stride[%d] = %lld with shape[%d] = %lld: the tensor spans more than "
+                                "INT64_MAX bytes",
+                                name, i, (long long)t->stride[i], i, (long long)t->shape[i]);
+    }
+    return AK_OK;
+}
+
 /* One tensor of a run: dtype, rank, exact shape, innermost stride 1,
  * non-negative strides. `name` is the field ("args.q"). */
 static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dtype, int ndim,
                               const int64_t *shape)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    AK_TRY(ak_tensor_validate(t, name));
+    int empty = 0;
+    for (int i = 0; i < ndim; i++) empty |= shape[i] == 0;
     /* an empty plan (every request q_len 0) may pass views of no memory */
-    if (!t->data && numel > 0) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
+    if (!t->data && !empty) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->dtype != dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected %s", name,
                             ak_dtype_name(t->dtype), ak_dtype_name(dtype));
@@ -335,13 +387,59 @@ static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dty
     return AK_OK;
 }
 
+ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
+{
+    if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    if (!kv->k_data || !kv->v_data)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s is NULL", name, kv->k_data ? "v_data" : "k_data");
+    const size_t esz = ak_dtype_size(kv->dtype);
+    if (esz == 0 || kv->dtype == AK_FP8_E4M3)
+        return ak_set_error(AK_ERR_UNSUPPORTED, "%s->dtype = %s is not a supported KV dtype", name,
+                            ak_dtype_name(kv->dtype));
+    if (kv->layout != AK_LAYOUT_NHD && kv->layout != AK_LAYOUT_HND)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->layout = %d is not a layout", name, kv->layout);
+    if (kv->device.kind != AK_DEVICE_CPU && kv->device.kind != AK_DEVICE_CUDA)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->device.kind = %d is not a device kind", name, kv->device.kind);
+#define AK_POSITIVE_(field)                                                    \
+    if (kv->field <= 0)                                                        \
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->" #field " = %d must be positive", name, kv->field);
+    AK_POSITIVE_(num_blocks)
+    AK_POSITIVE_(page_size)
+    AK_POSITIVE_(num_kv_heads)
+    AK_POSITIVE_(head_dim_qk)
+    AK_POSITIVE_(head_dim_vo)
+#undef AK_POSITIVE_
+    /* a block's elements, and the pool's bytes (num_blocks blocks at the block
+     * stride), must be int64: every address is block * stride + offset */
+    const int64_t max_elems = INT64_MAX / (int64_t)esz;
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const char *field = is_v ? "v_block_stride" : "k_block_stride";
+        const int64_t stride = is_v ? kv->v_block_stride : kv->k_block_stride;
+        const int head_dim = is_v ? kv->head_dim_vo : kv->head_dim_qk;
+        int64_t block, pool;
+        if (__builtin_mul_overflow((int64_t)kv->page_size * kv->num_kv_heads, (int64_t)head_dim, &block) ||
+            block > max_elems)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->page_size = %d x num_kv_heads = %d x head_dim_%s = %d: a block of more than "
+                                "int64 bytes",
+                                name, kv->page_size, kv->num_kv_heads, is_v ? "vo" : "qk", head_dim);
+        if (stride != 0 && stride < block)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s = %lld is below a block (%lld elements; 0 = packed)", name,
+                                field, (long long)stride, (long long)block);
+        if (__builtin_mul_overflow((int64_t)(kv->num_blocks - 1), stride ? stride : block, &pool) ||
+            pool > max_elems - block)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s->%s = %lld: %d blocks span more than int64 bytes", name, field,
+                                (long long)stride, kv->num_blocks);
+    }
+    return AK_OK;
+}
+
 static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
                                 const ak_paged_kv *kv)
 {
     if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "args.kv is NULL (paged storage)");
-    if (!kv->k_data || !kv->v_data)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->%s is NULL",
-                            kv->k_data ? "v_data" : "k_data");
+    AK_TRY(ak_paged_kv_validate(kv, "args.kv"));
     if (kv->dtype != cfg->kv_dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->dtype = %s, expected cfg.kv_dtype = %s",
                             ak_dtype_name(kv->dtype), ak_dtype_name(cfg->kv_dtype));
@@ -366,14 +464,6 @@ static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
                             "args.kv->num_blocks = %d is below limits.num_cache_blocks = %d "
                             "(planned block ids could fall outside the cache)",
                             kv->num_blocks, lim->num_cache_blocks);
-    const int64_t k_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_qk;
-    const int64_t v_min = (int64_t)kv->page_size * kv->num_kv_heads * kv->head_dim_vo;
-    if (kv->k_block_stride != 0 && kv->k_block_stride < k_min)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->k_block_stride = %lld is below a block (%lld)",
-                            (long long)kv->k_block_stride, (long long)k_min);
-    if (kv->v_block_stride != 0 && kv->v_block_stride < v_min)
-        return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->v_block_stride = %lld is below a block (%lld)",
-                            (long long)kv->v_block_stride, (long long)v_min);
     return AK_OK;
 }
 

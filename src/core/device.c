@@ -29,11 +29,13 @@ ak_cpu_features ak_cpu_features_get(void)
 {
     ak_cpu_features f = {0, 0, 0};
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    f.avx2_fma_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    f.avx512f = f.avx2_fma_f16c && __builtin_cpu_supports("avx512f");
+    /* F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
+     * does not know "f16c" */
     unsigned int a, b, c, d;
+    const int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    __builtin_cpu_init();
+    f.avx2_fma_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    f.avx512f = f.avx2_fma_f16c && __builtin_cpu_supports("avx512f");
     if (f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
         (b & (1u << 30)) && (d & (1u << 24)) && (d & (1u << 22)) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
         (a & (1u << 5))) {

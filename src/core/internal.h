@@ -59,6 +59,18 @@ ak_status ak_limits_validate(const ak_limits *lim);
 /* cfg with sm_scale resolved (0 -> 1/sqrt(head_dim_qk)). */
 ak_attn_config ak_config_normalized(const ak_attn_config *cfg);
 
+/* Checks one tensor on its own: not an invalid tensor from ak_tensor_*d (the
+ * message names the dim), ndim in [1, AK_MAX_DIMS], no negative shape or
+ * stride, and every element's byte offset within int64. `name` is the field
+ * in messages ("args.q"). */
+ak_status ak_tensor_validate(const ak_tensor *t, const char *name);
+
+/* Checks one paged K/V view on its own (ak_kv_update and run() both call
+ * it): data, dtype, layout, positive sizes, block strides 0 (packed) or at
+ * least a block, and a pool that int64 addresses. `name` is the field in
+ * messages ("args.kv", "kv"). */
+ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name);
+
 /* Checks the tensors of one run against cfg, the plan's token count and the
  * limits; names the field on failure. */
 ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim,
@@ -102,10 +114,17 @@ typedef struct ak_cpu_features {
 } ak_cpu_features;
 ak_cpu_features ak_cpu_features_get(void);
 
+/* Test support (tests and fuzz targets, never the library): sets the count of
+ * an allocated block, so the overflow edge of ak_kv_cache_share is reached
+ * without 2^31 calls. */
+ak_status ak_kv_cache_debug_set_refcount(ak_kv_cache *cache, int32_t block_id, int32_t refs);
+
 /* ---- small utilities ----------------------------------------------------- */
 
-static inline int ak_ceil_div(int a, int b) { return (a + b - 1) / b; }
-static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* ceil(a / b) for a >= 0, b > 0. Not (a + b - 1) / b: that overflows for a
+ * within b of the type's maximum (kv_len near INT32_MAX). */
+static inline int ak_ceil_div(int a, int b) { return a / b + (a % b != 0); }
+static inline int64_t ak_ceil_div64(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 #ifdef __cplusplus
 }

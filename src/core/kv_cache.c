@@ -1,9 +1,16 @@
 /*
  * kv_cache.c - the paged KV cache: per-layer K and V pools and one block
  * allocator (free stack + reference counts) shared by all layers.
+ *
+ * The allocator may be called from several threads at once (an engine's
+ * scheduler and its workers): one mutex guards the free stack and the counts.
+ * It is held for the length of one call, never across the kernel path (run()
+ * reads block ids from the plan, not from the cache).
  */
+#define _POSIX_C_SOURCE 200809L /* pthread mutexes under -std=c11 */
 #include "internal.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +21,8 @@ struct ak_kv_cache {
     int32_t *refcount;  /* [num_blocks]; 0 = free */
     int32_t *free_ids;  /* [num_blocks] stack of free block ids */
     int num_free;
+    pthread_mutex_t lock; /* guards refcount, free_ids and num_free */
+    int lock_made;
 };
 
 void ak_kv_cache_config_init(ak_kv_cache_config *cfg)
@@ -67,6 +76,11 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
 
     ak_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cache object");
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot make the allocator's mutex");
+    }
+    c->lock_made = 1;
     c->cfg = *cfg;
     c->k_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
     c->v_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
@@ -103,6 +117,7 @@ void ak_kv_cache_destroy(ak_kv_cache *c)
     free(c->v_pools);
     free(c->refcount);
     free(c->free_ids);
+    if (c->lock_made) pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -128,19 +143,30 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
 
 /* ---- block allocator ----------------------------------------------------- */
 
-static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids, int need_allocated)
+/* The mutex lives in the object, which is never const underneath: readers
+ * that take a const cache lock it too. */
+static void lock(const ak_kv_cache *c) { pthread_mutex_lock((pthread_mutex_t *)&c->lock); }
+static void unlock(const ak_kv_cache *c) { pthread_mutex_unlock((pthread_mutex_t *)&c->lock); }
+
+/* Every id of ids[0, n) names a block of the cache. */
+static ak_status check_ids(const ak_kv_cache *c, int n, const int32_t *ids)
 {
     if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
     if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
     if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->cfg.num_blocks)
             return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is out of range [0, %d)", i,
                                 ids[i], c->cfg.num_blocks);
-        if (need_allocated && c->refcount[ids[i]] == 0)
-            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, ids[i]);
-    }
     return AK_OK;
+}
+
+/* How often ids[0, i] name ids[i]. */
+static int times_named(const int32_t *ids, int i)
+{
+    int times = 0;
+    for (int j = 0; j <= i; j++) times += ids[j] == ids[i];
+    return times;
 }
 
 ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
@@ -148,46 +174,110 @@ ak_status ak_kv_cache_alloc(ak_kv_cache *c, int n, int32_t *ids)
     if (!c) return ak_set_error(AK_ERR_INVALID_ARG, "cache is NULL");
     if (n < 0) return ak_set_error(AK_ERR_INVALID_ARG, "n = %d is negative", n);
     if (n > 0 && !ids) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids is NULL");
-    if (n > c->num_free)
-        return ak_set_error(AK_ERR_OUT_OF_BLOCKS, "asked for %d blocks, only %d of %d are free", n,
-                            c->num_free, c->cfg.num_blocks);
+    lock(c);
+    if (n > c->num_free) {
+        const int num_free = c->num_free;
+        unlock(c);
+        return ak_set_error(AK_ERR_OUT_OF_BLOCKS, "asked for %d blocks, only %d of %d are free", n, num_free,
+                            c->cfg.num_blocks);
+    }
     for (int i = 0; i < n; i++) {
         const int32_t id = c->free_ids[--c->num_free];
         c->refcount[id] = 1;
         ids[i] = id;
+    }
+    unlock(c);
+    return AK_OK;
+}
+
+/* share and free change the counts as they go and undo this call's changes
+ * when an id fails, so a rejected list changes nothing: one pass, whatever
+ * the length of the list. */
+
+static ak_status share_locked(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    for (int i = 0; i < n; i++) {
+        const int32_t id = ids[i];
+        if (c->refcount[id] == 0 || c->refcount[id] == INT32_MAX) {
+            const int32_t held = c->refcount[id];
+            for (int j = 0; j < i; j++) c->refcount[ids[j]]--;
+            if (held == 0)
+                return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, id);
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "block_ids[%d] = %d would have more than INT32_MAX = %d references (%d before "
+                                "this call)",
+                                i, id, INT32_MAX, INT32_MAX - (times_named(ids, i) - 1));
+        }
+        c->refcount[id]++;
+    }
+    return AK_OK;
+}
+
+static ak_status free_locked(ak_kv_cache *c, int n, const int32_t *ids)
+{
+    const int free_before = c->num_free;
+    for (int i = 0; i < n; i++) {
+        const int32_t id = ids[i];
+        if (c->refcount[id] == 0) {
+            /* not allocated, or named more often than it has references */
+            const int times = times_named(ids, i);
+            c->num_free = free_before;
+            for (int j = 0; j < i; j++) c->refcount[ids[j]]++;
+            if (times == 1) return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is not allocated", i, id);
+            return ak_set_error(AK_ERR_INVALID_ARG, "block_ids[%d] = %d is freed %d times but has %d references", i,
+                                id, times, times - 1);
+        }
+        /* a block goes back to the pool once, when its count reaches 0 */
+        if (--c->refcount[id] == 0) c->free_ids[c->num_free++] = id;
     }
     return AK_OK;
 }
 
 ak_status ak_kv_cache_share(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids, 1));
-    for (int i = 0; i < n; i++) c->refcount[ids[i]]++;
-    return AK_OK;
+    AK_TRY(check_ids(c, n, ids));
+    lock(c);
+    const ak_status st = share_locked(c, n, ids);
+    unlock(c);
+    return st;
 }
 
 ak_status ak_kv_cache_free(ak_kv_cache *c, int n, const int32_t *ids)
 {
-    AK_TRY(check_ids(c, n, ids, 1));
-    /* a list naming one block more often than it has references would drive
-     * the count below zero: reject it before changing anything */
-    for (int i = 0; i < n; i++) {
-        int times = 0;
-        for (int j = 0; j <= i; j++) times += ids[j] == ids[i];
-        if (times > c->refcount[ids[i]])
-            return ak_set_error(AK_ERR_INVALID_ARG,
-                                "block_ids[%d] = %d is freed %d times but has %d references", i,
-                                ids[i], times, c->refcount[ids[i]]);
-    }
-    for (int i = 0; i < n; i++)
-        if (--c->refcount[ids[i]] == 0) c->free_ids[c->num_free++] = ids[i];
-    return AK_OK;
+    AK_TRY(check_ids(c, n, ids));
+    lock(c);
+    const ak_status st = free_locked(c, n, ids);
+    unlock(c);
+    return st;
 }
 
-int ak_kv_cache_num_free(const ak_kv_cache *c) { return c ? c->num_free : 0; }
+int ak_kv_cache_num_free(const ak_kv_cache *c)
+{
+    if (!c) return 0;
+    lock(c);
+    const int n = c->num_free;
+    unlock(c);
+    return n;
+}
 
 int ak_kv_cache_refcount(const ak_kv_cache *c, int32_t id)
 {
     if (!c || id < 0 || id >= c->cfg.num_blocks) return -1;
-    return c->refcount[id];
+    lock(c);
+    const int refs = c->refcount[id];
+    unlock(c);
+    return refs;
+}
+
+ak_status ak_kv_cache_debug_set_refcount(ak_kv_cache *c, int32_t id, int32_t refs)
+{
+    AK_TRY(check_ids(c, 1, &id));
+    lock(c);
+    const int32_t held = c->refcount[id];
+    if (held != 0 && refs >= 1) c->refcount[id] = refs;
+    unlock(c);
+    if (held == 0 || refs < 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "block %d has %d references, refs = %d: only an allocated block's "
+                            "count may be set, to 1 or more", id, held, refs);
+    return AK_OK;
 }

@@ -11,7 +11,7 @@
 static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged_kv *kv,
                             int num_tokens, int head_dim)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    AK_TRY(ak_tensor_validate(t, name));
     if (t->dtype != kv->dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected kv->dtype = %s", name,
                             ak_dtype_name(t->dtype), ak_dtype_name(kv->dtype));
@@ -32,16 +32,8 @@ static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged
 ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
                        const int64_t *slot_mapping, int num_tokens, ak_stream stream)
 {
-    if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "kv is NULL");
     if (num_tokens < 0) return ak_set_error(AK_ERR_INVALID_ARG, "num_tokens = %d is negative", num_tokens);
-    if (!kv->k_data || !kv->v_data)
-        return ak_set_error(AK_ERR_INVALID_ARG, "kv->%s is NULL", kv->k_data ? "v_data" : "k_data");
-    if (kv->page_size <= 0 || kv->num_blocks <= 0 || kv->num_kv_heads <= 0 || kv->head_dim_qk <= 0 ||
-        kv->head_dim_vo <= 0)
-        return ak_set_error(AK_ERR_INVALID_ARG, "kv sizes must be positive");
-    if (kv->dtype == AK_FP8_E4M3 || ak_dtype_size(kv->dtype) == 0)
-        return ak_set_error(AK_ERR_UNSUPPORTED, "kv->dtype = %s is not supported",
-                            ak_dtype_name(kv->dtype));
+    AK_TRY(ak_paged_kv_validate(kv, "kv"));
     AK_TRY(check_rows(k, "k", kv, num_tokens, kv->head_dim_qk));
     AK_TRY(check_rows(v, "v", kv, num_tokens, kv->head_dim_vo));
     if (num_tokens > 0 && !slot_mapping)

@@ -1,6 +1,7 @@
 /*
  * merge.c - ak_merge_states on the CPU: combines partial {o, lse} states with
- * the shared softmax-state algebra (softmax_state.h).
+ * the shared softmax-state algebra (softmax_state.h), and the rule of
+ * attnkit.h for NaN and infinities.
  */
 #include "dtype.h"
 #include "internal.h"
@@ -10,7 +11,7 @@
 
 static ak_status check_shape(const ak_tensor *t, const char *name, int ndim, const int64_t *shape)
 {
-    if (!t) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
+    AK_TRY(ak_tensor_validate(t, name));
     if (!t->data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->ndim != ndim)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d, expected %d", name, t->ndim, ndim);
@@ -25,6 +26,16 @@ static ak_status check_shape(const ak_tensor *t, const char *name, int ndim, con
         return ak_set_error(AK_ERR_UNSUPPORTED, "%s->dtype = %s is not supported", name,
                             ak_dtype_name(t->dtype));
     return AK_OK;
+}
+
+/* The lse of state i of (token t, head h), and element d of its v. */
+static float state_lse(const ak_tensor *s, int64_t t, int64_t i, int64_t h)
+{
+    return ((const float *)s->data)[t * s->stride[0] + i * s->stride[1] + h * s->stride[2]];
+}
+static float state_v(const ak_tensor *v, int64_t t, int64_t i, int64_t h, int64_t d)
+{
+    return ak_load_as_f32(v->data, v->dtype, t * v->stride[0] + i * v->stride[1] + h * v->stride[2] + d * v->stride[3]);
 }
 
 ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_out,
@@ -43,25 +54,26 @@ ak_status ak_merge_states(const ak_tensor *v, const ak_tensor *s, ak_tensor *v_o
         AK_TRY(check_shape(s_out, "s_out", 2, so_shape));
         if (s_out->dtype != AK_F32) return ak_set_error(AK_ERR_INVALID_ARG, "s_out->dtype must be f32");
     }
-    const float *sp = (const float *)s->data;
     for (int64_t t = 0; t < T; t++) {
         for (int64_t h = 0; h < H; h++) {
+            /* a NaN (or +inf) lse anywhere makes lse NaN; a NaN or infinity in
+             * the v of a state that is not empty makes the row NaN (attnkit.h);
+             * an empty state (lse -inf) is never read */
             float lse = -INFINITY;
-            for (int64_t i = 0; i < S; i++)
-                lse = ak_lse_add(lse, sp[t * s->stride[0] + i * s->stride[1] + h * s->stride[2]]);
+            for (int64_t i = 0; i < S; i++) lse = ak_lse_add(lse, state_lse(s, t, i, h));
+            int bad = isnan(lse);
+            for (int64_t i = 0; i < S && !bad; i++)
+                for (int64_t d = 0; d < D && state_lse(s, t, i, h) != -INFINITY && !bad; d++)
+                    bad = !isfinite(state_v(v, t, i, h, d));
             for (int64_t d = 0; d < D; d++) {
-                float acc = 0.0f;
-                for (int64_t i = 0; i < S; i++) {
-                    const float w = ak_lse_weight(sp[t * s->stride[0] + i * s->stride[1] + h * s->stride[2]], lse);
-                    if (w == 0.0f) continue; /* an empty part may hold garbage, never NaN-poisons */
-                    acc += w * ak_load_as_f32(v->data, v->dtype,
-                                              t * v->stride[0] + i * v->stride[1] + h * v->stride[2] +
-                                                  d * v->stride[3]);
-                }
+                float acc = bad ? NAN : 0.0f;
+                for (int64_t i = 0; i < S && !bad; i++)
+                    if (state_lse(s, t, i, h) != -INFINITY)
+                        acc += ak_lse_weight(state_lse(s, t, i, h), lse) * state_v(v, t, i, h, d);
                 ak_store_from_f32(v_out->data, v_out->dtype,
                                   t * v_out->stride[0] + h * v_out->stride[1] + d * v_out->stride[2], acc);
             }
-            if (s_out) ((float *)s_out->data)[t * s_out->stride[0] + h * s_out->stride[1]] = lse;
+            if (s_out) ((float *)s_out->data)[t * s_out->stride[0] + h * s_out->stride[1]] = bad ? NAN : lse;
         }
     }
     return AK_OK;

@@ -14,7 +14,9 @@
  *     lse = log(exp(lse_a) + exp(lse_b)),  o = w_a * o_a + w_b * o_b,
  *     w_x = exp(lse_x - lse).
  * An empty part has lse = -inf and weight 0; if every part is empty the merged
- * row is o = 0, lse = -inf (never NaN).
+ * row is o = 0, lse = -inf (never NaN). A NaN never vanishes: a NaN lse makes
+ * the merged lse NaN whatever the order of the parts, and a state whose d is
+ * NaN has lse NaN (the rule of attnkit.h: corrupted input is never hidden).
  */
 #ifndef AK_SOFTMAX_STATE_H
 #define AK_SOFTMAX_STATE_H
@@ -23,9 +25,12 @@
 
 #include <math.h>
 
-/* log(exp(a) + exp(b)), correct when either or both are -inf. */
+/* log(exp(a) + exp(b)), correct when either or both are -inf; NaN when
+ * either is NaN or +inf, in either position (fmaxf alone drops a NaN, so
+ * which part was NaN decided whether the sum was). */
 AK_HD float ak_lse_add(float a, float b)
 {
+    if (isnan(a) || isnan(b)) return a + b;
     const float mx = fmaxf(a, b);
     if (mx == -INFINITY) return -INFINITY;
     return mx + logf(expf(a - mx) + expf(b - mx));
@@ -44,10 +49,11 @@ AK_HD float ak_rescale_factor(float m_old, float m_new)
     return m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
 }
 
-/* Final lse of a state {m, d}: -inf when it saw no key. */
+/* Final lse of a state {m, d}: -inf when it saw no key (d = 0), NaN when d
+ * is NaN. */
 AK_HD float ak_state_lse(float m, float d)
 {
-    return d > 0.0f ? m + logf(d) : -INFINITY;
+    return d == 0.0f ? -INFINITY : m + logf(d);
 }
 
 /* The end of a row whose online softmax finished with running max m and sum

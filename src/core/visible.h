@@ -19,7 +19,9 @@
  * window_left = -1). */
 AK_HD int ak_visible_lo(int pos, int window_left)
 {
-    return window_left >= 0 && pos - window_left > 0 ? pos - window_left : 0;
+    /* pos > window_left, not pos - window_left > 0: pos is negative for a
+     * non-causal query past its keys, and pos - window_left would overflow */
+    return window_left >= 0 && pos > window_left ? pos - window_left : 0;
 }
 
 /* The last key the query at pos sees among kv_len: pos when causal, else the

@@ -516,7 +516,8 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
                 for (int p = 0; p < parts; p++) {
                     ak_cpu_work w = *it;
                     w.kv_begin = it->kv_begin + p * span;
-                    w.kv_end = w.kv_begin + span < it->kv_end ? w.kv_begin + span : it->kv_end;
+                    /* not kv_begin + span < kv_end: the last chunk's sum can pass INT32_MAX */
+                    w.kv_end = it->kv_end - w.kv_begin > span ? w.kv_begin + span : it->kv_end;
                     w.part = rows_used + p * rows;
                     w.cost = it->cost / parts;
                     s->work[nw++] = w;
@@ -607,7 +608,9 @@ static ak_status cpu_plan(void *state, const ak_batch *batch, const ak_batch_met
 /* ---- run --------------------------------------------------------------------------- */
 
 /* Merges the partial states of one split item into o and lse (shared softmax
- * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). acc: a
+ * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). An empty
+ * part (lse -inf) is skipped; a NaN part (the kernel writes a corrupted row's
+ * partial state as NaN) makes lse, and so every weight and o, NaN. acc: a
  * [head_dim_vo] buffer of the calling thread. */
 static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
 {
@@ -625,8 +628,8 @@ static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
             memset(acc, 0, sizeof(float) * (size_t)dvo);
             for (int i = 0; i < mg->num_parts; i++) {
                 const int64_t slot_row = (int64_t)mg->first_row + i * mg->rows + m;
+                if (c->part_lse[slot_row] == -INFINITY) continue;
                 const float w = ak_lse_weight(c->part_lse[slot_row], lse);
-                if (w == 0.0f) continue;
                 const float *po = c->part_o + slot_row * c->dvo_pad;
                 for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
             }

@@ -630,10 +630,15 @@ static void amx_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok,
                 continue;
             }
             float scale = c->sm_scale;
+            /* a score that is not finite becomes NaN, before the cap (which
+             * would turn +-inf into +-cap); masked lanes never reach P */
             if (cap > 0.0f) {
                 const vf sv = vf_set1(scale / cap), vcap = vf_set1(cap);
-                for (int j = 0; j < n; j += AK_VW) vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(sv, vf_load(row + j)))));
+                for (int j = 0; j < n; j += AK_VW)
+                    vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(sv, vf_nan_unless_finite(vf_load(row + j))))));
                 scale = 1.0f;
+            } else {
+                for (int j = 0; j < n; j += AK_VW) vf_store(row + j, vf_nan_unless_finite(vf_load(row + j)));
             }
             const float m_old = sc->row_max[m];
             float m_new = m_old;
@@ -718,6 +723,46 @@ static void amx_pv(const uint16_t *hi, const uint16_t *lo, int rows, int n, cons
         }
 }
 
+/* Element d of key j of a value tile in the B layout of amx_load_v. */
+AK_INLINE float amx_v_at(const uint16_t *vv, int ldv, int j, int d)
+{
+    return ak_bf16_to_f32(vv[(int64_t)(j / 2) * ldv + 2 * d + (j & 1)]);
+}
+
+/* unseen_v_nonfinite (below) for a value tile in the B layout. */
+static int amx_unseen_v_nonfinite(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n,
+                                  const uint16_t *vv, int ldv)
+{
+    const int all_lo = sc->lo[ntok - 1] - j0, all_hi = sc->hi[0] - j0;
+    for (int j = 0; j < n; j++) {
+        if (j >= all_lo && j <= all_hi) continue;
+        for (int d = 0; d < c->head_dim_vo; d++)
+            if (!isfinite(amx_v_at(vv, ldv, j, d))) return 1;
+    }
+    return 0;
+}
+
+/* amx_pv with each row over only the keys it sees, in f32 (the rare path of
+ * a tile where a key some row does not see holds a NaN or infinity in V):
+ * P = hi (+ lo). */
+static void amx_pv_visible(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, const uint16_t *vv,
+                           int ldv, const uint16_t *hi, const uint16_t *lo)
+{
+    const int ldp = AK_CPU_TILE_KEYS_AMX;
+    for (int t = 0; t < ntok; t++) {
+        const int vlo = sc->lo[t] - j0 > 0 ? sc->lo[t] - j0 : 0;
+        const int vhi = sc->hi[t] - j0 + 1 < n ? sc->hi[t] - j0 + 1 : n;
+        for (int h = 0; h < c->group; h++) {
+            const int64_t m = (int64_t)t * c->group + h;
+            float *orow = sc->o + m * c->dvo_pad;
+            for (int j = vlo; j < vhi; j++) {
+                const float p = ak_bf16_to_f32(hi[m * ldp + j]) + (lo ? ak_bf16_to_f32(lo[m * ldp + j]) : 0.0f);
+                for (int d = 0; d < c->head_dim_vo; d++) orow[d] += p * amx_v_at(vv, ldv, j, d);
+            }
+        }
+    }
+}
+
 /* One tile of keys [j0, j0 + n) of an AMX item: S = Q K^T, the fused
  * softmax, O += P V; kt and vv are the tile in the B layouts of
  * amx_load_kt / amx_load_v. */
@@ -730,7 +775,10 @@ static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, in
     const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
     amx_qk(sc->amx_q, dq32, rows1, kt, n, sc->s, sc->s_stride);
     amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
-    amx_pv(sc->amx_p, p_lo, rows1, n, vv, 2 * c->dvo_pad, sc->o, c->dvo_pad);
+    if (masked && amx_unseen_v_nonfinite(c, sc, ntok, j0, n, vv, 2 * c->dvo_pad))
+        amx_pv_visible(c, sc, ntok, j0, n, vv, 2 * c->dvo_pad, sc->amx_p, p_lo);
+    else
+        amx_pv(sc->amx_p, p_lo, rows1, n, vv, 2 * c->dvo_pad, sc->o, c->dvo_pad);
 }
 
 /* The key tiles of a single-head item with bf16 q and K/V, on the AMX unit.
@@ -790,11 +838,14 @@ static void amx_pack_tile(const ak_cpu_ctx *c, int r, int g, int t, const ak_cpu
 
 /* ---- online_softmax ------------------------------------------------------------ */
 
-/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: soft-cap,
- * mask the keys a row does not see (masked = 0: every row sees every key),
- * raise m to the tile's max, P = exp(S - m) in place, d = d * f + sum P and
- * O *= f with f = exp(m_old - m_new). A row that sees none of these keys
- * keeps its state and gets P = 0. (The AMX path has its own, amx_softmax.) */
+/* Folds the scores of keys [j0, j0 + n) into each row's {m, d, O}: a score
+ * that is not finite becomes NaN (before the soft-cap, which would turn +-inf
+ * into +-cap), soft-cap, mask the keys a row does not see (masked = 0: every
+ * row sees every key), raise m to the tile's max, P = exp(S - m) in place,
+ * d = d * f + sum P and O *= f with f = exp(m_old - m_new). A NaN score makes
+ * P, d and so the row NaN; a masked key's score, whatever it was, is -inf. A
+ * row that sees none of these keys keeps its state and gets P = 0. (The AMX
+ * path has its own, amx_softmax.) */
 static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nheads, int ntok, int j0, int n,
                            int masked)
 {
@@ -820,7 +871,9 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
             if (cap > 0.0f) {
                 const vf vcap = vf_set1(cap), inv = vf_set1(1.0f / cap);
                 for (int j = 0; j < nvec; j += AK_VW)
-                    vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(inv, vf_load(row + j)))));
+                    vf_store(row + j, vf_mul(vcap, vf_tanh(vf_mul(inv, vf_nan_unless_finite(vf_load(row + j))))));
+            } else {
+                for (int j = 0; j < nvec; j += AK_VW) vf_store(row + j, vf_nan_unless_finite(vf_load(row + j)));
             }
             for (int j = 0; j < vlo; j++) row[j] = -INFINITY;
             for (int j = vhi; j < nvec; j++) row[j] = -INFINITY;
@@ -850,6 +903,45 @@ static void online_softmax(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nh
 }
 
 /* ---- the work item ------------------------------------------------------------ */
+
+/* In a tile that some row does not wholly see, P is 0 at the keys a row does
+ * not see, and 0 * NaN = NaN: a NaN or infinity in the V row of such a key
+ * would reach rows that never saw it. 1 if a key outside [lo[ntok - 1],
+ * hi[0]] (the keys every row sees) has one in its V row (vt: the dtype of
+ * sc->vp's rows). */
+static int unseen_v_nonfinite(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, ak_dtype vt)
+{
+    const int all_lo = sc->lo[ntok - 1] - j0, all_hi = sc->hi[0] - j0;
+    for (int j = 0; j < n; j++) {
+        if (j >= all_lo && j <= all_hi) continue;
+        for (int d = 0; d < c->head_dim_vo; d++)
+            if (!isfinite(ak_load_as_f32(sc->vp[j], vt, d))) return 1;
+    }
+    return 0;
+}
+
+/* O += P V of one KV head's rows (s, o: its first row), each token's group
+ * of rows over only the keys it sees: the rare path of unseen_v_nonfinite. */
+static void pv_visible(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, const float *s, float *o, int ntok, int j0,
+                       int n, ak_dtype vt)
+{
+    const int group = c->group, lds = sc->s_stride, dvo = c->dvo_pad;
+    for (int t = 0; t < ntok; t++) {
+        const int vlo = sc->lo[t] - j0 > 0 ? sc->lo[t] - j0 : 0;
+        const int vhi = sc->hi[t] - j0 + 1 < n ? sc->hi[t] - j0 + 1 : n;
+        if (vlo >= vhi) continue;
+        const int64_t m0 = (int64_t)t * group;
+        pv(s + m0 * lds + vlo, lds, group, sc->vp + vlo, vt, vhi - vlo, o + m0 * dvo, dvo, dvo, NULL);
+    }
+}
+
+/* 1 if the row's O holds no NaN or infinity. */
+static int o_row_finite(const float *o, int dpad)
+{
+    vf mark = vf_zero();
+    for (int d = 0; d < dpad; d += AK_VW) mark = vf_add(mark, vf_nonfinite_mark(vf_load(o + d)));
+    return vf_hsum(mark) == 0.0f;
+}
 
 /* The key tiles of an item on the vector units (see the top of the file):
  * K/V rows are read in place (converted as loaded) when they are whole
@@ -909,8 +1001,12 @@ static void run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_sc
         online_softmax(c, sc, nheads, ntok, j0, n, masked);
         for (int i = 0; i < nheads; i++) {
             load_kv_tile(c, g0 + i, n, 1, v_in_place, sc->voff[cur], sc->v, sc->vp);
-            pv(sc->s + (int64_t)i * rows1 * lds, lds, rows1, sc->vp, vt, n, sc->o + (int64_t)i * rows1 * dvo, dvo,
-               dvo, v_in_place ? &pf : NULL);
+            const float *si = sc->s + (int64_t)i * rows1 * lds;
+            float *oi = sc->o + (int64_t)i * rows1 * dvo;
+            if (masked && unseen_v_nonfinite(c, sc, ntok, j0, n, vt))
+                pv_visible(c, sc, si, oi, ntok, j0, n, vt);
+            else
+                pv(si, lds, rows1, sc->vp, vt, n, oi, dvo, dvo, v_in_place ? &pf : NULL);
         }
         while (pf.next < pf.end) __builtin_prefetch(*pf.next++, 0, AK_PREFETCH_LOCALITY);
     }
@@ -971,7 +1067,9 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         run_tiles(c, w, sc, ntok);
 
     /* store: o = O / d (with the sink, ak_state_finish); a row that saw no
-     * key has d = 0, O = 0 -> o = 0 */
+     * key has d = 0, O = 0 -> o = 0, lse = -inf (with a sink: lse = sink). A
+     * NaN d (a NaN score) or a NaN or infinity in O (from a V row it saw)
+     * makes the whole row and its lse NaN (attnkit.h). */
     const size_t oesz = ak_dtype_size(c->o_dtype);
     for (int gt = 0; gt < nheads * ntok; gt++)
         for (int h = 0; h < group; h++) {
@@ -979,9 +1077,11 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
             const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
             /* the sink joins whole rows only: a split part's joins at the merge */
             const float sink = c->sinks && w->part < 0 ? c->sinks[head] : -INFINITY;
-            float inv, lse;
-            ak_state_finish(sc->row_max[m], sc->row_sum[m], sink, &inv, &lse);
+            const float d = sc->row_sum[m];
             const float *orow = sc->o + (int64_t)m * dvo;
+            float inv, lse;
+            ak_state_finish(sc->row_max[m], d, sink, &inv, &lse);
+            if (d != d || !o_row_finite(orow, dvo)) inv = lse = NAN;
             if (w->part < 0) {
                 char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
                 store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);

@@ -10,6 +10,9 @@
  *     o   = sum_j exp(s_j - lse) v_j,  lse = log (sum_j exp(s_j) + exp(sink_h))
  * (the sink term only with cfg.use_sinks)
  * visible: j <= p when causal, and j >= p - window_left when windowed.
+ * A row that sees a key is NaN (o and lse) when q, or the K or V row of a
+ * key it sees, holds a NaN or an infinity (attnkit.h): in fp64 such an
+ * element, and only such an element, makes a score s_j or an o_d not finite.
  */
 #include "backend.h"
 #include "dtype.h"
@@ -116,19 +119,21 @@ static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)
         for (int i = 0; i < q_len; i++) {
             const int t = q0 + i, p = keys - q_len + i;
             /* visible keys [lo, hi] */
-            const int lo = c->window_left >= 0 && p - c->window_left > 0 ? p - c->window_left : 0;
+            const int lo = c->window_left >= 0 && p > c->window_left ? p - c->window_left : 0;
             const int hi = c->causal && p < keys - 1 ? p : keys - 1;
             for (int h = 0; h < c->num_qo_heads; h++) {
                 const int g = h / group;
                 const void *q = (const char *)a->q->data +
                                 (t * a->q->stride[0] + h * a->q->stride[1]) * ak_dtype_size(c->q_dtype);
                 double m = -INFINITY;
+                int bad = 0; /* a NaN or infinity met: the row is NaN */
                 for (int j = lo; j <= hi; j++) {
                     const void *k = kv_row(s, a, r, j, g, 0);
                     double dot = 0.0;
                     for (int d = 0; d < c->head_dim_qk; d++)
                         dot += (double)ak_load_as_f32(q, c->q_dtype, d) * ak_load_as_f32(k, c->kv_dtype, d);
                     double x = dot * c->sm_scale;
+                    bad |= !isfinite(x); /* before the cap, which would make +-inf finite */
                     if (c->logits_soft_cap > 0.0f) x = c->logits_soft_cap * tanh(x / c->logits_soft_cap);
                     sc[j] = x;
                     if (x > m) m = x;
@@ -143,11 +148,13 @@ static ak_status ref_run(void *state, const ak_run_args *a, ak_stream stream)
                     double acc = 0.0;
                     for (int j = lo; j <= hi; j++)
                         acc += exp(sc[j] - m) * ak_load_as_f32(kv_row(s, a, r, j, g, 1), c->kv_dtype, d);
+                    bad |= !isfinite(acc);
                     ak_store_from_f32(o, c->o_dtype, d, denom > 0.0 ? (float)(acc / denom) : 0.0f);
                 }
+                for (int d = 0; d < c->head_dim_vo && bad; d++) ak_store_from_f32(o, c->o_dtype, d, NAN);
                 if (a->lse)
                     ((float *)a->lse->data)[t * a->lse->stride[0] + h * a->lse->stride[1]] =
-                        denom > 0.0 ? (float)(m + log(denom)) : -INFINITY;
+                        bad ? NAN : denom > 0.0 ? (float)(m + log(denom)) : -INFINITY;
             }
         }
     }

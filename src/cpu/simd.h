@@ -12,7 +12,9 @@
  * the register file is a property of the ISA, not of the algorithm.
  *
  * vf_exp and vf_tanh are polynomial approximations good to a few ulp over the
- * range the kernels use; they are not general-purpose libm replacements.
+ * range the kernels use; they are not general-purpose libm replacements, but
+ * both pass NaN through (a NaN logit must reach the row's sum, see
+ * attn_cpu_kernel.h).
  */
 #ifndef AK_CPU_SIMD_H
 #define AK_CPU_SIMD_H
@@ -71,6 +73,7 @@ AK_INLINE vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
 AK_INLINE vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 AK_INLINE vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 AK_INLINE vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+/* b where either is NaN (MAXPS), on every ISA: vf_max(c, x) passes a NaN x */
 AK_INLINE vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 AK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 AK_INLINE vf vf_fnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
@@ -92,11 +95,24 @@ AK_INLINE vf vf_ldexp(vf p, vf n)
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 AK_INLINE vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-/* x where keep(x), else 0: keep = x >= lo */
+/* a where x < lim, else b (b where x is NaN) */
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lim), _CMP_LT_OQ), b, a);
+}
+/* r, but 0 where x < lo (a NaN x keeps r) */
 AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
 {
-    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), r);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_NLT_UQ), r);
 }
+/* x where finite, else NaN */
+AK_INLINE vf vf_nan_unless_finite(vf x)
+{
+    const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    return _mm512_mask_mov_ps(_mm512_set1_ps(NAN), finite, x);
+}
+/* NaN in every lane if any lane of x is not finite, else 0 */
+AK_INLINE vf vf_nonfinite_mark(vf x) { return _mm512_mul_ps(x, _mm512_setzero_ps()); }
 
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p)
@@ -223,10 +239,20 @@ AK_INLINE vf vf_ldexp(vf p, vf n)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 AK_INLINE vf vf_round(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b)
+{
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_set1_ps(lim), _CMP_LT_OQ));
+}
 AK_INLINE vf vf_zero_below(vf r, vf x, float lo)
 {
-    return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ));
+    return _mm256_and_ps(r, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_NLT_UQ));
 }
+AK_INLINE vf vf_nan_unless_finite(vf x)
+{
+    const vf finite = _mm256_cmp_ps(vf_abs(x), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_set1_ps(NAN), x, finite);
+}
+AK_INLINE vf vf_nonfinite_mark(vf x) { return _mm256_mul_ps(x, _mm256_setzero_ps()); }
 
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p)
@@ -308,9 +334,13 @@ AK_INLINE vf vf_copysign(vf mag, vf sign) { return copysignf(mag, sign); }
 AK_INLINE float vf_hsum(vf a) { return a; }
 AK_INLINE float vf_first(vf a) { return a; }
 AK_INLINE float vf_hmax(vf a) { return a; }
-AK_INLINE vf vf_ldexp(vf p, vf n) { return ldexpf(p, (int)n); }
+/* (int)n of a NaN or infinite n is undefined in C: p * n is the answer there */
+AK_INLINE vf vf_ldexp(vf p, vf n) { return fabsf(n) < 256.0f ? ldexpf(p, (int)n) : p * n; }
 AK_INLINE vf vf_round(vf x) { return nearbyintf(x); }
-AK_INLINE vf vf_zero_below(vf r, vf x, float lo) { return x >= lo ? r : 0.0f; }
+AK_INLINE vf vf_select_lt(vf x, float lim, vf a, vf b) { return x < lim ? a : b; }
+AK_INLINE vf vf_zero_below(vf r, vf x, float lo) { return x < lo ? 0.0f : r; }
+AK_INLINE vf vf_nan_unless_finite(vf x) { return fabsf(x) < INFINITY ? x : NAN; }
+AK_INLINE vf vf_nonfinite_mark(vf x) { return x * 0.0f; }
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return ak_f16_to_f32(*p); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p) { return ak_bf16_to_f32(*p); }
 AK_INLINE void vf_store_f16(uint16_t *p, vf x) { *p = ak_f32_to_f16(x); }
@@ -328,11 +358,12 @@ AK_INLINE void vf_hsum4(vf a, vf b, vf c, vf d, float *out)
 
 /* ---- shared by every ISA ------------------------------------------------- */
 
-/* exp(x) for x <= 88; exactly 0 for x < AK_EXP_MIN (and for -inf).
+/* exp(x) for x <= 88; exactly 0 for x < AK_EXP_MIN (and for -inf); NaN for
+ * NaN (a NaN logit must reach the row's sum, not vanish as exp = 0).
  * x = n ln2 + r with |r| <= ln2 / 2, exp(x) = 2^n * poly(r). */
 AK_INLINE vf vf_exp(vf x)
 {
-    const vf xc = vf_max(x, vf_set1(AK_EXP_MIN));
+    const vf xc = vf_max(vf_set1(AK_EXP_MIN), x);
     const vf n = vf_round(vf_mul(xc, vf_set1(AK_LOG2E)));
     vf r = vf_fnma(n, vf_set1(AK_LN2_HI), xc);
     r = vf_fnma(n, vf_set1(AK_LN2_LO), r);
@@ -346,14 +377,34 @@ AK_INLINE vf vf_exp(vf x)
     return vf_zero_below(vf_ldexp(p, n), x, AK_EXP_MIN);
 }
 
-/* tanh(x) = sign(x) (1 - e) / (1 + e), e = exp(-2|x|): no overflow for large
- * |x|; near 0 the absolute error stays ~1e-7, which is what a soft-capped
- * logit (cap * tanh(s / cap)) needs. */
+/* tanh(x) for |x| below AK_TANH_SMALL: x + x^3 P(x^2), P the degree-4
+ * minimax polynomial of Cephes' tanhf (relative error ~1e-7). The soft-cap
+ * evaluates tanh(s / cap), and for a large cap every argument is tiny: there
+ * (1 - e) / (1 + e) with e = exp(-2|x|) rounds e to 1 and returns 0 (at cap
+ * 1e8 every capped logit was 0, o off by 0.16). */
+#define AK_TANH_SMALL 0.625f
+#define AK_TANH_P4 (-5.70498872745e-3f)
+#define AK_TANH_P3 2.06390887954e-2f
+#define AK_TANH_P2 (-5.37397155531e-2f)
+#define AK_TANH_P1 1.33314422036e-1f
+#define AK_TANH_P0 (-3.33332819422e-1f)
+
+/* tanh(x), relative error ~1e-7 everywhere: the odd polynomial below
+ * AK_TANH_SMALL; above it sign(x) (1 - e) / (1 + e), e = exp(-2|x|), which
+ * cannot overflow and loses nothing there (e <= 0.29). tanh(+-inf) = +-1,
+ * tanh(NaN) = NaN. */
 AK_INLINE vf vf_tanh(vf x)
 {
-    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), vf_abs(x)));
+    const vf ax = vf_abs(x), z = vf_mul(x, x);
+    vf p = vf_fma(vf_set1(AK_TANH_P4), z, vf_set1(AK_TANH_P3));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P2));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P1));
+    p = vf_fma(p, z, vf_set1(AK_TANH_P0));
+    const vf small = vf_fma(vf_mul(p, z), x, x);
+    const vf e = vf_exp(vf_mul(vf_set1(-2.0f), ax));
     const vf one = vf_set1(1.0f);
-    return vf_copysign(vf_div(vf_sub(one, e), vf_add(one, e)), x);
+    const vf large = vf_copysign(vf_div(vf_sub(one, e), vf_add(one, e)), x);
+    return vf_select_lt(ax, AK_TANH_SMALL, small, large);
 }
 
 #endif /* AK_CPU_SIMD_H */

@@ -1,0 +1,378 @@
+#define _POSIX_C_SOURCE 200809L /* setenv */
+/*
+ * test_nonfinite.c - the rule of attnkit.h for NaN and infinities, on every
+ * backend of the device under test: a NaN or an infinity in q, or in the K or
+ * V row of a key a query row sees, makes that row's o (every element) and lse
+ * NaN; keys a row does not see never affect it, whatever they hold; a row
+ * that sees no key is o = 0, lse = -inf. And ak_merge_states: a NaN lse, or a
+ * NaN or infinity in a non-empty state's v, in any position, makes the row
+ * NaN.
+ *
+ * Each case builds a clean scene, takes the dense formula of the clean data
+ * as the reference, writes one non-finite element into the device copy of q
+ * or the cache, and runs the backend (decode and prefill batches, and long
+ * requests the cpu backend splits over 4 threads' chunks). Rows the element
+ * reaches must be NaN; every other row must match the reference; o is
+ * poisoned with a finite sentinel, so an unwritten element shows.
+ */
+#include "harness.h"
+
+#include "dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define Q_ROW_PAD 8       /* scene_build pads q's head rows by this many elements */
+#define SENTINEL 12345.0f /* o's poison: finite in every dtype, never an attention output */
+
+typedef enum target { IN_Q, IN_K, IN_V } target;
+
+/* One non-finite element and where it goes. In q: token `tok`, head `head`;
+ * in K or V: request `req`, key `key`, KV head `head`. */
+typedef struct corruption {
+    target where;
+    float value;
+    int req, key, tok, head, dim;
+} corruption;
+
+typedef struct nf_case {
+    const char *name;
+    attn_case shape;  /* name unused */
+    corruption bad;
+    int threads;      /* AK_NUM_THREADS at create (0: as set) */
+} nf_case;
+
+#define NHD AK_LAYOUT_NHD
+#define PAGED AK_KV_PAGED
+#define DEC(...) {NULL, 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, __VA_ARGS__}
+#define WIN(w, ...) {NULL, 8, 2, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
+
+/* decode: three requests, the last long enough to split; prefill: a prompt,
+ * a chunk on a prefix, a decode; split: a chunk on a long prefix. */
+#define DECODE_BATCH DEC(3, {{1, 40}, {1, 300}, {1, 2100}})
+#define PREFILL_BATCH DEC(3, {{40, 40}, {20, 100}, {1, 30}})
+#define SPLIT_BATCH DEC(2, {{8, 3000}, {1, 17}})
+
+static const nf_case cases[] = {
+    /* a visible key: NaN, +inf, -inf (a -inf logit would otherwise vanish as a masked key) */
+    {"decode: NaN in a visible key", DECODE_BATCH, {IN_K, NAN, 1, 100, 0, 1, 3}, 0},
+    {"decode: +inf in a visible key", DECODE_BATCH, {IN_K, INFINITY, 0, 39, 0, 0, 0}, 0},
+    {"decode: -inf in a visible key", DECODE_BATCH, {IN_K, -INFINITY, 1, 7, 0, 1, 63}, 0},
+    {"decode: NaN in a visible value", DECODE_BATCH, {IN_V, NAN, 0, 5, 0, 0, 10}, 0},
+    {"decode: +inf in a visible value", DECODE_BATCH, {IN_V, INFINITY, 1, 299, 0, 1, 0}, 0},
+    {"decode: NaN in q", DECODE_BATCH, {IN_Q, NAN, 0, 0, 1, 5, 20}, 0},
+    {"decode split: NaN in a key of a middle chunk", DECODE_BATCH, {IN_K, NAN, 2, 1000, 0, 0, 1}, 4},
+    {"decode split: NaN in a value of the last chunk", DECODE_BATCH, {IN_V, NAN, 2, 2090, 0, 1, 2}, 4},
+    {"decode split: -inf in a key of the first chunk", DECODE_BATCH, {IN_K, -INFINITY, 2, 3, 0, 1, 5}, 4},
+    {"decode split: NaN in q", DECODE_BATCH, {IN_Q, NAN, 0, 0, 2, 3, 0}, 4},
+    {"prefill: NaN in a key every row sees", PREFILL_BATCH, {IN_K, NAN, 0, 0, 0, 1, 7}, 0},
+    {"prefill: +inf in a key", PREFILL_BATCH, {IN_K, INFINITY, 1, 90, 0, 0, 2}, 0},
+    {"prefill: -inf in a key", PREFILL_BATCH, {IN_K, -INFINITY, 1, 50, 0, 1, 2}, 0},
+    {"prefill: NaN in q", PREFILL_BATCH, {IN_Q, NAN, 0, 0, 45, 6, 9}, 0},
+    /* keys only later rows see (causal): the rows before them stay clean,
+     * though they share the key's tile */
+    {"prefill: NaN in a key only the last rows see", PREFILL_BATCH, {IN_K, NAN, 0, 37, 0, 0, 4}, 0},
+    {"prefill: NaN in a value only the last rows see", PREFILL_BATCH, {IN_V, NAN, 0, 37, 0, 0, 4}, 0},
+    {"prefill: +inf in a value only the last rows of a chunk see", PREFILL_BATCH, {IN_V, INFINITY, 1, 95, 0, 1, 0},
+     0},
+    /* keys no row sees: past the causal end of the last query, beyond
+     * kv_len in the last page, outside every window */
+    {"prefill: NaN in the K and V of an unused page slot", PREFILL_BATCH, {IN_V, NAN, 2, 31, 0, 0, 0}, 0},
+    {"window 8: NaN in a value some rows' windows leave out", WIN(8, 2, {{30, 30}, {1, 50}}),
+     {IN_V, NAN, 0, 10, 0, 1, 3}, 0},
+    {"window 8: NaN in a key some rows' windows leave out", WIN(8, 2, {{30, 30}, {1, 50}}),
+     {IN_K, NAN, 0, 12, 0, 0, 3}, 0},
+    {"window 8: NaN in a value outside every window", WIN(8, 2, {{30, 30}, {1, 50}}), {IN_V, NAN, 1, 20, 0, 0, 0},
+     0},
+    {"split chunk: NaN in a value of the prefix", SPLIT_BATCH, {IN_V, NAN, 0, 1500, 0, 1, 1}, 4},
+    {"split chunk: NaN in a key only the last row sees", SPLIT_BATCH, {IN_K, NAN, 0, 2999, 0, 1, 1}, 4},
+    {"split chunk: -inf in a key", SPLIT_BATCH, {IN_K, -INFINITY, 0, 2500, 0, 0, 0}, 4},
+};
+
+/* ---- the expectation ----------------------------------------------------------- */
+
+static int sees(const attn_case *tc, int pos, int kv_len, int key)
+{
+    if (key < 0 || key >= kv_len) return 0;
+    if (tc->causal && key > pos) return 0;
+    return tc->window_left < 0 || (int64_t)key >= (int64_t)pos - tc->window_left;
+}
+
+/* 1 when the corruption must make row (token t, query head h) NaN. */
+static int row_hit(const scene *sc, const corruption *b, int t, int h)
+{
+    const attn_case *tc = &sc->tc;
+    int r = 0;
+    while (sc->b.qo_indptr[r + 1] <= t) r++;
+    const int q_len = sc->b.qo_indptr[r + 1] - sc->b.qo_indptr[r], kv_len = sc->b.kv_lens[r];
+    const int pos = kv_len - q_len + (t - sc->b.qo_indptr[r]);
+    if (b->where == IN_Q) {
+        if (t != b->tok || h != b->head) return 0;
+        for (int j = 0; j < kv_len; j++)
+            if (sees(tc, pos, kv_len, j)) return 1;
+        return 0; /* a row that sees no key never reads q */
+    }
+    const int group = tc->num_qo_heads / tc->num_kv_heads;
+    return r == b->req && h / group == b->head && sees(tc, pos, kv_len, b->key);
+}
+
+/* ---- corrupting the device copy --------------------------------------------- */
+
+static void write_element(ak_device dev, void *base, int64_t elem, ak_dtype t, float value)
+{
+    unsigned char bytes[4];
+    ak_store_from_f32(bytes, t, 0, value);
+    const size_t esz = ak_dtype_size(t);
+    dev_copy_to(dev, (char *)base + elem * (int64_t)esz, bytes, esz);
+}
+
+static void corrupt(scene *sc, const corruption *b)
+{
+    const attn_case *tc = &sc->tc;
+    const ak_dtype dt = tc->dtype;
+    if (b->where == IN_Q) {
+        const int64_t row = (int64_t)b->tok * tc->num_qo_heads + b->head;
+        write_element(sc->cfg.device, tbuf_data(&sc->q_buf), row * (tc->head_dim_qk + Q_ROW_PAD) + b->dim, dt,
+                      b->value);
+        return;
+    }
+    /* the key's slot through the block table; for a key past kv_len (an
+     * unused slot of the last page) both K and V are written */
+    const int P = tc->page_size, Hk = tc->num_kv_heads;
+    const int64_t blk = sc->b.block_table[b->req * sc->b.bt_stride + b->key / P];
+    const int s = b->key % P;
+    const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + b->head : (blk * Hk + b->head) * P + s;
+    const int past = b->key >= sc->b.kv_lens[b->req];
+    if (b->where == IN_K || past)
+        write_element(sc->cfg.device, sc->kv.k_data, row * tc->head_dim_qk + b->dim, dt, b->value);
+    if (b->where == IN_V || past)
+        write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, dt, b->value);
+}
+
+/* ---- one case on one backend -------------------------------------------------- */
+
+/* Creates backend `name` for the scene with AK_NUM_THREADS = threads (0: as
+ * set), plans, runs; o (f32, [T, Hq, Dvo]) and lse come back. Returns the
+ * status; *guards: 0 if a write landed outside o or lse. */
+static ak_status run_raw(const scene *sc, const char *name, int threads, float *o, float *lse, int *guards)
+{
+    const ak_attn_config *c = &sc->cfg;
+    const int T = sc->b.num_tokens, Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
+    ak_limits lim = sc->lim;
+    lim.max_splits = 8;
+    char saved[32] = "";
+    if (threads > 0) {
+        if (getenv("AK_NUM_THREADS")) snprintf(saved, sizeof saved, "%s", getenv("AK_NUM_THREADS"));
+        char v[16];
+        snprintf(v, sizeof v, "%d", threads);
+        setenv("AK_NUM_THREADS", v, 1);
+    }
+    ak_backend *b = NULL;
+    ak_status st = ak_backend_create(c, &lim, name, &b);
+    if (threads > 0) {
+        if (saved[0]) setenv("AK_NUM_THREADS", saved, 1);
+        else unsetenv("AK_NUM_THREADS");
+    }
+    *guards = 1;
+    if (st != AK_OK) return st;
+    const size_t oes = ak_dtype_size(c->o_dtype);
+    tbuf ob, lb;
+    tbuf_alloc(&ob, c->device, oes * (size_t)T * Hq * Dvo);
+    tbuf_alloc(&lb, c->device, sizeof(float) * (size_t)T * Hq);
+    for (int64_t i = 0; i < (int64_t)T * Hq * Dvo; i++) ak_store_from_f32(tbuf_host(&ob), c->o_dtype, i, SENTINEL);
+    for (int64_t i = 0; i < (int64_t)T * Hq; i++) ((float *)tbuf_host(&lb))[i] = SENTINEL;
+    tbuf_upload(&ob);
+    tbuf_upload(&lb);
+    ak_tensor q = ak_tensor_3d(tbuf_data(&sc->q_buf), c->q_dtype, T, Hq, Dqk);
+    q.stride[1] = Dqk + Q_ROW_PAD;
+    q.stride[0] = (int64_t)Hq * q.stride[1];
+    ak_tensor ot = ak_tensor_3d(tbuf_data(&ob), c->o_dtype, T, Hq, Dvo);
+    ak_tensor lt = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
+    ak_run_args a;
+    ak_run_args_init(&a);
+    a.q = &q;
+    a.o = &ot;
+    a.lse = &lt;
+    a.kv = &sc->kv;
+    st = ak_backend_plan(b, &sc->b.batch, NULL);
+    if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
+    dev_sync(c->device);
+    tbuf_download(&ob);
+    tbuf_download(&lb);
+    *guards = tbuf_guards_ok(&ob) && tbuf_guards_ok(&lb);
+    for (int64_t i = 0; i < (int64_t)T * Hq * Dvo; i++) o[i] = ak_load_as_f32(tbuf_host(&ob), c->o_dtype, i);
+    memcpy(lse, tbuf_host(&lb), sizeof(float) * (size_t)T * Hq);
+    tbuf_free(&ob);
+    tbuf_free(&lb);
+    ak_backend_destroy(b);
+    return st;
+}
+
+static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype)
+{
+    char name[160];
+    snprintf(name, sizeof name, "nonfinite %s: %s", ak_dtype_name(dtype), nc->name);
+    if (!t_selected(t, name)) return;
+    attn_case tc = nc->shape;
+    tc.name = name;
+    tc.dtype = dtype;
+    uint64_t rng = t->seed ^ scn_name_hash(name);
+    scene sc;
+    if (scene_build(&sc, &tc, t->device, &rng)) {
+        t_fail(t, backend, name, "cannot build the scene");
+        scene_free(&sc);
+        return;
+    }
+    const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, Dvo = tc.head_dim_vo;
+    const int64_t n_o = (int64_t)T * Hq * Dvo, n_l = (int64_t)T * Hq;
+    double *ref_o = malloc(sizeof(double) * (size_t)n_o), *ref_l = malloc(sizeof(double) * (size_t)n_l);
+    float *o = malloc(sizeof(float) * (size_t)n_o), *l = malloc(sizeof(float) * (size_t)n_l);
+    dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
+    corrupt(&sc, &nc->bad);
+    int guards = 1;
+    const ak_status st = run_raw(&sc, backend, nc->threads, o, l, &guards);
+    if (st == AK_ERR_UNSUPPORTED) {
+        t_skip(t, backend, name, "unsupported");
+    } else if (st != AK_OK) {
+        t_fail(t, backend, name, "status %s: %s", ak_status_str(st), ak_last_error());
+    } else {
+        /* hit rows: every element and lse NaN; others: the clean reference */
+        char why[256] = "";
+        int hits = 0;
+        double num = 0, den = 0, lse_err = 0;
+        for (int tok = 0; tok < T && !why[0]; tok++)
+            for (int h = 0; h < Hq && !why[0]; h++) {
+                const int64_t row = (int64_t)tok * Hq + h;
+                const float *orow = o + row * Dvo;
+                const double *rrow = ref_o + row * Dvo;
+                if (row_hit(&sc, &nc->bad, tok, h)) {
+                    hits++;
+                    for (int d = 0; d < Dvo && !why[0]; d++)
+                        if (!isnan(orow[d]))
+                            snprintf(why, sizeof why, "o[%d][%d][%d] = %g, want NaN (the row sees the element)", tok,
+                                     h, d, orow[d]);
+                    if (!why[0] && !isnan(l[row]))
+                        snprintf(why, sizeof why, "lse[%d][%d] = %g, want NaN", tok, h, l[row]);
+                    continue;
+                }
+                for (int d = 0; d < Dvo && !why[0]; d++) {
+                    if (!isfinite(orow[d]) || orow[d] == SENTINEL)
+                        snprintf(why, sizeof why, "o[%d][%d][%d] = %g in a row the element must not reach", tok, h,
+                                 d, orow[d]);
+                    num += (orow[d] - rrow[d]) * (orow[d] - rrow[d]);
+                    den += rrow[d] * rrow[d];
+                }
+                if (why[0]) continue;
+                if (isinf(ref_l[row]) || isinf(l[row])) {
+                    if (!(ref_l[row] == -INFINITY && l[row] == -INFINITY))
+                        snprintf(why, sizeof why, "lse[%d][%d] = %g, want %g", tok, h, l[row], ref_l[row]);
+                } else {
+                    const double e = fabs(l[row] - ref_l[row]);
+                    if (e != e) lse_err = INFINITY;
+                    else if (e > lse_err) lse_err = e;
+                }
+            }
+        const double err = den > 0 ? sqrt(num / den) : sqrt(num);
+        const double tol = tolerance(dtype), lse_tol = dtype == AK_F32 ? 1e-4 : 2e-3;
+        if (!why[0] && !(err <= tol)) snprintf(why, sizeof why, "clean rows: rel err %.2e (tol %.0e)", err, tol);
+        if (!why[0] && !(lse_err <= lse_tol))
+            snprintf(why, sizeof why, "clean rows: lse err %.2e (tol %.0e)", lse_err, lse_tol);
+        if (!why[0] && !guards) snprintf(why, sizeof why, "write outside o or lse (guard bytes changed)");
+        if (why[0])
+            t_fail(t, backend, name, "%s", why);
+        else
+            t_pass(t, backend, name, "%d NaN rows, clean rows rel err %.2e", hits, err);
+    }
+    free(ref_o);
+    free(ref_l);
+    free(o);
+    free(l);
+    scene_free(&sc);
+}
+
+/* ---- ak_merge_states ------------------------------------------------------------ */
+
+/* 4 states of 2 heads x 8 dims, one token; the bad element goes to state
+ * `pos` of head 1, so head 0 is the clean control. */
+static void merge_case(test_ctx *t, const char *what, int pos, int in_lse, float value, int empty_state,
+                       int want_nan)
+{
+    char name[128];
+    snprintf(name, sizeof name, "nonfinite merge_states: %s at state %d", what, pos);
+    if (!t_selected(t, name)) return;
+    enum { S = 4, H = 2, D = 8 };
+    float v[S][H][D], s[S][H], vo[H][D], so[H];
+    uint64_t rng = t->seed ^ scn_name_hash(name);
+    for (int i = 0; i < S * H * D; i++) ((float *)v)[i] = scn_uniform(&rng);
+    for (int i = 0; i < S * H; i++) ((float *)s)[i] = 2.0f * scn_uniform(&rng);
+    if (empty_state) s[pos][1] = -INFINITY;
+    /* the formula on the clean states (empty ones left out) */
+    double want[H][D], want_lse[H];
+    for (int h = 0; h < H; h++) {
+        double mx = -INFINITY, sum = 0;
+        for (int i = 0; i < S; i++) mx = s[i][h] > mx ? s[i][h] : mx;
+        for (int i = 0; i < S; i++) sum += s[i][h] == -INFINITY ? 0 : exp(s[i][h] - mx);
+        want_lse[h] = mx + log(sum);
+        for (int d = 0; d < D; d++) {
+            want[h][d] = 0;
+            for (int i = 0; i < S; i++)
+                if (s[i][h] != -INFINITY) want[h][d] += exp(s[i][h] - want_lse[h]) * v[i][h][d];
+        }
+    }
+    if (in_lse)
+        s[pos][1] = value;
+    else
+        v[pos][1][5] = value;
+    memset(vo, 0xff, sizeof vo);
+    memset(so, 0xff, sizeof so);
+    ak_tensor vt = ak_tensor_4d(v, AK_F32, 1, S, H, D), st_ = ak_tensor_3d(s, AK_F32, 1, S, H);
+    ak_tensor vot = ak_tensor_3d(vo, AK_F32, 1, H, D), sot = ak_tensor_2d(so, AK_F32, 1, H);
+    const ak_device cpu = {AK_DEVICE_CPU, 0};
+    const ak_status st = ak_merge_states(&vt, &st_, &vot, &sot, cpu, NULL);
+    int ok = st == AK_OK;
+    double worst = 0;
+    for (int h = 0; h < H; h++) {
+        const int nan_row = h == 1 && want_nan;
+        ok &= nan_row ? isnan(so[h]) : fabs(so[h] - want_lse[h]) < 1e-5;
+        for (int d = 0; d < D; d++) {
+            if (nan_row) {
+                ok &= isnan(vo[h][d]);
+            } else {
+                const double e = fabs(vo[h][d] - want[h][d]);
+                worst = e > worst || e != e ? e : worst;
+            }
+        }
+    }
+    if (ok && worst < 1e-5)
+        t_pass(t, NULL, name, "ok");
+    else
+        t_fail(t, NULL, name, "status %s; head 1: lse %g, o[0] %g, o[5] %g (want %s); head 0 worst err %.2e",
+               ak_status_str(st), so[1], vo[1][0], vo[1][5], want_nan ? "NaN" : "the clean merge", worst);
+}
+
+static void merge_cases(test_ctx *t)
+{
+    for (int pos = 0; pos < 4; pos++) {
+        merge_case(t, "NaN lse", pos, 1, NAN, 0, 1);
+        merge_case(t, "+inf lse", pos, 1, INFINITY, 0, 1);
+        merge_case(t, "NaN in v", pos, 0, NAN, 0, 1);
+        merge_case(t, "-inf in v", pos, 0, -INFINITY, 0, 1);
+        merge_case(t, "NaN in the v of an empty state", pos, 0, NAN, 1, 0);
+    }
+}
+
+void test_nonfinite(test_ctx *t)
+{
+    const char *names[16];
+    const int nb = t_backends(t, names, 16);
+    /* f32 on the CPU; the 16-bit dtypes every backend takes (the cpu
+     * backend's AMX kernel, where the CPU has one, serves bf16 prefill) */
+    static const ak_dtype cpu_dtypes[] = {AK_F32, AK_BF16}, gpu_dtypes[] = {AK_BF16, AK_F16};
+    const ak_dtype *dtypes = t->device.kind == AK_DEVICE_CUDA ? gpu_dtypes : cpu_dtypes;
+    for (int i = 0; i < nb; i++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d]);
+    if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
+}
