@@ -104,6 +104,10 @@ static const attn_case fixed_cases[] = {
      {{1, 100}, {1, 17}, {24, 40}}},
     {"mistral window 64 gqa4", 16, 4, 128, 128, AK_BF16, 0, 0, 1, 64, 0, 16, NHD, PAGED, 3,
      {{1, 1000}, {30, 200}, {1, 65}}},
+    /* a window whose first seen key sits inside a page and past a 32-key
+     * tile's start (the cpu AMX path packs whole tiles of a chunk's keys) */
+    {"chunk window 29 page 3 bf16", 8, 2, 64, 64, AK_BF16, 0, 0, 1, 29, 0, 3, NHD, PAGED, 2,
+     {{200, 600}, {1, 40}}},
     {"dvo != dqk (192/128)", 8, 2, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{1, 50}, {20, 20}, {5, 70}}},
     {"bf16 in, f32 out", 8, 2, 128, 128, AK_BF16, 0, 1, 1, -1, 0, 16, NHD, PAGED, 2, {{1, 100}, {10, 30}}},

@@ -313,7 +313,7 @@ static void hostile_views(test_ctx *t)
         ak_tensor kb = k, vb = v;
         if (c == 0) kb = ak_tensor_3d(tbuf_data(&kn), dt, NEW, (int64_t)1 << 62, DQK);
         if (c == 1) kb.stride[0] = (int64_t)1 << 62;
-        if (c == 2) vb.stride[1] = (int64_t)1 << 61;
+        if (c == 2) vb.stride[1] = (int64_t)1 << 62;
         const ak_status st = ak_kv_update(&base, &kb, &vb, tbuf_data(&sl), NEW, NULL);
         dev_sync(t->device);
         tbuf_download(&kp);
@@ -507,7 +507,7 @@ static void hostile_run_tensors(test_ctx *t, const char *name)
         ak_tensor l = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
         if (c == 0) q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, T, (int64_t)1 << 62, D);
         if (c == 1) q.stride[0] = (int64_t)1 << 62;
-        if (c == 2) o.stride[1] = (int64_t)1 << 61;
+        if (c == 2) o.stride[1] = (int64_t)1 << 62;
         if (c == 3) l.stride[0] = (int64_t)1 << 62;
         ak_run_args a;
         ak_run_args_init(&a);

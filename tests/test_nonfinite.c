@@ -48,12 +48,14 @@ typedef struct nf_case {
 #define PAGED AK_KV_PAGED
 #define DEC(...) {NULL, 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, __VA_ARGS__}
 #define WIN(w, ...) {NULL, 8, 2, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
+#define DIMS(qk, vo, ...) {NULL, 8, 2, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, __VA_ARGS__}
 
 /* decode: three requests, the last long enough to split; prefill: a prompt,
  * a chunk on a prefix, a decode; split: a chunk on a long prefix. */
 #define DECODE_BATCH DEC(3, {{1, 40}, {1, 300}, {1, 2100}})
 #define PREFILL_BATCH DEC(3, {{40, 40}, {20, 100}, {1, 30}})
 #define SPLIT_BATCH DEC(2, {{8, 3000}, {1, 17}})
+#define LONG_BATCH DEC(2, {{300, 300}, {260, 700}})
 
 static const nf_case cases[] = {
     /* a visible key: NaN, +inf, -inf (a -inf logit would otherwise vanish as a masked key) */
@@ -89,6 +91,30 @@ static const nf_case cases[] = {
     {"split chunk: NaN in a value of the prefix", SPLIT_BATCH, {IN_V, NAN, 0, 1500, 0, 1, 1}, 4},
     {"split chunk: NaN in a key only the last row sees", SPLIT_BATCH, {IN_K, NAN, 0, 2999, 0, 1, 1}, 4},
     {"split chunk: -inf in a key", SPLIT_BATCH, {IN_K, -INFINITY, 0, 2500, 0, 0, 0}, 4},
+    /* head dims narrower than the GPU kernels' shared-memory rows, and
+     * unequal ones: the V scan covers the real dims */
+    {"d80 prefill: NaN in a value only the last rows see", DIMS(80, 80, 2, {{150, 150}, {1, 40}}),
+     {IN_V, NAN, 0, 140, 0, 1, 79}, 0},
+    {"d192/128 prefill: +inf in a value only the last rows see", DIMS(192, 128, 2, {{100, 100}, {1, 40}}),
+     {IN_V, INFINITY, 0, 97, 0, 0, 127}, 0},
+    {"d192/128 prefill: NaN in a key some rows see", DIMS(192, 128, 2, {{100, 100}, {1, 40}}),
+     {IN_K, NAN, 0, 60, 0, 1, 191}, 0},
+    /* requests long enough (q_len x group >= 1024 rows) for the CUDA
+     * engine's scan pass: a corrupted one runs checked, the clean one beside
+     * it unchecked, and a key outside what the pass reads (before the first
+     * window, past kv_len) never flags anything */
+    {"long prefill: NaN in a key only the last rows see", LONG_BATCH, {IN_K, NAN, 0, 290, 0, 1, 5}, 0},
+    {"long prefill: -inf in a key of the prefix", LONG_BATCH, {IN_K, -INFINITY, 1, 100, 0, 0, 63}, 0},
+    {"long prefill: +inf in a value only the last rows see", LONG_BATCH, {IN_V, INFINITY, 1, 650, 0, 1, 0}, 0},
+    {"long prefill: NaN in a value every row sees", LONG_BATCH, {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
+    {"long prefill: -inf in q", LONG_BATCH, {IN_Q, -INFINITY, 0, 0, 500, 5, 60}, 0},
+    {"long prefill: NaN in the K and V of an unused page slot", LONG_BATCH, {IN_V, NAN, 0, 303, 0, 0, 0}, 0},
+    {"long window 64: NaN in a key before every window", WIN(64, 1, {{300, 1000}}), {IN_K, NAN, 0, 100, 0, 1, 1},
+     0},
+    {"long window 64: NaN in a value some rows' windows leave out", WIN(64, 1, {{300, 1000}}),
+     {IN_V, NAN, 0, 760, 0, 0, 9}, 0},
+    {"long d256 prefill: NaN in a value only the last rows see", DIMS(256, 256, 1, {{260, 260}}),
+     {IN_V, NAN, 0, 250, 0, 1, 255}, 0},
 };
 
 /* ---- the expectation ----------------------------------------------------------- */

@@ -828,9 +828,14 @@ static void amx_pack_tile(const ak_cpu_ctx *c, int r, int g, int t, const ak_cpu
     const int tile = AK_CPU_TILE_KEYS_AMX, dq32 = (c->head_dim_qk + 31) / 32 * 32;
     const int j0 = t * tile, n = c->kv_lens[r] - j0 < tile ? c->kv_lens[r] - j0 : tile;
     uint16_t *dst = c->kv_pack + (pk->first + (int64_t)g * pk->tiles + t - pk->t0) * c->pack_tile_elems;
-    key_offsets(c, r, j0, n, sc->koff[0], sc->voff[0]);
-    load_kv_tile(c, g, n, 0, 1, sc->koff[0], NULL, sc->kp);
-    load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
+    /* keys before the request's first listed block (a window's trimmed
+     * blocks: no row sees them, and the list has no id for them) are zeros */
+    const int listed = c->kv_first_block ? c->kv_first_block[r] * c->page_size : 0;
+    const int skip = listed <= j0 ? 0 : listed - j0 < n ? listed - j0 : n;
+    key_offsets(c, r, j0 + skip, n - skip, sc->koff[0] + skip, sc->voff[0] + skip);
+    load_kv_tile(c, g, n - skip, 0, 1, sc->koff[0] + skip, NULL, sc->kp + skip);
+    load_kv_tile(c, g, n - skip, 1, 1, sc->voff[0] + skip, NULL, sc->vp + skip);
+    for (int j = 0; j < skip; j++) sc->kp[j] = sc->vp[j] = sc->zero_row;
     amx_load_kt((uint32_t *)dst, sc->kp, n, c->head_dim_qk, dq32);
     amx_load_v(dst + (int64_t)dq32 * tile, 2 * c->dvo_pad, sc->vp, n, c->head_dim_vo, c->dvo_pad);
 }

@@ -23,6 +23,8 @@
 #include "common.cuh"
 #include "visible.h"
 
+#include <limits.h>
+
 /* One unit of decode work: request `req`'s keys [kv_begin, kv_end) for one KV
  * head (grid.y). out >= 0: a partial state written to o_tmp/lse_tmp slot
  * `out` and merged later; out < 0: the whole request, written to o/lse
@@ -46,6 +48,19 @@ struct __align__(16) decode_item {
 struct __align__(16) prefill_item {
     int tok0, ntok, pos0, page_base;
     int kv_begin, kv_end, out;
+    /* the NaN rule (below): scan_n flags from scan_flags[scan] of the scan
+     * pass cover every key of the request (any flag set: the checked path);
+     * scan < 0: always the checked path */
+    int scan, scan_n;
+    int unused[3];
+};
+
+/* One unit of the scan pass (scan.cu), for one KV head (grid.y): keys [k0,
+ * k1) of a request whose K/V rows start at page_base (as in the items). The
+ * pass writes scan_flags[task * num_kv_heads + head]: whether an element of
+ * their K or V rows is NaN or infinite. */
+struct __align__(16) scan_task {
+    int page_base, k0, k1;
     int unused;
 };
 
@@ -56,7 +71,7 @@ struct __align__(16) merge_task {
 };
 
 /* Lengths of the work lists of the current plan, on the device. */
-enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, NUM_COUNTS = 4 /* 16 bytes */ };
+enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, COUNT_SCAN = 3, NUM_COUNTS = 4 /* 16 bytes */ };
 
 /* Everything the kernels read, by value. Strides in elements. */
 struct attn_params {
@@ -76,6 +91,8 @@ struct attn_params {
     const decode_item *items;     /* decode work list */
     const prefill_item *pitems;   /* prefill work list */
     const merge_task *tasks;      /* merge work list */
+    const scan_task *scans;       /* scan-pass work list */
+    int32_t *scan_flags;          /* [scan tasks][num_kv_heads] the scan pass's findings */
     const int32_t *kv_indices;    /* paged: block ids, each request's from its item's page_base */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
     int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
@@ -129,11 +146,34 @@ __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
     return l;
 }
 
+/* The block (paged: its id; ragged: the row) and slot of key `key` of a
+ * request whose block ids (or rows) start at page_base; see load_kv_tile. */
+template <int ADDR = -1>
+__device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_base, int key, int &slot)
+{
+    int page;
+    if (p.page_shift >= 0) {
+        page = key >> p.page_shift;
+        slot = key & ((1 << p.page_shift) - 1);
+    } else {
+        page = key / p.page_size;
+        slot = key - page * p.page_size;
+    }
+    /* ragged runs with page_shift 0: page = key, slot 0 */
+    const int idx = page_base + page;
+    /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
+     * at 236 registers, spilled with the select); -1: p.ragged */
+    const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
+    return ragged ? idx : __ldg(p.kv_indices + idx);
+}
+
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
  * into one stage of two swizzled [TILE][DP] tiles (SW128: wgmma's layout of
  * 64-element column blocks); K rows are DQK elements, V rows DVO, the rest of
  * a DP row is left as it is (no kernel reads it). Keys at or past kv_end are
- * zero-filled (and masked by the caller). Two addressing schemes, one loader:
+ * zero-filled (and masked by the caller), and so are keys before kv_lo (a
+ * decode's window: no row of the tile sees them, and a NaN there must not
+ * reach o as 0 * NaN). Two addressing schemes, one loader:
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
  *          block kv_indices[page_base + j / page_size];
  *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
@@ -155,7 +195,7 @@ __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
  * offset (their strides are equal). */
 template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, kv_lane lane, int t0, int kv_end,
-                                             T *ks, T *vs)
+                                             T *ks, T *vs, int kv_lo = INT_MIN)
 {
     constexpr int CHUNKS = DP / 8;
     static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
@@ -165,23 +205,11 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
     for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
         const int row = row0 + i * (THREADS / CHUNKS);
         const int key = min(t0 + row, kv_end - 1);
-        int page, slot;
-        if (p.page_shift >= 0) {
-            page = key >> p.page_shift;
-            slot = key & ((1 << p.page_shift) - 1);
-        } else {
-            page = key / p.page_size;
-            slot = key - page * p.page_size;
-        }
-        /* ragged runs with page_shift 0: page = key, slot 0 */
-        const int idx = page_base + page;
-        /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
-         * at 236 registers, spilled with the select); -1: p.ragged */
-        const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
-        const int64_t block = ragged ? idx : __ldg(p.kv_indices + idx);
+        int slot;
+        const int64_t block = kv_block_of<ADDR>(p, page_base, key, slot);
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
-        const int bytes = t0 + row < kv_end ? 16 : 0;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
         /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
          * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
         const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
@@ -229,21 +257,179 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
  * value), d + exp2(z log2 e - m) is the denominator, computed against the
  * larger of the two maxima so that neither overflows; a row that saw no key
  * then has o = 0 and lse = z. Split-KV partials are finished without it (the
- * merge adds it once). */
+ * merge adds it once). d is NaN for a row the NaN rule (attnkit.h) reached
+ * (the kernels add bad_of() of what they check to it): inv and lse are NaN
+ * then, and only d == 0 means "no key". */
 __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool partial, float m, float d, float &inv,
                                            float &lse)
 {
     if (p.sinks && !partial) {
         const float z = p.sinks[head] * LOG2E;
         const float top = fmaxf(m, z);
-        const float w = d > 0.0f ? exp2f(m - top) : 0.0f; /* the keys' share, in the frame of top */
+        const float w = d == 0.0f ? 0.0f : exp2f(m - top); /* the keys' share, in the frame of top */
         const float den = d * w + exp2f(z - top);
         inv = w / den;
         lse = (top + log2f(den)) * LN2;
         return;
     }
-    inv = d > 0.0f ? 1.0f / d : 0.0f;
-    lse = d > 0.0f ? (m + log2f(d)) * LN2 : -INFINITY;
+    inv = d == 0.0f ? 0.0f : 1.0f / d;
+    lse = d == 0.0f ? -INFINITY : (m + log2f(d)) * LN2;
+}
+
+/* ---- the NaN rule (attnkit.h): what the kernels check ----
+ * Two paths. A prefill item whose request the scan pass (scan.cu) found
+ * clean (K and V all finite: its flags, item_checked) runs unchecked, but
+ * for its q rows (q_rows_bad, once an item): with finite inputs only an f32
+ * overflow can make a value non-finite, and the rule leaves that open. Every other item (a request the pass found a NaN or
+ * infinity in, or one too short to be worth a pass: prefill_item.scan < 0),
+ * and every decode item, runs checked. A row is made NaN by adding a NaN to
+ * its softmax sum d (finish_row then gives NaN o and lse, and a split part's
+ * NaN lse makes the merge NaN):
+ *   1. the raw product q.k of every key the row sees, before the soft-cap
+ *      (which maps +-inf to +-cap) and the masks: add_bad(d, s) adds s * 0,
+ *      0 when s is finite, NaN when not (one FFMA a logit);
+ *   2. its o accumulator at the end (a NaN or infinity in a V row it sees
+ *      reaches o and nothing else): the same over the row's o elements;
+ *   3. keys a row does not see must not reach o as 0 * NaN through P.V: keys
+ *      past kv_end are zero-filled by the loaders; in a tile where some keys
+ *      are hidden from some rows (the causal diagonal, a window's edge), the
+ *      kernels scan V for non-finite elements (scan_v_tile) and, where there
+ *      are some (the block agrees), zero them and mark their keys, and each
+ *      row that sees a marked key is made NaN (flag_bad_keys). */
+__device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d); }
+
+/* A compile-time bool as a value: one generic lambda, two paths. */
+template <bool B> struct bool_c {
+    static constexpr bool value = B;
+};
+
+/* Whether a prefill item runs checked: any flag of its request's scan tasks
+ * set (every warp reads them, lane i flags i, i + 32, ...: the block agrees). */
+__device__ __forceinline__ bool item_checked(const attn_params &p, const prefill_item &it, int kv_head)
+{
+    if (it.scan < 0) return true;
+    bool bad = false;
+    for (int i = threadIdx.x % 32; i < it.scan_n; i += 32)
+        bad |= __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
+    return __any_sync(0xffffffffu, bad);
+}
+
+/* Rule 1 over the rows h of an m16n8 accumulator tile of raw products (NT n
+ * tiles of 8 keys from t0): every key when no key of the tile is hidden from
+ * the row's warp (!masked), else only the keys [lo, hi] the row sees. */
+template <int NT>
+__device__ __forceinline__ void check_logits(const attn_params &p, const float (&s)[NT][4], int h, int pos, int t0,
+                                             int kv_end, int lane, bool masked, float &d)
+{
+    if (!masked) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            add_bad(d, s[n][2 * h]);
+            add_bad(d, s[n][2 * h + 1]);
+        }
+        return;
+    }
+    const int hi = ak_visible_hi(pos, kv_end, p.causal);
+    const int lo = ak_visible_lo(pos, p.window_left);
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) {
+            const int key = t0 + n * 8 + (lane % 4) * 2 + (e & 1);
+            if (key <= hi && key >= lo) add_bad(d, s[n][e]);
+        }
+}
+
+/* The exponent bits of both halves of a pair of 16-bit elements: all set in
+ * a half means NaN or an infinity. */
+template <typename T> struct nonfinite_bits;
+template <> struct nonfinite_bits<__half> {
+    static constexpr uint32_t value = 0x7c007c00u;
+};
+template <> struct nonfinite_bits<__nv_bfloat16> {
+    static constexpr uint32_t value = 0x7f807f80u;
+};
+
+/* Non-zero when a half of w (a pair of 16-bit elements) is NaN or infinite:
+ * its exponent field plus one exponent unit carries into the half's top bit
+ * only when the field is all ones (the low half's carry stops there). */
+template <typename T> __device__ __forceinline__ uint32_t nonfinite_pair(uint32_t w)
+{
+    constexpr uint32_t E = nonfinite_bits<T>::value;
+    constexpr uint32_t ONE = E & ~(E << 1); /* the lowest exponent bit of each half */
+    return ((w & E) + ONE) & 0x80008000u;
+}
+
+/* The rows of a warp's 16 q rows (from row0, in shared memory at at(row,
+ * chunk)) that hold a NaN or an infinity: bit 2 i for row row0 + i, in every
+ * lane. Two lanes a row. */
+template <int DQK, typename T, typename At>
+__device__ __forceinline__ uint32_t q_rows_bad(const T *qs, At at, int row0, int lane)
+{
+    const int row = row0 + lane / 2;
+    uint32_t bad = 0;
+#pragma unroll
+    for (int c = lane % 2; c < DQK / 8; c += 2) {
+        const uint4 v = *(const uint4 *)(qs + at(row, c));
+        bad |= nonfinite_pair<T>(v.x) | nonfinite_pair<T>(v.y) | nonfinite_pair<T>(v.z) | nonfinite_pair<T>(v.w);
+    }
+    const uint32_t b = __ballot_sync(0xffffffffu, bad != 0);
+    return (b | b >> 1) & 0x55555555u;
+}
+
+/* Rule 3: this thread's chunks of a V tile as load_kv_tile copied them
+ * (keys [0, TILE), DP-element rows, chunk c of key row at element at(row,
+ * c); only c < DVO / 8 hold V). Zeroes each non-finite element and sets the
+ * bit of its key in bits (TILE / 32 words, cleared beforehand); returns
+ * whether there was one. Its own copies are the ones a thread has waited
+ * for (cp.async.wait_group), so it may run before the block's barrier. */
+template <int DVO, int DP, int TILE, int THREADS, typename T, typename At>
+__device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits)
+{
+    constexpr int CHUNKS = DP / 8;
+    constexpr uint32_t E = nonfinite_bits<T>::value;
+    const int chunk = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
+    if (chunk >= DVO / 8) return false;
+    bool found = false;
+#pragma unroll
+    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+        const int row = row0 + i * (THREADS / CHUNKS);
+        uint4 *c = (uint4 *)(vs + at(row, chunk));
+        uint4 v = *c;
+        const uint32_t bx = __vcmpeq2(v.x & E, E), by = __vcmpeq2(v.y & E, E);
+        const uint32_t bz = __vcmpeq2(v.z & E, E), bw = __vcmpeq2(v.w & E, E);
+        if (bx | by | bz | bw) {
+            found = true;
+            v.x &= ~bx;
+            v.y &= ~by;
+            v.z &= ~bz;
+            v.w &= ~bw;
+            *c = v;
+            atomicOr(bits + row / 32, 1u << (row % 32));
+        }
+    }
+    return found;
+}
+
+/* Rule 3, the rows: in a tile whose V bad keys were marked in bits (TILE /
+ * 32 words, TILE = 8 NT), a row h that sees one (its masked logit is not
+ * -inf; a visible key whose logit is -inf made the row NaN already) is made
+ * NaN. */
+template <int NT>
+__device__ __forceinline__ void flag_bad_keys(const float (&s)[NT][4], int h, int lane, const uint32_t *bits, float &d)
+{
+    uint32_t w[NT / 4];
+    uint32_t any = 0;
+#pragma unroll
+    for (int i = 0; i < NT / 4; i++) any |= w[i] = bits[i];
+    if (!any) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; e++) {
+            const int key = n * 8 + (lane % 4) * 2 + (e & 1);
+            if (s[n][e] != -INFINITY && (w[key / 32] >> (key % 32)) & 1u) d = __int_as_float(0x7fc00000);
+        }
 }
 
 /* The causal / end / window mask of one row of an m16n8 accumulator tile of
@@ -280,6 +466,7 @@ struct attn_kernel {
     void (*fn)(const attn_params);
     int threads, smem; /* block size, dynamic shared memory (bytes) */
     int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile */
+    int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
@@ -334,6 +521,11 @@ attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype
  * (any): grid (ctas, num_qo_heads), max_splits floats of shared memory.
  * vec: o rows are 16-byte aligned (else element stores). */
 attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
+
+/* The scan pass of the NaN rule (scan.cu): grid (ctas, num_kv_heads), over
+ * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
+ * of 8). */
+attn_kernel ak_cuda_scan_kernel(ak_dtype dtype);
 
 /* CTAs per SM a kernel reaches (raising its dynamic shared-memory limit
  * first, once), and the PTX version it was compiled for (below 90 it carries

@@ -129,13 +129,15 @@ template <int DQK, int DVO, typename T> struct mma_engine {
             mma_16816<T>(s[1], a, b + 2);
         }
         /* logits, masks, online softmax for rows lane/4 (e < 2) and lane/4 + 8 */
-        float tmax[2] = {-INFINITY, -INFINITY};
+        float tmax[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int n = 0; n < 2; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = t0 + key0 + n * 8 + (lane % 4) * 2 + (e & 1);
-                const float x = key < kv_end && key >= lo ? to_logit2(p, s[n][e]) : -INFINITY;
+                const bool seen = key < kv_end && key >= lo;
+                if (seen) add_bad(bad[e / 2], s[n][e]); /* the NaN rule: the raw product (attn.cuh) */
+                const float x = seen ? to_logit2(p, s[n][e]) : -INFINITY;
                 s[n][e] = x;
                 tmax[e / 2] = fmaxf(tmax[e / 2], x);
             }
@@ -145,7 +147,7 @@ template <int DQK, int DVO, typename T> struct mma_engine {
             tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
             tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
             f[h] = fold_max(m[h], tmax[h]);
-            d[h] *= f[h];
+            d[h] = d[h] * f[h] + bad[h];
         }
         uint32_t pa[4];
 #pragma unroll
@@ -182,6 +184,12 @@ template <int DQK, int DVO, typename T> struct mma_engine {
         const int r0 = lane / 4;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            /* the NaN rule: a non-finite o element makes its row NaN */
+#pragma unroll
+            for (int n = 0; n < DVO / 8; n++) {
+                add_bad(d[h], o[n][2 * h]);
+                add_bad(d[h], o[n][2 * h + 1]);
+            }
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
         }
@@ -264,12 +272,13 @@ template <int D, typename T, int G> struct cc_engine {
         for (int g = 0; g < G; g++) {
             acc[g] += __shfl_xor_sync(0xffffffffu, acc[g], 16);
             const float s = visible ? to_logit2(p, acc[g]) : -INFINITY;
+            const float bad = visible ? acc[g] * 0.0f : 0.0f; /* the NaN rule: the raw product */
             float tmax = s;
 #pragma unroll
             for (int x = 1; x < 16; x *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, x));
             f[g] = fold_max(m[g], tmax);
             pk[g] = exp2_masked(s, m[g]);
-            float psum = pk[g];
+            float psum = pk[g] + bad;
 #pragma unroll
             for (int x = 1; x < 16; x *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, x);
             d[g] = d[g] * f[g] + psum;
@@ -303,11 +312,17 @@ template <int D, typename T, int G> struct cc_engine {
 #pragma unroll
         for (int g = 0; g < G; g++) {
             float *orow = e.o + (warp * tr::ROWS + g) * D + lane * DIMS_PER_LANE;
+            float bad = 0.0f; /* the NaN rule: a non-finite o element makes its row NaN */
 #pragma unroll
-            for (int i = 0; i < DIMS_PER_LANE; i++) orow[i] = o[g][i];
+            for (int i = 0; i < DIMS_PER_LANE; i++) {
+                orow[i] = o[g][i];
+                add_bad(bad, o[g][i]);
+            }
+#pragma unroll
+            for (int x = 1; x < 32; x *= 2) bad += __shfl_xor_sync(0xffffffffu, bad, x);
             if (lane == 0) {
                 e.m[warp * tr::ROWS + g] = m[g];
-                e.d[warp * tr::ROWS + g] = d[g];
+                e.d[warp * tr::ROWS + g] = d[g] + bad;
             }
         }
     }
@@ -351,7 +366,7 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
                 load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
                                                                      it.kv_begin + s * tr::TILE, it.kv_end,
                                                                      kv_stages + (2 * s) * tr::TILE * DP,
-                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP, lo);
             cp_async_commit();
         }
         ENGINE::load_q(p, tok, head0, rows, qs);
@@ -366,7 +381,7 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
                 load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
                                                                      it.kv_begin + next * tr::TILE, it.kv_end,
                                                                      kv_stages + (2 * s) * tr::TILE * DP,
-                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP);
+                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP, lo);
             }
             cp_async_commit();
             const int s = t % tr::STAGES;

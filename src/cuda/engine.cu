@@ -14,12 +14,15 @@
  *   prefill items for the others (prefill.cu, prefill_wgmma.cu): tiles of
  *     query rows, the heaviest first, and split along the keys where one
  *     tile would dominate the wave;
- *   merge tasks for every query token whose keys were split (merge.cu).
+ *   merge tasks for every query token whose keys were split (merge.cu);
+ *   scan tasks for the long prefill requests (scan.cu: the NaN rule's pass
+ *     over their K/V, which lets the prefill kernel skip its checks
+ *     for a request whose inputs are all finite).
  * In varlen mode every request is prefill items and nothing is split.
  * It copies them from pinned staging into static device buffers with
  * asynchronous copies, and never waits on the device, except to reuse a
  * staging buffer whose copy from two plans ago has not yet run.
- * run() (device): decode, prefill (overlapping decode's tail as its
+ * run() (device): the scan pass, decode, prefill (overlapping decode's tail as its
  * programmatic dependent on sm_90), merge. Every grid is fixed at create()
  * and every kernel reads its list's length from device memory, so run() is
  * capturable and a capture replays after any later plan() within the limits:
@@ -46,6 +49,15 @@
 #define NUM_STAGING 2
 /* Merge thread blocks per SM (one per query head and task). */
 #define MERGE_CTAS_PER_SM 8
+/* The scan pass (scan.cu) serves prefill requests of at least SCAN_MIN_ROWS
+ * query rows (q_len x group): the checks it saves cost about 9% of a
+ * compute-bound prefill, its reads about 240 / rows of a causal one (an
+ * H100: K/V bytes at copy speed against the FLOPs of the rows). A request's
+ * keys go in tasks of SCAN_KEYS or more, at most SCAN_TASKS_PER_REQ. */
+#define SCAN_MIN_ROWS 4096
+#define SCAN_KEYS 256
+#define SCAN_TASKS_PER_REQ 64
+#define SCAN_CTAS_PER_SM 4
 
 /* Metadata of one plan, host or device. The device part is what the kernels
  * read; counts and the decode items are contiguous so one copy moves both. */
@@ -54,6 +66,7 @@ struct plan_meta {
     decode_item *items;    /* [max_items] */
     merge_task *tasks;     /* [max_tasks] */
     prefill_item *pitems;  /* [max_pitems] */
+    scan_task *scans;      /* [max_scans] */
     int32_t *kv_indices;   /* [max_reqs * max_blocks_per_req] */
     int64_t *slot_mapping; /* [max_tokens] */
     int32_t *qo_indptr;    /* [max_reqs + 1], host only */
@@ -97,6 +110,9 @@ struct engine_state {
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
     int max_pitems;
+    attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
+    int max_scans, scan_ctas;
+    int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
     int merge_ctas;
@@ -109,7 +125,7 @@ struct engine_state {
     pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
     int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
     /* the current plan */
-    int num_items, num_pitems, num_tasks;
+    int num_items, num_pitems, num_tasks, num_scans;
     int slot_hw; /* device slot_mapping entries past it are -1 */
 };
 
@@ -130,6 +146,7 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
     *fixed = off;
     AK_CARVE_(tasks, merge_task, s->max_tasks);
     AK_CARVE_(pitems, prefill_item, s->max_pitems);
+    AK_CARVE_(scans, scan_task, s->max_scans);
     AK_CARVE_(kv_indices, int32_t, s->max_indices);
     AK_CARVE_(slot_mapping, int64_t, s->max_slots);
     AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
@@ -394,6 +411,16 @@ static ak_status engine_create_inner(engine_state *s)
                 s->pf_slots = lim->max_tokens * s->max_splits;
             s->max_tasks += P * s->ptok;
         }
+        /* the NaN rule's scan pass, for kernels with an unchecked path (the
+         * portable one and wgmma at DP 256 always check) and requests that
+         * can have SCAN_MIN_ROWS rows */
+        const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
+        if (s->pre_k.unchecked && s->vec && scan_reqs > 0) {
+            s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
+            s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
+            s->scan_ctas = info.num_sms * SCAN_CTAS_PER_SM / cfg->num_kv_heads;
+            if (s->scan_ctas < 1) s->scan_ctas = 1;
+        }
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
         if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
@@ -407,7 +434,9 @@ static ak_status engine_create_inner(engine_state *s)
     const size_t meta_bytes = layout_meta(s, NULL, NULL, &fixed);
     s->fixed_bytes = fixed;
     const size_t partial = ((size_t)s->max_items + s->pf_slots) * cfg->num_qo_heads;
-    const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float);
+    const size_t flags = (size_t)s->max_scans * cfg->num_kv_heads;
+    const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float) +
+                             flags * sizeof(int32_t);
     AK_CUDA_TRY(cudaMalloc((void **)&s->dev, dev_bytes));
     /* zeroed once: no kernel can ever read garbage metadata */
     AK_CUDA_TRY(cudaMemset(s->dev, 0, dev_bytes));
@@ -416,6 +445,7 @@ static ak_status engine_create_inner(engine_state *s)
         AK_CUDA_TRY(cudaMemset(s->d.slot_mapping, 0xff, sizeof(int64_t) * (size_t)s->max_slots));
     s->o_tmp = (float *)(s->dev + meta_bytes);
     s->lse_tmp = s->o_tmp + partial * cfg->head_dim_vo;
+    s->scan_flags = (int32_t *)(s->lse_tmp + partial);
     for (int i = 0; i < NUM_STAGING; i++) {
         AK_CUDA_TRY(cudaMallocHost((void **)&s->stg[i].host, meta_bytes));
         memset(s->stg[i].host, 0, meta_bytes);
@@ -551,8 +581,30 @@ static int by_cost_desc(const void *a, const void *b)
  * (when splitting) the merge tasks of split tiles; returns the item count
  * (padding included). Partial slots of prefill splits start after the decode
  * ones (max_items). */
+/* The scan tasks of a request of q_len query tokens whose keys [lo, kv_len)
+ * some token sees: appended to m->scans when the request is long enough and
+ * they fit; returns the first task's index, or -1 (its items run checked). */
+static int plan_scan(engine_state *s, plan_meta *m, int page_base, int q_len, int lo, int kv_len, int *num_scans,
+                     int *count)
+{
+    const int group = s->cfg.num_qo_heads / s->cfg.num_kv_heads;
+    *count = 0;
+    if (!s->scan_k.fn || (int64_t)q_len * group < SCAN_MIN_ROWS || kv_len <= lo) return -1;
+    int step = (kv_len - lo + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ;
+    step = step < SCAN_KEYS ? SCAN_KEYS : step;
+    const int n = (kv_len - lo + step - 1) / step;
+    if (*num_scans + n > s->max_scans) return -1;
+    const int first = *num_scans;
+    for (int k = lo; k < kv_len; k += step) {
+        const scan_task t = {page_base, k, kv_len - k < step ? kv_len : k + step, 0};
+        m->scans[(*num_scans)++] = t;
+    }
+    *count = n;
+    return first;
+}
+
 static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m,
-                              int *num_tasks, int *num_pitems)
+                              int *num_tasks, int *num_pitems, int *num_scans)
 {
     const ak_attn_config *c = &s->cfg;
     const int P = s->prefill_ctas, nt = s->ptok;
@@ -562,6 +614,9 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
         if (q_len < s->min_prefill_q) continue;
         const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
+        int scan_n = 0;
+        const int scan = plan_scan(s, m, page_base_of(bm, r), q_len, ak_visible_lo(prefix, c->window_left), kv_len,
+                                   num_scans, &scan_n);
         for (int j = 0; j < q_len; j += nt) {
             prefill_item it;
             it.tok0 = q0 + j;
@@ -574,7 +629,9 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.kv_begin = lo;
             it.kv_end = hi + 1 > lo ? hi + 1 : lo;
             it.out = -1;
-            it.unused = 0;
+            it.scan = scan;
+            it.scan_n = scan_n;
+            it.unused[0] = it.unused[1] = it.unused[2] = 0;
             if (n >= s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;
             s->tiles[n].cost = item_cost(&it);
@@ -669,14 +726,15 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     engine_state *s = (engine_state *)state;
     staging *st = &s->stg[s->next_stg]; /* bm's arrays: ak_cuda_engine_meta_buffers */
     const int R = b->num_reqs;
-    int num_tasks = 0, num_pitems = 0;
+    int num_tasks = 0, num_pitems = 0, num_scans = 0;
     const int num_items = s->split ? plan_decode(s, b, bm, &st->m, &num_tasks) : 0;
     /* a decode instance of cuda_paged never gets here with q_len > 1
      * (ak_batch_build_meta refuses such a batch) */
-    if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems));
+    if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems, &num_scans));
     st->m.counts[COUNT_DECODE] = num_items;
     st->m.counts[COUNT_PREFILL] = num_pitems;
     st->m.counts[COUNT_MERGE] = num_tasks;
+    st->m.counts[COUNT_SCAN] = num_scans;
 
     /* asynchronous copies into the fixed device buffers, used lengths only */
     cudaStream_t cs = ak_cuda_stream(stream);
@@ -690,6 +748,9 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     if (num_pitems > 0)
         AK_CUDA_TRY(cudaMemcpyAsync(s->d.pitems, st->m.pitems, sizeof(prefill_item) * num_pitems,
                                     cudaMemcpyHostToDevice, cs));
+    if (num_scans > 0)
+        AK_CUDA_TRY(cudaMemcpyAsync(s->d.scans, st->m.scans, sizeof(scan_task) * num_scans, cudaMemcpyHostToDevice,
+                                    cs));
     if (num_indices > 0)
         AK_CUDA_TRY(cudaMemcpyAsync(s->d.kv_indices, st->m.kv_indices, sizeof(int32_t) * num_indices,
                                     cudaMemcpyHostToDevice, cs));
@@ -711,6 +772,7 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     s->num_items = num_items;
     s->num_pitems = num_pitems;
     s->num_tasks = num_tasks;
+    s->num_scans = num_scans;
     return AK_OK;
 }
 
@@ -808,6 +870,8 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.items = s->d.items;
     p.pitems = s->d.pitems;
     p.tasks = s->d.tasks;
+    p.scans = s->d.scans;
+    p.scan_flags = s->scan_flags;
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
@@ -835,6 +899,11 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
+    const int scan = s->scan_k.fn && (all || s->num_scans > 0);
+    /* the scan pass first, an ordinary launch: decode starts after it ends,
+     * and prefill (decode's dependent, or an ordinary launch) after that */
+    if (scan)
+        AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, 0, cs, p));
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
                              s->dec_k.smem, 0, cs, p));

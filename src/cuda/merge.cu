@@ -60,8 +60,10 @@ __device__ __forceinline__ void merge_weights(const attn_params &p, const merge_
     }
     sum = warp_sum(sum);
     if (p.sinks) sum += __expf(z - mx);
-    const float lse = sum > 0.0f ? mx + __logf(sum) : -INFINITY;
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    /* a NaN or +inf partial LSE makes sum NaN (exp(NaN), or inf - inf), and
+     * so the row (the NaN rule); only sum == 0 is "no key" */
+    const float lse = sum == 0.0f ? -INFINITY : mx + __logf(sum);
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
     for (int i = threadIdx.x; i < n; i += 32) weight[i] *= inv; /* w_i = exp(lse_i - lse) */
     if (threadIdx.x == 0 && p.lse) p.lse[task.tok * p.lse_stride_tok + head] = lse;
 }

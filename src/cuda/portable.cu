@@ -221,14 +221,18 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                     lo = max(lo, ak_visible_lo(pos0 + i, p.window_left));
                     hi = ak_visible_hi(pos0 + i, kv_end, p.causal);
                 }
-                const float x = key >= lo && key <= hi ? to_logit2(p, dot) : -INFINITY;
+                const bool seen = key >= lo && key <= hi;
+                const float x = seen ? to_logit2(p, dot) : -INFINITY;
+                /* the keys this row sees (lanes 16-31 repeat 0-15): P.V skips
+                 * the others, whose V may hold a NaN that 0 * NaN would let in */
+                const uint32_t seen_keys = __ballot_sync(0xffffffffu, seen);
                 float tmax = x;
 #pragma unroll
                 for (int s = 1; s < PT_KEYS; s *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, s));
                 const float m_new = fmaxf(m[r], tmax);
                 const float f = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
                 const float pk = x == -INFINITY ? 0.0f : exp2f(x - m_new);
-                float psum = pk;
+                float psum = seen ? fmaf(dot, 0.0f, pk) : pk; /* the NaN rule: the raw product (attn.cuh) */
 #pragma unroll
                 for (int s = 1; s < PT_KEYS; s *= 2) psum += __shfl_xor_sync(0xffffffffu, psum, s);
                 m[r] = m_new;
@@ -238,6 +242,7 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
 #pragma unroll 4
                 for (int j = 0; j < PT_KEYS; j++) {
                     const float pj = __shfl_sync(0xffffffffu, pk, j);
+                    if (!((seen_keys >> j) & 1u)) continue;
                     const T *vrow = vs + j * l.vs;
 #pragma unroll
                     for (int i2 = 0; i2 < PT_ODIMS; i2++) {
@@ -252,6 +257,24 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                 pt_rows(p, kv_head, page_base, kv_begin + (t + 2) * PT_KEYS, kv_end, rowoff + (t % 2) * 2 * PT_KEYS);
         }
         cp_async_wait<0>();
+
+        /* the NaN rule: a non-finite o element makes its row NaN; a row's o
+         * is spread over the warps, whose checks meet in `part` */
+        __syncthreads(); /* every warp is done with the last tile's partial logits */
+#pragma unroll
+        for (int r = 0; r < PT_ROWS; r++) {
+            float bad = 0.0f;
+#pragma unroll
+            for (int i2 = 0; i2 < PT_ODIMS; i2++) add_bad(bad, o[r][i2]);
+#pragma unroll
+            for (int x = 1; x < 32; x *= 2) bad += __shfl_xor_sync(0xffffffffu, bad, x);
+            if (lane == 0) part[warp * PT_ROWS + r] = bad;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < PT_ROWS; r++)
+#pragma unroll
+            for (int w2 = 0; w2 < PT_WARPS; w2++) d[r] += part[w2 * PT_ROWS + r];
 
         /* epilogue: each row's o and lse (warp 0 lane 0), or its partial state */
 #pragma unroll

@@ -67,6 +67,12 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     constexpr int MT = tr::MT, NT = tr::TILE / 8; /* n tiles (8 keys) of a K/V tile */
     extern __shared__ uint4 smem[];
+    /* the NaN rule's marks of V's bad keys in a mixed tile (attn.cuh), three
+     * sets used in turn by the block's tiles (of all its items, gt): a set
+     * is read in its tile, cleared in the next, and written in the one after
+     * (a block barrier between each) */
+    __shared__ uint32_t bad_keys[3][tr::TILE / 32];
+    if (threadIdx.x < 3 * (tr::TILE / 32)) bad_keys[threadIdx.x / (tr::TILE / 32)][threadIdx.x % (tr::TILE / 32)] = 0;
     T *qs = (T *)smem;
     T *stages = (T *)((char *)smem + tr::Q_BYTES);
 #if __CUDA_ARCH__ >= 900
@@ -81,6 +87,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     const int warp_row0 = warp * tr::WARP_ROWS;
     const int num_items = p.counts[COUNT_PREFILL];
+    int gt = 0; /* tiles of the earlier items */
 
     /* No return before the griddepcontrol.wait at the end: the merge after
      * this kernel sees decode's partials only because prefill cannot finish
@@ -88,231 +95,276 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
-        const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
-        __syncthreads(); /* every warp is done with the previous item's shared memory */
+        /* the item's path (the NaN rule, attn.cuh): checked, or not */
+        auto item = [&](auto check) {
+            constexpr bool CHECK = decltype(check)::value;
+            const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
+            __syncthreads(); /* every warp is done with the previous item's shared memory */
 
-        /* q rows (zero past the tile's tokens and heads), in the first group */
-        load_q_tile<tr::ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
-                                                    [](int row, int c) { return swz<DP>(row, c); });
+            /* q rows (zero past the tile's tokens and heads), in the first group */
+            load_q_tile<tr::ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                        [](int row, int c) { return swz<DP>(row, c); });
 #pragma unroll
-        for (int s = 0; s < tr::STAGES - 1; s++) {
-            if (s < n_tiles)
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                     it.kv_begin + s * tr::TILE, it.kv_end,
-                                                                     stages + s * 2 * tr::TILE * DP,
-                                                                     stages + (s * 2 + 1) * tr::TILE * DP);
-            cp_async_commit();
-        }
-
-        const int pos_last = it.pos0 + it.ntok - 1;
-
-        float o[MT][DVO / 8][4];
-        float m[MT][2], d[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-            for (int n = 0; n < DVO / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-            m[mt][0] = m[mt][1] = -INFINITY;
-            d[mt][0] = d[mt][1] = 0.0f;
-        }
-
-        for (int t = 0; t < n_tiles; t++) {
-            cp_async_wait<tr::STAGES - 2>();
-            __syncthreads(); /* tile t (and q) landed; every warp is done with tile t - 1 */
-            const int next = t + tr::STAGES - 1;
-            if (next < n_tiles) {
-                const int s = next % tr::STAGES;
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                     it.kv_begin + next * tr::TILE, it.kv_end,
-                                                                     stages + s * 2 * tr::TILE * DP,
-                                                                     stages + (s * 2 + 1) * tr::TILE * DP);
+            for (int s = 0; s < tr::STAGES - 1; s++) {
+                if (s < n_tiles)
+                    load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                         it.kv_begin + s * tr::TILE, it.kv_end,
+                                                                         stages + s * 2 * tr::TILE * DP,
+                                                                         stages + (s * 2 + 1) * tr::TILE * DP);
+                cp_async_commit();
             }
-            cp_async_commit();
-            const T *ks = stages + (t % tr::STAGES) * 2 * tr::TILE * DP;
-            const T *vs = ks + tr::TILE * DP;
-            const int t0 = it.kv_begin + t * tr::TILE;
 
-            /* s = q . k: this warp's rows x the tile's keys */
-            float s[MT][NT][4];
+            const int pos_last = it.pos0 + it.ntok - 1;
+
+            float o[MT][DVO / 8][4];
+            float m[MT][2], d[MT][2];
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-                for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < DQK / 16; kk++) {
-                uint32_t a[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-                    ldmatrix_x4(a[mt], qs + swz<DP>(warp_row0 + mt * 16 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
-#pragma unroll
-                for (int nb = 0; nb < NT / 2; nb++) {
-                    uint32_t b[4];
-                    ldmatrix_x4(b, ks + swz<DP>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
+                for (int n = 0; n < DVO / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+                m[mt][0] = m[mt][1] = -INFINITY;
+                d[mt][0] = d[mt][1] = 0.0f;
+            }
+
+            for (int t = 0; t < n_tiles; t++) {
+                cp_async_wait<tr::STAGES - 2>();
+                const int t0 = it.kv_begin + t * tr::TILE;
+                /* mixed: some key of the tile below kv_end is hidden from some row
+                 * (the diagonal, a window's edge); the NaN rule's V scan runs
+                 * there on this thread's landed copies, before the barrier */
+                const bool mixed = (p.causal && t0 + tr::TILE - 1 > it.pos0) ||
+                                   (p.window_left >= 0 && t0 < pos_last - p.window_left);
+                uint32_t *bad = bad_keys[(gt + t) % 3];
+                if (CHECK && mixed)
+                    scan_v_tile<DVO, DP, tr::TILE, tr::THREADS>(stages + (t % tr::STAGES) * 2 * tr::TILE * DP +
+                                                                    tr::TILE * DP,
+                                                                [](int row, int c) { return swz<DP>(row, c); }, bad);
+                if (threadIdx.x < tr::TILE / 32) bad_keys[(gt + t + 1) % 3][threadIdx.x] = 0;
+                __syncthreads(); /* tile t (and q) landed; every warp is done with tile t - 1 */
+                if (t == 0) { /* the NaN rule's check of this warp's q rows */
 #pragma unroll
                     for (int mt = 0; mt < MT; mt++) {
-                        mma_16816<T>(s[mt][2 * nb], a[mt], b);
-                        mma_16816<T>(s[mt][2 * nb + 1], a[mt], b + 2);
+                        const uint32_t qb = q_rows_bad<DQK, T>(
+                            qs, [](int row, int c) { return swz<DP>(row, c); }, warp_row0 + mt * 16, lane);
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+                            if ((qb >> (2 * (lane / 4 + 8 * h))) & 1u) d[mt][h] = __int_as_float(0x7fc00000);
                     }
                 }
-            }
+                const int next = t + tr::STAGES - 1;
+                if (next < n_tiles) {
+                    const int s = next % tr::STAGES;
+                    load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
+                                                                         it.kv_begin + next * tr::TILE, it.kv_end,
+                                                                         stages + s * 2 * tr::TILE * DP,
+                                                                         stages + (s * 2 + 1) * tr::TILE * DP);
+                }
+                cp_async_commit();
+                const T *ks = stages + (t % tr::STAGES) * 2 * tr::TILE * DP;
+                const T *vs = ks + tr::TILE * DP;
 
-            /* soft-cap before the masks: tanh(-inf) would unmask */
-            if (p.soft_cap > 0.0f) {
+                /* s = q . k: this warp's rows x the tile's keys */
+                float s[MT][NT][4];
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int n = 0; n < NT; n++)
+                    for (int n = 0; n < NT; n++) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
-                        for (int e = 0; e < 4; e++) s[mt][n][e] = p.cap_log2 * tanhf(s[mt][n][e] * p.cap_scale);
-            }
-            /* masks only where some key of the tile is hidden from some row:
-             * the tile's end, the diagonal, the window */
-            const bool masked = t0 + tr::TILE > it.kv_end || (p.causal && t0 + tr::TILE - 1 > it.pos0) ||
-                                (p.window_left >= 0 && t0 < pos_last - p.window_left);
-            if (masked) {
+                for (int kk = 0; kk < DQK / 16; kk++) {
+                    uint32_t a[MT][4];
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < MT; mt++)
+                        ldmatrix_x4(a[mt], qs + swz<DP>(warp_row0 + mt * 16 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
+#pragma unroll
+                    for (int nb = 0; nb < NT / 2; nb++) {
+                        uint32_t b[4];
+                        ldmatrix_x4(b, ks + swz<DP>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma_16816<T>(s[mt][2 * nb], a[mt], b);
+                            mma_16816<T>(s[mt][2 * nb + 1], a[mt], b + 2);
+                        }
+                    }
+                }
+
+                /* masks only where some key of the tile is hidden from some row:
+                 * the tile's end, the diagonal, the window */
+                const bool masked = t0 + tr::TILE > it.kv_end || mixed;
+                /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
+#pragma unroll
+                for (int mt = 0; mt < MT && CHECK; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
-                        mask_row(p, s[mt], h, it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb, t0,
-                                 it.kv_end, lane);
-            }
-            /* s is now a logit in base 2 (soft-capped) or a raw dot product
-             * whose logit is s * scale: exp2 takes one FFMA either way */
-            const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
-
-            /* online softmax per row (rows lane/4 and lane/4 + 8 of each m tile).
-             * The reference m is raised only when a tile's max passes it by
-             * more than RESCALE_SLACK (base 2): p = exp2(logit - m) then stays
-             * below 2^RESCALE_SLACK, harmless in f32 sums and in the 16-bit P
-             * (relative precision), and the o rescale (D / 2 multiplies per
-             * row) runs on a few tiles instead of all: ncu showed it at 1 in
-             * 12 instructions of the loop (d128), as many as the mma at d256.
-             * The decision is warp-wide so the branch never diverges. A row
-             * with nothing visible yet keeps m = -inf and uses 0 as its
-             * reference, so exp2 sees -inf - 0 and never -inf - -inf. */
-            uint32_t pa[MT][NT / 2][4];
-            float tmax[MT][2];
-            bool raise = false;
+                        check_logits(p, s[mt], h, it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb, t0,
+                                     it.kv_end, lane, masked, d[mt][h]);
+                /* soft-cap before the masks: tanh(-inf) would unmask */
+                if (p.soft_cap > 0.0f) {
 #pragma unroll
-            for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float x = -INFINITY;
+                        for (int n = 0; n < NT; n++)
 #pragma unroll
-                    for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-                    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-                    tmax[mt][h] = x * sc; /* in base-2 logits */
-                    raise |= tmax[mt][h] > m[mt][h] + RESCALE_SLACK || (m[mt][h] == -INFINITY && x > -INFINITY);
+                            for (int e = 0; e < 4; e++) s[mt][n][e] = p.cap_log2 * tanhf(s[mt][n][e] * p.cap_scale);
                 }
-            if (__any_sync(0xffffffffu, raise)) {
+                if (masked) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            mask_row(p, s[mt], h, it.pos0 + (warp_row0 + mt * 16 + lane / 4 + h * 8) / hb, t0,
+                                     it.kv_end, lane);
+                            if (CHECK && mixed) flag_bad_keys(s[mt], h, lane, bad, d[mt][h]);
+                        }
+                }
+                /* s is now a logit in base 2 (soft-capped) or a raw dot product
+                 * whose logit is s * scale: exp2 takes one FFMA either way */
+                const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
+
+                /* online softmax per row (rows lane/4 and lane/4 + 8 of each m tile).
+                 * The reference m is raised only when a tile's max passes it by
+                 * more than RESCALE_SLACK (base 2): p = exp2(logit - m) then stays
+                 * below 2^RESCALE_SLACK, harmless in f32 sums and in the 16-bit P
+                 * (relative precision), and the o rescale (D / 2 multiplies per
+                 * row) runs on a few tiles instead of all: ncu showed it at 1 in
+                 * 12 instructions of the loop (d128), as many as the mma at d256.
+                 * The decision is warp-wide so the branch never diverges. A row
+                 * with nothing visible yet keeps m = -inf and uses 0 as its
+                 * reference, so exp2 sees -inf - 0 and never -inf - -inf. */
+                uint32_t pa[MT][NT / 2][4];
+                float tmax[MT][2];
+                bool raise = false;
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const float m_new = fmaxf(m[mt][h], tmax[mt][h]);
-                        const float f = m_new == -INFINITY ? 1.0f : exp2f(m[mt][h] - m_new);
-                        m[mt][h] = m_new;
-                        d[mt][h] *= f;
+                        float x = -INFINITY;
 #pragma unroll
-                        for (int n = 0; n < DVO / 8; n++) {
-                            o[mt][n][2 * h] *= f;
-                            o[mt][n][2 * h + 1] *= f;
+                        for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+                        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                        tmax[mt][h] = x * sc; /* in base-2 logits */
+                        raise |= tmax[mt][h] > m[mt][h] + RESCALE_SLACK || (m[mt][h] == -INFINITY && x > -INFINITY);
+                    }
+                if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const float m_new = fmaxf(m[mt][h], tmax[mt][h]);
+                            const float f = m_new == -INFINITY ? 1.0f : exp2f(m[mt][h] - m_new);
+                            m[mt][h] = m_new;
+                            d[mt][h] *= f;
+#pragma unroll
+                            for (int n = 0; n < DVO / 8; n++) {
+                                o[mt][n][2 * h] *= f;
+                                o[mt][n][2 * h + 1] *= f;
+                            }
+                        }
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const float ref[2] = {m[mt][0] == -INFINITY ? 0.0f : m[mt][0],
+                                          m[mt][1] == -INFINITY ? 0.0f : m[mt][1]};
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const float p0 = exp2f(fmaf(s[mt][n][0], sc, -ref[0]));
+                        const float p1 = exp2f(fmaf(s[mt][n][1], sc, -ref[0]));
+                        const float p2 = exp2f(fmaf(s[mt][n][2], sc, -ref[1]));
+                        const float p3 = exp2f(fmaf(s[mt][n][3], sc, -ref[1]));
+                        d[mt][0] += p0 + p1;
+                        d[mt][1] += p2 + p3;
+                        /* A fragment of P for k step n / 2: n even -> regs 0, 1; odd -> 2, 3 */
+                        pa[mt][n / 2][(n % 2) * 2] = dtype_traits<T>::pack(p0, p1);
+                        pa[mt][n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(p2, p3);
+                    }
+                }
+
+                /* o += p . v */
+#pragma unroll
+                for (int kb = 0; kb < NT / 2; kb++)
+#pragma unroll
+                    for (int np = 0; np < DVO / 16; np++) {
+                        uint32_t b[4];
+                        ldmatrix_x4_trans(b, vs + swz<DP>(kb * 16 + (mi % 2) * 8 + r8, 2 * np + mi / 2));
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma_16816<T>(o[mt][2 * np], pa[mt][kb], b);
+                            mma_16816<T>(o[mt][2 * np + 1], pa[mt][kb], b + 2);
                         }
                     }
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const float ref[2] = {m[mt][0] == -INFINITY ? 0.0f : m[mt][0], m[mt][1] == -INFINITY ? 0.0f : m[mt][1]};
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    const float p0 = exp2f(fmaf(s[mt][n][0], sc, -ref[0])), p1 = exp2f(fmaf(s[mt][n][1], sc, -ref[0]));
-                    const float p2 = exp2f(fmaf(s[mt][n][2], sc, -ref[1])), p3 = exp2f(fmaf(s[mt][n][3], sc, -ref[1]));
-                    d[mt][0] += p0 + p1;
-                    d[mt][1] += p2 + p3;
-                    /* A fragment of P for k step n / 2: n even -> regs 0, 1; odd -> 2, 3 */
-                    pa[mt][n / 2][(n % 2) * 2] = dtype_traits<T>::pack(p0, p1);
-                    pa[mt][n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(p2, p3);
-                }
-            }
+            gt += n_tiles;
+            /* every copy into shared memory has landed (with no key tiles, q's
+             * had not been waited for) and every warp is done with the tiles:
+             * the epilogue may reuse q's rows */
+            cp_async_wait<0>();
+            __syncthreads();
 
-            /* o += p . v */
+            /* epilogue: row sums across the quad; each row's factor and LSE
+             * (finish_row: the sink of its head, unless a split part) */
+            float inv[MT][2], lse[MT][2];
 #pragma unroll
-            for (int kb = 0; kb < NT / 2; kb++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int np = 0; np < DVO / 16; np++) {
-                    uint32_t b[4];
-                    ldmatrix_x4_trans(b, vs + swz<DP>(kb * 16 + (mi % 2) * 8 + r8, 2 * np + mi / 2));
+                for (int h = 0; h < 2; h++) {
+                    /* the NaN rule: a non-finite o element makes its row NaN */
 #pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        mma_16816<T>(o[mt][2 * np], pa[mt][kb], b);
-                        mma_16816<T>(o[mt][2 * np + 1], pa[mt][kb], b + 2);
+                    for (int n = 0; n < DVO / 8 && CHECK; n++) {
+                        add_bad(d[mt][h], o[mt][n][2 * h]);
+                        add_bad(d[mt][h], o[mt][n][2 * h + 1]);
+                    }
+                    d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 1);
+                    d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 2);
+                    const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
+                    const int g = row - row / hb * hb;
+                    finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[mt][h], d[mt][h], inv[mt][h], lse[mt][h]);
+                }
+            if (it.out < 0) {
+                /* through this warp's own q rows in shared memory (no other warp
+                 * reads them), then 16-byte stores of whole rows */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const int row = warp_row0 + mt * 16 + lane / 4;
+#pragma unroll
+                    for (int n = 0; n < DVO / 8; n++) {
+                        *(uint32_t *)(qs + swz<DP>(row, n) + (lane % 4) * 2) =
+                            dtype_traits<T>::pack(o[mt][n][0] * inv[mt][0], o[mt][n][1] * inv[mt][0]);
+                        *(uint32_t *)(qs + swz<DP>(row + 8, n) + (lane % 4) * 2) =
+                            dtype_traits<T>::pack(o[mt][n][2] * inv[mt][1], o[mt][n][3] * inv[mt][1]);
                     }
                 }
-        }
-        /* every copy into shared memory has landed (with no key tiles, q's
-         * had not been waited for) and every warp is done with the tiles:
-         * the epilogue may reuse q's rows */
-        cp_async_wait<0>();
-        __syncthreads();
-
-        /* epilogue: row sums across the quad; each row's factor and LSE
-         * (finish_row: the sink of its head, unless a split part) */
-        float inv[MT][2], lse[MT][2];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 1);
-                d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 2);
-                const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
-                const int g = row - row / hb * hb;
-                finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[mt][h], d[mt][h], inv[mt][h], lse[mt][h]);
-            }
-        if (it.out < 0) {
-            /* through this warp's own q rows in shared memory (no other warp
-             * reads them), then 16-byte stores of whole rows */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) {
-                const int row = warp_row0 + mt * 16 + lane / 4;
-#pragma unroll
-                for (int n = 0; n < DVO / 8; n++) {
-                    *(uint32_t *)(qs + swz<DP>(row, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[mt][n][0] * inv[mt][0], o[mt][n][1] * inv[mt][0]);
-                    *(uint32_t *)(qs + swz<DP>(row + 8, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[mt][n][2] * inv[mt][1], o[mt][n][3] * inv[mt][1]);
+                __syncwarp();
+                for (int idx = lane; idx < tr::WARP_ROWS * OCHUNKS; idx += 32) {
+                    const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
+                    const int i = row / hb, g = row - i * hb;
+                    if (i < it.ntok && g < heads)
+                        *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
+                            *(const uint4 *)(qs + swz<DP>(row, c));
                 }
             }
-            __syncwarp();
-            for (int idx = lane; idx < tr::WARP_ROWS * OCHUNKS; idx += 32) {
-                const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
-                const int i = row / hb, g = row - i * hb;
-                if (i < it.ntok && g < heads)
-                    *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
-                        *(const uint4 *)(qs + swz<DP>(row, c));
-            }
-        }
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
-                const int i = row / hb, g = row - i * hb;
-                if (i >= it.ntok || g >= heads) continue;
-                if (it.out < 0) {
-                    if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[mt][h];
-                    continue;
+                for (int h = 0; h < 2; h++) {
+                    const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
+                    const int i = row / hb, g = row - i * hb;
+                    if (i >= it.ntok || g >= heads) continue;
+                    if (it.out < 0) {
+                        if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[mt][h];
+                        continue;
+                    }
+                    /* a split part: f32 partial state of token i in slot out + i */
+                    const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
+                    float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
+#pragma unroll
+                    for (int n = 0; n < DVO / 8; n++)
+                        *(float2 *)(dst + n * 8) =
+                            make_float2(o[mt][n][2 * h] * inv[mt][h], o[mt][n][2 * h + 1] * inv[mt][h]);
+                    if (lane % 4 == 0) p.lse_tmp[slot] = lse[mt][h];
                 }
-                /* a split part: f32 partial state of token i in slot out + i */
-                const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
-                float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
-#pragma unroll
-                for (int n = 0; n < DVO / 8; n++)
-                    *(float2 *)(dst + n * 8) =
-                        make_float2(o[mt][n][2 * h] * inv[mt][h], o[mt][n][2 * h + 1] * inv[mt][h]);
-                if (lane % 4 == 0) p.lse_tmp[slot] = lse[mt][h];
-            }
+        };
+        if (item_checked(p, it, kv_head)) item(bool_c<true>());
+        else item(bool_c<false>());
     }
 #if __CUDA_ARCH__ >= 900
     /* launched as a programmatic dependent of decode: finish only after it,
@@ -327,7 +379,7 @@ template <int DQK, int DVO, typename T> struct mma_prefill_info {
     static attn_kernel get()
     {
         typedef prefill_traits<DQK, DVO> tr;
-        const attn_kernel k = {prefill_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS};
+        const attn_kernel k = {prefill_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 1};
         return k;
     }
 };

@@ -75,12 +75,15 @@ template <int DQK, int DVO> struct wg_traits {
  * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
  * and returns whether any row of the warp did, with the factors o must be
  * scaled by in f (the caller scales o once its last P.V has finished). */
-template <int NT, typename T>
+template <int NT, typename T, bool CHECK>
 __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
-                                             int row_pos0, int row_pos1, int kv_end, float (&m)[2], float (&d)[2],
-                                             float (&f)[2])
+                                             int row_pos0, int row_pos1, int kv_end, const uint32_t *bad,
+                                             float (&m)[2], float (&d)[2], float (&f)[2])
 {
     const int lane = threadIdx.x % 32;
+    /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
+#pragma unroll
+    for (int h = 0; h < 2 && CHECK; h++) check_logits(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane, masked, d[h]);
     if (p.soft_cap > 0.0f) { /* before the masks: tanh(-inf) would unmask */
 #pragma unroll
         for (int n = 0; n < NT; n++)
@@ -90,6 +93,10 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
     if (masked) {
 #pragma unroll
         for (int h = 0; h < 2; h++) mask_row(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane);
+    }
+    if (CHECK && bad) { /* a mixed tile whose V had bad keys: the rows that see one (a block-wide mark) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
     }
     const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
     float tmax[2];
@@ -184,6 +191,13 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
      * thread is done reading it. Tile number g of this block (over all its
      * items) uses stage g % STAGES, for the (g / STAGES)-th time. */
     uint64_t *full = (uint64_t *)(stages + STAGES * 2 * KEYS * DP), *empty = full + STAGES;
+    /* the NaN rule's marks of V's bad keys in a mixed tile (attn.cuh), three
+     * sets used in turn by the block's mixed tiles (mk counts them): a set is
+     * written before a mixed tile's block barrier, read after it, and cleared
+     * after the next one's, for the one after that */
+    __shared__ uint32_t bad_keys[3][KEYS / 32];
+    if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
+    int mk = 0;
     if (threadIdx.x == 0)
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&full[i], tr::THREADS);
@@ -209,176 +223,216 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
-        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-        __syncthreads(); /* every warp is done with the previous item's shared memory */
+        /* the item's path (the NaN rule, attn.cuh): checked, or not */
+        auto item = [&](auto check) {
+            constexpr bool CHECK = decltype(check)::value;
+            const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+            __syncthreads(); /* every warp is done with the previous item's shared memory */
 
-        /* q's rows, unless no key tile follows: then nothing reads them and
-         * the epilogue writes its zero rows there, while other warps' copies
-         * (each warp's rows come from several warps) could still land */
-        if (n_tiles > 0)
-            load_q_tile<ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
-                                                    [](int row, int c) { return sw128<ROWS>(row, c); });
+            /* q's rows, unless no key tile follows: then nothing reads them and
+             * the epilogue writes its zero rows there, while other warps' copies
+             * (each warp's rows come from several warps) could still land */
+            if (n_tiles > 0)
+                load_q_tile<ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                        [](int row, int c) { return sw128<ROWS>(row, c); });
 
-        const int pos_last = it.pos0 + it.ntok - 1;
-        /* the positions of this thread's two rows, and of the warp's first
-         * and last: which tiles need masks */
-        const int row_pos0 = it.pos0 + (warp_row0 + lane / 4) / hb;
-        const int row_pos1 = it.pos0 + (warp_row0 + lane / 4 + 8) / hb;
-        const int warp_pos0 = it.pos0 + warp_row0 / hb;
-        const int warp_pos1 = min(it.pos0 + (warp_row0 + 15) / hb, pos_last);
+            const int pos_last = it.pos0 + it.ntok - 1;
+            /* the positions of this thread's two rows, and of the warp's first
+             * and last: which tiles need masks */
+            const int row_pos0 = it.pos0 + (warp_row0 + lane / 4) / hb;
+            const int row_pos1 = it.pos0 + (warp_row0 + lane / 4 + 8) / hb;
+            const int warp_pos0 = it.pos0 + warp_row0 / hb;
+            const int warp_pos1 = min(it.pos0 + (warp_row0 + 15) / hb, pos_last);
 
-        float o[DN][4];
-        float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+            float o[DN][4];
+            float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+            for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-        /* Tile t is loaded one tile ahead, by every thread, into a stage
-         * every thread has finished reading (with PIPE, the P.V that read
-         * it ended two tiles earlier). */
-        auto fill = [&](int t) {
-            const int g = g0 + t, st = g % STAGES;
-            if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-            load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off,
-                                                                         it.kv_begin + t * KEYS, it.kv_end,
-                                                                         stages + st * 2 * KEYS * DP,
-                                                                         stages + st * 2 * KEYS * DP + KEYS * DP);
-            mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
-        };
-        /* Step t: load t + 1, wait for tile t, and take this warpgroup's
-         * turn at the tensor cores (the caller issues, then passes the turn) */
-        auto begin_tile = [&](int t) {
-            if (t + 1 < n_tiles) fill(t + 1);
-            const int g = g0 + t;
-            mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
-            fence_proxy_async(); /* the copies, visible to wgmma */
-            bar_sync(1 + wg, tr::THREADS);
-        };
-        auto pass_turn = [&]() { bar_arrive(2 - wg, tr::THREADS); };
-        auto release = [&](int t) { mbar_arrive(&empty[(g0 + t) % STAGES]); };
-        /* s = q . k of tile t for this warpgroup's 64 rows: K-major
-         * operands, 16 elements (32 bytes) of the head dim a step */
-        auto issue_s = [&](int t, float (&s)[NT][4]) {
-            const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * DP;
-            wgmma_fence();
+            /* Tile t is loaded one tile ahead, by every thread, into a stage
+             * every thread has finished reading (with PIPE, the P.V that read
+             * it ended two tiles earlier). */
+            auto fill = [&](int t) {
+                const int g = g0 + t, st = g % STAGES;
+                if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
+                load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off,
+                                                                             it.kv_begin + t * KEYS, it.kv_end,
+                                                                             stages + st * 2 * KEYS * DP,
+                                                                             stages + st * 2 * KEYS * DP + KEYS * DP);
+                mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
+            };
+            auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
+            /* Step t: load t + 1, wait for tile t, and take this warpgroup's
+             * turn at the tensor cores (the caller issues, then passes the turn).
+             * A mixed tile (some key below kv_end hidden from some row of the
+             * block: the diagonal, a window's edge) first has its V scanned by
+             * the NaN rule, with a block barrier (the one per tile, only there);
+             * returns the set of its bad-key marks, or -1 */
+            auto begin_tile = [&](int t) {
+                if (t + 1 < n_tiles) fill(t + 1);
+                const int g = g0 + t;
+                mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
+                if (t == 0) { /* q landed with tile 0: the NaN rule's check of this warp's q rows */
+                    const uint32_t qb = q_rows_bad<DQK, T>(
+                        qs, [](int row, int c) { return sw128<ROWS>(row, c); }, warp_row0, lane);
 #pragma unroll
-            for (int kk = 0; kk < DQK / 16; kk++) {
-                const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
-                const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
-                wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
-            }
-            wgmma_commit();
-        };
-        auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
-        /* s (landed) -> P, with the masks this warp's rows need at tile t */
-        auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
-            const int t0 = it.kv_begin + t * KEYS;
-            const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
-                                (p.window_left >= 0 && t0 < warp_pos1 - p.window_left);
-            return tile_softmax<NT, T>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, m, d, f);
-        };
+                    for (int h = 0; h < 2; h++)
+                        if ((qb >> (2 * (lane / 4 + 8 * h))) & 1u) d[h] = __int_as_float(0x7fc00000);
+                }
+                const int t0 = it.kv_begin + t * KEYS;
+                int set = -1;
+                const bool mixed =
+                    (p.causal && t0 + KEYS - 1 > it.pos0) || (p.window_left >= 0 && t0 < pos_last - p.window_left);
+                if (CHECK && mixed) {
+                    set = mk % 3;
+                    scan_v_tile<DVO, DP, KEYS, tr::THREADS>(
+                        v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set]);
+                    fence_proxy_async(); /* its zeros, visible to wgmma */
+                    __syncthreads();
+                    if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
+                    mk++;
+                }
+                fence_proxy_async(); /* the copies, visible to wgmma */
+                bar_sync(1 + wg, tr::THREADS);
+                return set;
+            };
+            auto pass_turn = [&]() { bar_arrive(2 - wg, tr::THREADS); };
+            auto release = [&](int t) { mbar_arrive(&empty[(g0 + t) % STAGES]); };
+            /* s = q . k of tile t for this warpgroup's 64 rows: K-major
+             * operands, 16 elements (32 bytes) of the head dim a step */
+            auto issue_s = [&](int t, float (&s)[NT][4]) {
+                const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * DP;
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < DQK / 16; kk++) {
+                    const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
+                    const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
+                    wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
+                }
+                wgmma_commit();
+            };
+            /* s (landed) -> P, with the masks this warp's rows need at tile t
+             * and the bad-key marks of set (-1: none) */
+            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2]) {
+                const int t0 = it.kv_begin + t * KEYS;
+                const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
+                                    (p.window_left >= 0 && t0 < warp_pos1 - p.window_left);
+                return tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
+                                           set >= 0 ? bad_keys[set] : NULL, m, d, f);
+            };
 
-        if (tr::PIPE && n_tiles > 0) {
-            /* step t issues S of tile t and P.V of tile t - 1 together; the
-             * softmax of t runs while P.V does, then o is rescaled */
-            uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
-            {
-                float s[NT][4], f[2];
-                fill(0);
-                begin_tile(0);
-                issue_s(0, s);
-                pass_turn();
-                wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                softmax(0, s, f); /* o is still 0: no rescale */
-                pack_p<NT, T>(s, pa);
-            }
-            for (int t = 1; t < n_tiles; t++) {
-                float s[NT][4], f[2];
-                begin_tile(t);
-                issue_s(t, s);
-                issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
-                pass_turn();
-                wgmma_wait<1>();
-                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                const bool raise = softmax(t, s, f);
+            if (tr::PIPE && n_tiles > 0) {
+                /* step t issues S of tile t and P.V of tile t - 1 together; the
+                 * softmax of t runs while P.V does, then o is rescaled */
+                uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
+                {
+                    float s[NT][4], f[2];
+                    fill(0);
+                    const int set = begin_tile(0);
+                    issue_s(0, s);
+                    pass_turn();
+                    wgmma_wait<0>();
+                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    softmax(0, set, s, f); /* o is still 0: no rescale */
+                    pack_p<NT, T>(s, pa);
+                }
+                for (int t = 1; t < n_tiles; t++) {
+                    float s[NT][4], f[2];
+                    const int set = begin_tile(t);
+                    issue_s(t, s);
+                    issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
+                    pass_turn();
+                    wgmma_wait<1>();
+                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    const bool raise = softmax(t, set, s, f);
+                    wgmma_wait<0>();
+                    wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
+                    release(t - 1);
+                    if (raise) scale_rows<DN>(o, f);
+                    pack_p<NT, T>(s, pa);
+                }
+                issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                release(t - 1);
-                if (raise) scale_rows<DN>(o, f);
-                pack_p<NT, T>(s, pa);
+                release(n_tiles - 1);
+            } else {
+                if (n_tiles > 0) fill(0);
+                for (int t = 0; t < n_tiles; t++) {
+                    float s[NT][4], f[2];
+                    uint32_t pn[NT / 2][4];
+                    const int set = begin_tile(t);
+                    issue_s(t, s);
+                    pass_turn();
+                    wgmma_wait<0>();
+                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    if (softmax(t, set, s, f)) scale_rows<DN>(o, f);
+                    pack_p<NT, T>(s, pn);
+                    issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
+                    wgmma_wait<0>();
+                    wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
+                    release(t);
+                }
             }
-            issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
-            wgmma_wait<0>();
-            wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-            release(n_tiles - 1);
-        } else {
-            if (n_tiles > 0) fill(0);
-            for (int t = 0; t < n_tiles; t++) {
-                float s[NT][4], f[2];
-                uint32_t pn[NT / 2][4];
-                begin_tile(t);
-                issue_s(t, s);
-                pass_turn();
-                wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                if (softmax(t, s, f)) scale_rows<DN>(o, f);
-                pack_p<NT, T>(s, pn);
-                issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
-                wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                release(t);
-            }
-        }
-        g0 += n_tiles;
-        /* every copy landed (the full barriers covered them); this warp's q
-         * rows are free for the epilogue: its warpgroup's MMAs are done and
-         * the other reads only its own rows */
-        cp_async_commit();
-        cp_async_wait<0>();
-        /* epilogue (prefill.cu's, one m tile a warp) */
-        float inv[2], lse[2];
+            g0 += n_tiles;
+            /* every copy landed (the full barriers covered them); this warp's q
+             * rows are free for the epilogue: its warpgroup's MMAs are done and
+             * the other reads only its own rows */
+            cp_async_commit();
+            cp_async_wait<0>();
+            /* epilogue (prefill.cu's, one m tile a warp) */
+            float inv[2], lse[2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
-            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
-            const int row = warp_row0 + lane / 4 + h * 8;
-            const int g = row - row / hb * hb;
-            finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
-        }
-        if (it.out < 0) {
-            const int row = warp_row0 + lane / 4;
+            for (int h = 0; h < 2; h++) {
+                /* the NaN rule: a non-finite o element (of the real dims) makes its row NaN */
 #pragma unroll
-            for (int n = 0; n < OCHUNKS; n++) {
-                *(uint32_t *)(qs + sw128<ROWS>(row, n) + (lane % 4) * 2) =
-                    dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
-                *(uint32_t *)(qs + sw128<ROWS>(row + 8, n) + (lane % 4) * 2) =
-                    dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
+                for (int n = 0; n < OCHUNKS && CHECK; n++) {
+                    add_bad(d[h], o[n][2 * h]);
+                    add_bad(d[h], o[n][2 * h + 1]);
+                }
+                d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+                d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+                const int row = warp_row0 + lane / 4 + h * 8;
+                const int g = row - row / hb * hb;
+                finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
             }
-            __syncwarp();
-            for (int idx = lane; idx < 16 * OCHUNKS; idx += 32) {
-                const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
-                const int i = row / hb, g = row - i * hb;
-                if (i < it.ntok && g < heads)
-                    *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
-                        *(const uint4 *)(qs + sw128<ROWS>(row, c));
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = warp_row0 + lane / 4 + h * 8;
-            const int i = row / hb, g = row - i * hb;
-            if (i >= it.ntok || g >= heads) continue;
             if (it.out < 0) {
-                if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
-                continue;
-            }
-            const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
-            float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
+                const int row = warp_row0 + lane / 4;
 #pragma unroll
-            for (int n = 0; n < OCHUNKS; n++)
-                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
-            if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
-        }
+                for (int n = 0; n < OCHUNKS; n++) {
+                    *(uint32_t *)(qs + sw128<ROWS>(row, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
+                    *(uint32_t *)(qs + sw128<ROWS>(row + 8, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
+                }
+                __syncwarp();
+                for (int idx = lane; idx < 16 * OCHUNKS; idx += 32) {
+                    const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
+                    const int i = row / hb, g = row - i * hb;
+                    if (i < it.ntok && g < heads)
+                        *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
+                            *(const uint4 *)(qs + sw128<ROWS>(row, c));
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = warp_row0 + lane / 4 + h * 8;
+                const int i = row / hb, g = row - i * hb;
+                if (i >= it.ntok || g >= heads) continue;
+                if (it.out < 0) {
+                    if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
+                    continue;
+                }
+                const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
+                float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
+#pragma unroll
+                for (int n = 0; n < OCHUNKS; n++)
+                    *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
+                if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
+            }
+        };
+        /* (at DP 256 only the checked path: a kernel with both spills) */
+        if (!tr::PIPE || item_checked(p, it, kv_head)) item(bool_c<true>());
+        else item(bool_c<false>());
     }
     if (wg == 0) bar_sync(1, tr::THREADS); /* warpgroup 1's last pass of the turn */
     /* finish only after decode (see prefill.cu) */
@@ -399,7 +453,7 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
     static attn_kernel get()
     {
         typedef wg_traits<DQK, DVO> tr;
-        const attn_kernel k = {prefill_wgmma_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS};
+        const attn_kernel k = {prefill_wgmma_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE};
         return k;
     }
 };
