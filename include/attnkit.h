@@ -42,8 +42,16 @@
  *     sink counts it once per state. When one request's keys are split over
  *     several calls (context parallelism), pass the sinks to exactly one.
  *     A row that sees no key gives o = 0 and lse = sink_h.
+ *   - fp8 KV (AK_FP8_E4M3, the e4m3fn format: 1 sign bit, 4 exponent bits of
+ *     bias 7, 3 mantissa bits; finite values up to +-448, subnormals down to
+ *     2^-9, no infinities, S.1111.111 is NaN): an element's value is its fp8
+ *     value times its scale (ak_kv_scale_kind), and every rule here, the NaN
+ *     rule included, applies to those dequantized values.
  *   - Structs that may grow start with struct_size; fill them with the matching
- *     *_init() function, which sets struct_size and every default.
+ *     *_init() function, which sets struct_size and every default. ak_paged_kv
+ *     has none: it is a plain view that engines also fill by hand, so it grows
+ *     only at its end, and a new field's 0 keeps the meaning the view had
+ *     before that field existed (start a view from {0} or ak_kv_cache_layer).
  *
  * Threads
  *   - ak_last_error(): thread-local; each thread sees its own last failure.
@@ -144,14 +152,16 @@ typedef enum ak_dtype {
     AK_F32 = 0,
     AK_F16 = 1,
     AK_BF16 = 2,
-    AK_FP8_E4M3 = 3, /* reserved: fp8 KV with per-layer scales, not yet supported */
+    AK_FP8_E4M3 = 3, /* KV only (K/V pools, ragged K/V), with scales: see ak_kv_scale_kind */
 } ak_dtype;
 
 AK_API const char *ak_dtype_name(ak_dtype t); /* "f32", "f16", "bf16", "fp8_e4m3" */
 AK_API size_t ak_dtype_size(ak_dtype t);      /* bytes per element, 0 if unknown */
 
-/* Converts n elements between dtypes in host memory (f32, f16, bf16), rounding
- * to nearest even; src and dst may not overlap unless equal. */
+/* Converts n elements between dtypes in host memory (f32, f16, bf16,
+ * fp8_e4m3), rounding to nearest even; src and dst may not overlap unless
+ * equal. To fp8_e4m3 it is ak_kv_update's quantization with a scale of 1
+ * (finite values beyond +-448 saturate, NaN and +-inf become NaN). */
 AK_API ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst /* OUT */, ak_dtype dst_dtype, size_t n);
 
 typedef enum ak_device_kind {
@@ -248,9 +258,9 @@ typedef struct ak_attn_config {
     int causal;           /* 1: token at position p sees keys <= p */
     int window_left;      /* -1: full context; w >= 0: keys >= p - w */
     float logits_soft_cap;/* 0: off; c > 0: logits = c * tanh(logits / c) */
-    ak_dtype q_dtype;
-    ak_dtype kv_dtype;
-    ak_dtype o_dtype;
+    ak_dtype q_dtype;     /* f32, f16 or bf16 */
+    ak_dtype kv_dtype;    /* the same, or fp8_e4m3 (scales in the view, see ak_kv_scale_kind) */
+    ak_dtype o_dtype;     /* f32, f16 or bf16 */
     ak_device device;     /* where q, K/V, o and lse live */
     ak_kv_storage kv_storage;
     ak_kv_layout kv_layout; /* paged only */
@@ -289,12 +299,38 @@ AK_API void ak_limits_init(ak_limits *lim /* OUT */);
 /* Paged KV cache                                                           */
 /* ------------------------------------------------------------------------ */
 
+/* How the scales of fp8 K/V are given (ak_paged_kv, or ak_run_args for ragged
+ * K/V). Element x of KV head h stands for
+ *     K = x * k_scale[h],  V = x * v_scale[h]     (AK_KV_SCALE_PER_HEAD)
+ *     K = x * k_scale[0],  V = x * v_scale[0]     (AK_KV_SCALE_PER_LAYER)
+ *     K = x,               V = x                  (AK_KV_SCALE_NONE)
+ * The scales are f32 in the memory of the K/V's device (host memory for the
+ * CPU, device memory for CUDA), owned by the engine: each layer's view points
+ * at that layer's own. attnkit reads them where it reads K/V, when run() and
+ * ak_kv_update execute, never on the host and never at plan time: a CUDA
+ * graph captures the pointers, not the values, so a replay uses what each
+ * layer's scales hold then (an engine may recalibrate them in place).
+ * A scale should be finite and > 0. attnkit does not check the values (on a
+ * GPU it never reads device memory back); others give what the formulas
+ * give: a NaN or infinite scale makes the elements it scales NaN or
+ * infinite, so by the NaN rule every row that sees a key of that head is
+ * NaN; a scale of 0 makes them 0. Scales belong to fp8 alone: with any other
+ * dtype the kind must be AK_KV_SCALE_NONE. */
+typedef enum ak_kv_scale_kind {
+    AK_KV_SCALE_NONE = 0,      /* no scales (1): k_scale and v_scale are NULL */
+    AK_KV_SCALE_PER_LAYER = 1, /* k_scale, v_scale: [1] each */
+    AK_KV_SCALE_PER_HEAD = 2,  /* k_scale, v_scale: [num_kv_heads] each */
+} ak_kv_scale_kind;
+
 /* One layer's paged K and V, in memory owned by anyone (an ak_kv_cache, or the
  * engine's own pools). Element (block b, slot s, head h, dim d) of K is at
  *   NHD: k_data + b * k_block_stride + (s * num_kv_heads + h) * head_dim_qk + d
  *   HND: k_data + b * k_block_stride + (h * page_size + s) * head_dim_qk + d
  * and likewise for V with head_dim_vo. A block stride of 0 means packed
- * (page_size * num_kv_heads * head_dim). */
+ * (page_size * num_kv_heads * head_dim). An fp8 view (dtype AK_FP8_E4M3)
+ * carries its layer's scales (ak_kv_scale_kind); a view from
+ * ak_kv_cache_layer has none (AK_KV_SCALE_NONE), and an engine with scales
+ * sets the three fields. */
 typedef struct ak_paged_kv {
     void *k_data;
     void *v_data;
@@ -308,6 +344,9 @@ typedef struct ak_paged_kv {
     int head_dim_vo;
     int64_t k_block_stride; /* elements; 0 = packed */
     int64_t v_block_stride; /* elements; 0 = packed */
+    ak_kv_scale_kind scale_kind; /* fp8 only; AK_KV_SCALE_NONE otherwise */
+    const float *k_scale;   /* [1] or [num_kv_heads] f32 on device, per scale_kind; NULL if none */
+    const float *v_scale;   /* likewise */
 } ak_paged_kv;
 
 typedef struct ak_kv_cache_config {
@@ -323,7 +362,9 @@ typedef struct ak_kv_cache_config {
     ak_device device; /* host memory or CUDA memory */
 } ak_kv_cache_config;
 
-/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU. */
+/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU.
+ * dtype AK_FP8_E4M3 makes fp8 pools (1 byte an element); the cache holds no
+ * scales (see ak_paged_kv). */
 AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
 
 typedef struct ak_kv_cache ak_kv_cache;
@@ -421,10 +462,24 @@ AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config
 /* Writes the step's new K/V rows at their slots: token i's rows go to block
  * slot_mapping[i] / page_size, offset slot_mapping[i] % page_size. A slot of -1
  * skips the token (padding). k: [num_tokens, num_kv_heads, head_dim_qk],
- * v: [num_tokens, num_kv_heads, head_dim_vo], both in kv->dtype on kv->device.
- * slot_mapping: [num_tokens] int64 on kv->device. The view is checked as
- * run() checks it (positive sizes, block strides 0 or at least a block, a pool
- * int64 can address), on every device, before anything is written.
+ * v: [num_tokens, num_kv_heads, head_dim_vo], both in kv->dtype on kv->device
+ * (fp8 pools: see below). slot_mapping: [num_tokens] int64 on kv->device. The
+ * view is checked as run() checks it (positive sizes, block strides 0 or at
+ * least a block, a pool int64 can address, scales as ak_kv_scale_kind says),
+ * on every device, before anything is written.
+ * fp8 pools (kv->dtype AK_FP8_E4M3) quantize: k and v are f32, f16 or bf16
+ * (k and v the same), and element x of KV head h is stored as e4m3(y), y =
+ * x / scale in f32 (IEEE division), scale = kv->k_scale[h] (v_scale for v;
+ * [0] per layer; 1 without scales), where e4m3(y) is
+ *   - y rounded to the nearest e4m3 value, ties to the even mantissa
+ *     (subnormals included: multiples of 2^-9 below 2^-6);
+ *   - +-448 when y is beyond +-448, a finite overflow of f32 (+-inf) too;
+ *   - NaN when y is NaN, and when x itself is +-inf: an infinity is never
+ *     hidden as 448, so the rows that see it are NaN, as with a bf16 cache.
+ * This is torch's x.to(torch.float8_e4m3fn) except that torch makes every
+ * |y| >= 480 NaN where attnkit saturates finite values (as CUDA's
+ * __NV_SATFINITE conversion does). k and v already in fp8 are copied as
+ * they are (quantized by the caller with the view's scales).
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */
@@ -479,6 +534,10 @@ typedef struct ak_run_args {
                                 sink logit (natural log, on the scale of the scaled, soft-capped
                                 logits); NULL otherwise. Read by run(), so each layer passes its
                                 own (a captured run reads the tensor given at capture). */
+    ak_kv_scale_kind kv_scale_kind; /* ragged storage with fp8 k and v: their scales, as
+                                       ak_paged_kv's (paged storage: the view holds them) */
+    const float *k_scale;    /* ragged fp8: [1] or [num_kv_heads] f32 on cfg.device; NULL if none */
+    const float *v_scale;    /* likewise */
 } ak_run_args;
 
 AK_API void ak_run_args_init(ak_run_args *args /* OUT */);

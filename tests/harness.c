@@ -157,6 +157,7 @@ ak_attn_config case_config(const attn_case *tc, ak_device dev)
     c.window_left = tc->window_left;
     c.logits_soft_cap = tc->soft_cap;
     c.q_dtype = c.kv_dtype = tc->dtype;
+    if (tc->kv_fp8) c.kv_dtype = AK_FP8_E4M3;
     c.o_dtype = tc->o_f32 ? AK_F32 : tc->dtype;
     c.use_sinks = tc->sinks;
     c.device = dev;
@@ -188,6 +189,56 @@ static void store_row(void *dst, ak_dtype t, const float *src, int n, uint64_t *
     for (int i = 0; i < n; i++) ak_store_from_f32(dst, t, i, src ? src[i] : scn_uniform(rng));
 }
 
+/* A K (is_v 0) or V row of KV head h into a pool or ragged buffer: fp8
+ * codes under the head's scale (exact for the logical values, which are
+ * dequantized codes), else the dtype. */
+static void store_kv_row(const scene *sc, void *dst, int is_v, int h, const float *src, int n, uint64_t *rng)
+{
+    if (sc->cfg.kv_dtype != AK_FP8_E4M3) {
+        store_row(dst, sc->cfg.kv_dtype, src, n, rng);
+        return;
+    }
+    const float scale = is_v ? sc->v_scale[h] : sc->k_scale[h];
+    for (int i = 0; i < n; i++) ((uint8_t *)dst)[i] = ak_e4m3_quantize(src ? src[i] : scn_uniform(rng), scale);
+}
+
+/* The value x of KV head h becomes in the cache: rounded to the dtype, or
+ * quantized to fp8 under the head's scale and dequantized. */
+static float kv_value(const scene *sc, int is_v, int h, float x)
+{
+    if (sc->cfg.kv_dtype != AK_FP8_E4M3) return round_to(sc->cfg.kv_dtype, x);
+    const float scale = is_v ? sc->v_scale[h] : sc->k_scale[h];
+    return ak_e4m3_to_f32(ak_e4m3_quantize(x, scale)) * scale;
+}
+
+/* fp8: each KV head's scales (1 without scales; per layer one for every
+ * head), chosen so that K (|x| < 2) and V (|x| < 1) land below 200, spread
+ * over the normal range, and their copies on the device. */
+static int scene_scales(scene *sc, ak_device dev, uint64_t *rng)
+{
+    const attn_case *tc = &sc->tc;
+    const int Hk = tc->num_kv_heads;
+    for (int h = 0; h < Hk; h++) sc->k_scale[h] = sc->v_scale[h] = 1.0f;
+    if (!tc->kv_fp8 || tc->kv_scale == AK_KV_SCALE_NONE) return 0;
+    const int n = tc->kv_scale == AK_KV_SCALE_PER_HEAD ? Hk : 1;
+    for (int h = 0; h < n; h++) {
+        sc->k_scale[h] = 0.02f + 0.01f * scn_uniform(rng);
+        sc->v_scale[h] = 0.01f + 0.005f * scn_uniform(rng);
+    }
+    for (int h = n; h < Hk; h++) {
+        sc->k_scale[h] = sc->k_scale[0];
+        sc->v_scale[h] = sc->v_scale[0];
+    }
+    if (tbuf_alloc(&sc->k_scale_buf, dev, sizeof(float) * (size_t)n) ||
+        tbuf_alloc(&sc->v_scale_buf, dev, sizeof(float) * (size_t)n))
+        return -1;
+    memcpy(tbuf_host(&sc->k_scale_buf), sc->k_scale, sizeof(float) * (size_t)n);
+    memcpy(tbuf_host(&sc->v_scale_buf), sc->v_scale, sizeof(float) * (size_t)n);
+    tbuf_upload(&sc->k_scale_buf);
+    tbuf_upload(&sc->v_scale_buf);
+    return 0;
+}
+
 int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
 {
     memset(sc, 0, sizeof *sc);
@@ -196,7 +247,8 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
     const int Hq = tc->num_qo_heads, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk, Dvo = tc->head_dim_vo;
     const int R = tc->num_reqs;
     const ak_dtype dt = tc->dtype;
-    const size_t esz = ak_dtype_size(dt);
+    const size_t esz = ak_dtype_size(dt), kesz = ak_dtype_size(sc->cfg.kv_dtype);
+    if (Hk > AK_TEST_MAX_KV_HEADS || scene_scales(sc, dev, rng)) return -1;
 
     int32_t q_lens[MAX_REQS + 1], kv_lens[MAX_REQS + 1];
     for (int r = 0; r < R; r++) {
@@ -217,8 +269,10 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         const int L = tc->reqs[r].kv_len;
         sc->k[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dqk + 1));
         sc->v[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dvo + 1));
-        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++) sc->k[r][i] = round_to(dt, 2.0f * scn_uniform(rng));
-        for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++) sc->v[r][i] = round_to(dt, scn_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++)
+            sc->k[r][i] = kv_value(sc, 0, (int)(i / Dqk % Hk), 2.0f * scn_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++)
+            sc->v[r][i] = kv_value(sc, 1, (int)(i / Dvo % Hk), scn_uniform(rng));
     }
 
     const int paged = tc->storage == AK_KV_PAGED;
@@ -247,16 +301,19 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
 
     if (!paged) {
         const int64_t N = sc->b.num_kv_tokens;
-        if (tbuf_alloc(&sc->k_rag, dev, esz * ((size_t)N * Hk * Dqk + 1)) ||
-            tbuf_alloc(&sc->v_rag, dev, esz * ((size_t)N * Hk * Dvo + 1)))
+        if (tbuf_alloc(&sc->k_rag, dev, kesz * ((size_t)N * Hk * Dqk + 1)) ||
+            tbuf_alloc(&sc->v_rag, dev, kesz * ((size_t)N * Hk * Dvo + 1)))
             return -1;
         int64_t row = 0;
-        for (int r = 0; r < R; r++) {
-            const int L = tc->reqs[r].kv_len;
-            store_row((char *)tbuf_host(&sc->k_rag) + esz * row * Hk * Dqk, dt, sc->k[r], L * Hk * Dqk, rng);
-            store_row((char *)tbuf_host(&sc->v_rag) + esz * row * Hk * Dvo, dt, sc->v[r], L * Hk * Dvo, rng);
-            row += L;
-        }
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < tc->reqs[r].kv_len; j++, row++)
+                for (int h = 0; h < Hk; h++) {
+                    const int64_t kr = (row * Hk + h) * Dqk, vr = (row * Hk + h) * Dvo;
+                    store_kv_row(sc, (char *)tbuf_host(&sc->k_rag) + kesz * kr, 0, h,
+                                 sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
+                    store_kv_row(sc, (char *)tbuf_host(&sc->v_rag) + kesz * vr, 1, h,
+                                 sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
+                }
         tbuf_upload(&sc->k_rag);
         tbuf_upload(&sc->v_rag);
         return 0;
@@ -266,25 +323,30 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
     const int P = tc->page_size, num_blocks = sc->b.num_blocks;
     if (scn_cache_create(&sc->cfg, 1, num_blocks, &sc->cache)) return -1;
     ak_kv_cache_layer(sc->cache, 0, &sc->kv);
+    if (tc->kv_fp8 && tc->kv_scale != AK_KV_SCALE_NONE) {
+        sc->kv.scale_kind = tc->kv_scale;
+        sc->kv.k_scale = tbuf_data(&sc->k_scale_buf);
+        sc->kv.v_scale = tbuf_data(&sc->v_scale_buf);
+    }
 
     /* pool images: random everywhere, then the logical rows at their slots,
      * written by the test's own scatter (not ak_kv_update) */
     const size_t kpool = (size_t)num_blocks * P * Hk * Dqk, vpool = (size_t)num_blocks * P * Hk * Dvo;
-    char *kimg = malloc(kpool * esz), *vimg = malloc(vpool * esz);
-    store_row(kimg, dt, NULL, (int)kpool, rng);
-    store_row(vimg, dt, NULL, (int)vpool, rng);
+    char *kimg = malloc(kpool * kesz), *vimg = malloc(vpool * kesz);
+    store_row(kimg, sc->cfg.kv_dtype, NULL, (int)kpool, rng);
+    store_row(vimg, sc->cfg.kv_dtype, NULL, (int)vpool, rng);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < tc->reqs[r].kv_len; j++) {
             const int64_t blk = sc->b.block_table[r * sc->b.bt_stride + j / P];
             const int s = j % P;
             for (int h = 0; h < Hk; h++) {
                 const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
-                store_row(kimg + esz * row * Dqk, dt, sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
-                store_row(vimg + esz * row * Dvo, dt, sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
+                store_kv_row(sc, kimg + kesz * row * Dqk, 0, h, sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
+                store_kv_row(sc, vimg + kesz * row * Dvo, 1, h, sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
             }
         }
-    dev_copy_to(dev, sc->kv.k_data, kimg, kpool * esz);
-    dev_copy_to(dev, sc->kv.v_data, vimg, vpool * esz);
+    dev_copy_to(dev, sc->kv.k_data, kimg, kpool * kesz);
+    dev_copy_to(dev, sc->kv.v_data, vimg, vpool * kesz);
     free(kimg);
     free(vimg);
     return 0;
@@ -305,6 +367,8 @@ void scene_free(scene *sc)
     tbuf_free(&sc->k_rag);
     tbuf_free(&sc->v_rag);
     tbuf_free(&sc->sinks_buf);
+    tbuf_free(&sc->k_scale_buf);
+    tbuf_free(&sc->v_scale_buf);
     free(sc->sinks);
     memset(sc, 0, sizeof *sc);
 }
@@ -402,6 +466,11 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     } else {
         a.k = &kt;
         a.v = &vt;
+        if (sc->tc.kv_fp8 && sc->tc.kv_scale != AK_KV_SCALE_NONE) {
+            a.kv_scale_kind = sc->tc.kv_scale;
+            a.k_scale = tbuf_data(&sc->k_scale_buf);
+            a.v_scale = tbuf_data(&sc->v_scale_buf);
+        }
     }
     st = ak_backend_plan(b, &sc->b.batch, NULL);
     if (st == AK_OK) st = ak_backend_run(b, &a, NULL);

@@ -71,6 +71,8 @@ typedef struct req_spec {
 } req_spec;
 
 #define MAX_REQS 80
+/* The most KV heads of a case. */
+#define AK_TEST_MAX_KV_HEADS 64
 
 typedef struct attn_case {
     const char *name;
@@ -85,7 +87,16 @@ typedef struct attn_case {
     ak_kv_storage storage;
     int num_reqs;
     req_spec reqs[MAX_REQS];
+    /* fp8 KV (kv_fp8 = 1): K/V in fp8_e4m3 with scales of kind kv_scale
+     * (random per head or per layer), q and o in dtype; the logical K/V are
+     * the dequantized values */
+    int kv_fp8;
+    ak_kv_scale_kind kv_scale;
 } attn_case;
+
+/* Case tables list attn_case's fields in order up to the last they need
+ * (reqs, for most): the rest are 0. */
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 
 typedef struct scene {
     attn_case tc;
@@ -101,6 +112,8 @@ typedef struct scene {
     tbuf q_buf, k_rag, v_rag; /* ragged K/V */
     float *sinks;         /* [Hq] sink logits (tc.sinks), else NULL */
     tbuf sinks_buf;       /* the same on the device, f32 */
+    float k_scale[AK_TEST_MAX_KV_HEADS], v_scale[AK_TEST_MAX_KV_HEADS]; /* fp8: each KV head's scale */
+    tbuf k_scale_buf, v_scale_buf; /* fp8 with scales: [1] or [Hkv] on the device */
 } scene;
 
 ak_attn_config case_config(const attn_case *tc, ak_device dev);
@@ -140,5 +153,6 @@ void test_graphs(test_ctx *t);
 void test_hostile(test_ctx *t);
 void test_nonfinite(test_ctx *t);
 void test_threads(test_ctx *t);
+void test_fp8(test_ctx *t);
 
 #endif

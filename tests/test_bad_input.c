@@ -43,6 +43,7 @@ typedef struct bad_case {
     void (*breaks)(inputs *in);
     kv_need kv;
     const char *only;  /* run only on backends whose name starts with this (NULL: all) */
+    int fp8;           /* 1: on an fp8 baseline (K/V fp8_e4m3 with per-head scales) */
 } bad_case;
 
 static void qo_not_monotone(inputs *in) { in->qo[2] = in->qo[1] - 1; }
@@ -76,6 +77,21 @@ static void k_missing(inputs *in) { in->args.k = NULL; }
 static void v_wrong_tokens(inputs *in) { in->v.shape[0] -= 1; }
 static void k_wrong_dtype(inputs *in) { in->k.dtype = in->k.dtype == AK_F32 ? AK_F16 : AK_F32; }
 static void v_head_stride_differs(inputs *in) { in->v.stride[1] = 2 * in->k.stride[1]; }
+static const float some_scales[2] = {1.0f, 1.0f};
+static void q_fp8(inputs *in) { in->cfg.q_dtype = AK_FP8_E4M3; }
+static void o_fp8(inputs *in) { in->cfg.o_dtype = AK_FP8_E4M3; }
+static void kv_k_scale_null(inputs *in) { in->kv.k_scale = NULL; }
+static void kv_v_scale_null(inputs *in) { in->kv.v_scale = NULL; }
+static void kv_scale_kind_unknown(inputs *in) { in->kv.scale_kind = (ak_kv_scale_kind)7; }
+static void kv_scale_misaligned(inputs *in) { in->kv.k_scale = (const float *)((const char *)in->kv.k_scale + 1); }
+static void kv_scale_without_kind(inputs *in) { in->kv.scale_kind = AK_KV_SCALE_NONE; }
+static void kv_scales_not_fp8(inputs *in)
+{
+    in->kv.scale_kind = AK_KV_SCALE_PER_LAYER;
+    in->kv.k_scale = in->kv.v_scale = some_scales;
+}
+static void ragged_v_scale_null(inputs *in) { in->args.v_scale = NULL; }
+static void ragged_k_scale_without_kind(inputs *in) { in->args.k_scale = some_scales; }
 
 static const bad_case cases[] = {
     {"non-monotone qo_indptr", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr", qo_not_monotone, KV_EITHER, NULL},
@@ -112,6 +128,27 @@ static const bad_case cases[] = {
     /* the CUDA loader keeps one head offset for K and V */
     {"ragged: v head stride differs from k's", AT_RUN, AK_ERR_INVALID_ARG, "args.v->stride[1]",
      v_head_stride_differs, KV_RAGGED, "cuda"},
+    /* fp8: q and o stay 16/32-bit; scales exactly as the kind says */
+    {"q in fp8", AT_CREATE, AK_ERR_UNSUPPORTED, "cfg.q_dtype", q_fp8, KV_EITHER, NULL},
+    {"o in fp8", AT_CREATE, AK_ERR_UNSUPPORTED, "cfg.o_dtype", o_fp8, KV_EITHER, NULL},
+    {"scales on a view that is not fp8", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->scale_kind", kv_scales_not_fp8,
+     KV_PAGED, NULL},
+    {"scales on a pool that is not fp8", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->scale_kind", kv_scales_not_fp8,
+     KV_PAGED, NULL},
+    {"ragged: k_scale without a kind", AT_RUN, AK_ERR_INVALID_ARG, "args.k_scale", ragged_k_scale_without_kind,
+     KV_RAGGED, NULL},
+    {"fp8: per-head k_scale NULL", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->k_scale", kv_k_scale_null, KV_PAGED, NULL,
+     1},
+    {"fp8: kv_update with v_scale NULL", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->v_scale", kv_v_scale_null, KV_PAGED,
+     NULL, 1},
+    {"fp8: unknown scale kind", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->scale_kind", kv_scale_kind_unknown, KV_PAGED,
+     NULL, 1},
+    {"fp8: kv_update scale not float-aligned", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->k_scale", kv_scale_misaligned,
+     KV_PAGED, NULL, 1},
+    {"fp8: scale pointers with kind none", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->k_scale", kv_scale_without_kind,
+     KV_PAGED, NULL, 1},
+    {"fp8: ragged v_scale NULL", AT_RUN, AK_ERR_INVALID_ARG, "args.v_scale", ragged_v_scale_null, KV_RAGGED, NULL,
+     1},
 };
 
 /* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2;
@@ -139,12 +176,14 @@ static int serves(const attn_case *tc, ak_device dev, const char *name)
 
 /* The baseline of `storage` that backend `name` serves on the device under
  * test (the mixed batch, else the decode one); -1 if it serves neither. */
-static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, attn_case *out)
+static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, int fp8, attn_case *out)
 {
     const attn_case *const tries[2] = {&baseline, &decode_baseline};
     for (int i = 0; i < 2; i++) {
         attn_case tc = *tries[i];
         if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
+        tc.kv_fp8 = fp8;
+        tc.kv_scale = fp8 ? AK_KV_SCALE_PER_HEAD : AK_KV_SCALE_NONE;
         tc.storage = storage;
         if (storage == AK_KV_RAGGED) tc.page_size = 0;
         if (serves(&tc, t->device, name)) {
@@ -159,13 +198,13 @@ static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storag
  * backend does not read the storage the case is about. */
 static int pick_baseline(const test_ctx *t, const char *name, const bad_case *bc, attn_case *tc, const char **why)
 {
-    const int paged = bc->kv != KV_RAGGED && baseline_of(t, name, AK_KV_PAGED, tc) == 0;
+    const int paged = bc->kv != KV_RAGGED && baseline_of(t, name, AK_KV_PAGED, bc->fp8, tc) == 0;
     if (paged) return 0;
     if (bc->kv == KV_PAGED) {
         *why = "reads no paged cache";
         return -1;
     }
-    if (baseline_of(t, name, AK_KV_RAGGED, tc) == 0) return 0;
+    if (baseline_of(t, name, AK_KV_RAGGED, bc->fp8, tc) == 0) return 0;
     *why = bc->kv == KV_RAGGED ? "reads no ragged K/V" : "serves neither baseline";
     return -1;
 }
@@ -234,10 +273,15 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.args.o = &in.o;
     in.args.lse = &in.lse;
     if (ragged) {
-        in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), tc.dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
-        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), tc.dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
+        in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
+        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
         in.args.k = &in.k;
         in.args.v = &in.v;
+        if (tc.kv_fp8) {
+            in.args.kv_scale_kind = tc.kv_scale;
+            in.args.k_scale = tbuf_data(&sc.k_scale_buf);
+            in.args.v_scale = tbuf_data(&sc.v_scale_buf);
+        }
     } else {
         in.args.kv = &in.kv;
     }
@@ -247,7 +291,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
 
     /* K/V (the cache, or the ragged tensors) must not change either */
     const size_t kbytes =
-        ragged ? sc.k_rag.bytes : esz * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
+        ragged ? sc.k_rag.bytes
+               : ak_dtype_size(sc.cfg.kv_dtype) * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
     const void *k_data = ragged ? tbuf_data(&sc.k_rag) : sc.kv.k_data;
     const void *v_data = ragged ? tbuf_data(&sc.v_rag) : sc.kv.v_data;
     const uint64_t k_before = checksum(t->device, k_data, kbytes);

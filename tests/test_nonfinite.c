@@ -13,7 +13,9 @@
  * or the cache, and runs the backend (decode and prefill batches, and long
  * requests the cpu backend splits over 4 threads' chunks). Rows the element
  * reaches must be NaN; every other row must match the reference; o is
- * poisoned with a finite sentinel, so an unwritten element shows.
+ * poisoned with a finite sentinel, so an unwritten element shows. On the
+ * CPU the cases run on fp8 K/V too (per-head scales): a NaN, +inf or -inf
+ * written there is the NaN code (an infinity is never stored as 448).
  */
 #include "harness.h"
 
@@ -27,7 +29,8 @@
 #define Q_ROW_PAD 8       /* scene_build pads q's head rows by this many elements */
 #define SENTINEL 12345.0f /* o's poison: finite in every dtype, never an attention output */
 
-typedef enum target { IN_Q, IN_K, IN_V } target;
+/* IN_K_SCALE / IN_V_SCALE: KV head `head`'s fp8 scale (fp8 runs only). */
+typedef enum target { IN_Q, IN_K, IN_V, IN_K_SCALE, IN_V_SCALE } target;
 
 /* One non-finite element and where it goes. In q: token `tok`, head `head`;
  * in K or V: request `req`, key `key`, KV head `head`. */
@@ -55,7 +58,10 @@ typedef struct nf_case {
 #define DECODE_BATCH DEC(3, {{1, 40}, {1, 300}, {1, 2100}})
 #define PREFILL_BATCH DEC(3, {{40, 40}, {20, 100}, {1, 30}})
 #define SPLIT_BATCH DEC(2, {{8, 3000}, {1, 17}})
-#define LONG_BATCH DEC(2, {{300, 300}, {260, 700}})
+/* long: MQA 16/1, so that q_len x group passes the scan pass's 4096 rows
+ * at a cost the CPU oracle runs in a moment */
+#define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
+#define LONG_BATCH MQA16(-1, 2, {{260, 260}, {256, 700}})
 
 static const nf_case cases[] = {
     /* a visible key: NaN, +inf, -inf (a -inf logit would otherwise vanish as a masked key) */
@@ -99,22 +105,27 @@ static const nf_case cases[] = {
      {IN_V, INFINITY, 0, 97, 0, 0, 127}, 0},
     {"d192/128 prefill: NaN in a key some rows see", DIMS(192, 128, 2, {{100, 100}, {1, 40}}),
      {IN_K, NAN, 0, 60, 0, 1, 191}, 0},
-    /* requests long enough (q_len x group >= 1024 rows) for the CUDA
+    /* requests long enough (q_len x group >= 4096 rows) for the CUDA
      * engine's scan pass: a corrupted one runs checked, the clean one beside
      * it unchecked, and a key outside what the pass reads (before the first
      * window, past kv_len) never flags anything */
-    {"long prefill: NaN in a key only the last rows see", LONG_BATCH, {IN_K, NAN, 0, 290, 0, 1, 5}, 0},
+    {"long prefill: NaN in a key only the last rows see", LONG_BATCH, {IN_K, NAN, 0, 250, 0, 0, 5}, 0},
     {"long prefill: -inf in a key of the prefix", LONG_BATCH, {IN_K, -INFINITY, 1, 100, 0, 0, 63}, 0},
-    {"long prefill: +inf in a value only the last rows see", LONG_BATCH, {IN_V, INFINITY, 1, 650, 0, 1, 0}, 0},
+    {"long prefill: +inf in a value only the last rows see", LONG_BATCH, {IN_V, INFINITY, 1, 650, 0, 0, 0}, 0},
     {"long prefill: NaN in a value every row sees", LONG_BATCH, {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
     {"long prefill: -inf in q", LONG_BATCH, {IN_Q, -INFINITY, 0, 0, 500, 5, 60}, 0},
-    {"long prefill: NaN in the K and V of an unused page slot", LONG_BATCH, {IN_V, NAN, 0, 303, 0, 0, 0}, 0},
-    {"long window 64: NaN in a key before every window", WIN(64, 1, {{300, 1000}}), {IN_K, NAN, 0, 100, 0, 1, 1},
+    {"long prefill: NaN in the K and V of an unused page slot", LONG_BATCH, {IN_V, NAN, 0, 263, 0, 0, 0}, 0},
+    {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},
      0},
-    {"long window 64: NaN in a value some rows' windows leave out", WIN(64, 1, {{300, 1000}}),
+    {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),
      {IN_V, NAN, 0, 760, 0, 0, 9}, 0},
-    {"long d256 prefill: NaN in a value only the last rows see", DIMS(256, 256, 1, {{260, 260}}),
+    {"d256 prefill: NaN in a value only the last rows see", DIMS(256, 256, 1, {{260, 260}}),
      {IN_V, NAN, 0, 250, 0, 1, 255}, 0},
+    /* fp8 scales (per head): every row of the head's group that sees a key */
+    {"decode: NaN k_scale", DECODE_BATCH, {IN_K_SCALE, NAN, 0, 0, 0, 1, 0}, 0},
+    {"decode split: +inf v_scale", DECODE_BATCH, {IN_V_SCALE, INFINITY, 0, 0, 0, 0, 0}, 4},
+    {"prefill: NaN v_scale", PREFILL_BATCH, {IN_V_SCALE, NAN, 0, 0, 0, 1, 0}, 0},
+    {"prefill: -inf k_scale", PREFILL_BATCH, {IN_K_SCALE, -INFINITY, 0, 0, 0, 0, 0}, 0},
 };
 
 /* ---- the expectation ----------------------------------------------------------- */
@@ -141,6 +152,12 @@ static int row_hit(const scene *sc, const corruption *b, int t, int h)
         return 0; /* a row that sees no key never reads q */
     }
     const int group = tc->num_qo_heads / tc->num_kv_heads;
+    if (b->where == IN_K_SCALE || b->where == IN_V_SCALE) {
+        if (h / group != b->head) return 0;
+        for (int j = 0; j < kv_len; j++)
+            if (sees(tc, pos, kv_len, j)) return 1;
+        return 0;
+    }
     return r == b->req && h / group == b->head && sees(tc, pos, kv_len, b->key);
 }
 
@@ -164,6 +181,11 @@ static void corrupt(scene *sc, const corruption *b)
                       b->value);
         return;
     }
+    if (b->where == IN_K_SCALE || b->where == IN_V_SCALE) {
+        float *scales = tbuf_data(b->where == IN_K_SCALE ? &sc->k_scale_buf : &sc->v_scale_buf);
+        dev_copy_to(sc->cfg.device, scales + b->head, &b->value, sizeof b->value);
+        return;
+    }
     /* the key's slot through the block table; for a key past kv_len (an
      * unused slot of the last page) both K and V are written */
     const int P = tc->page_size, Hk = tc->num_kv_heads;
@@ -171,10 +193,11 @@ static void corrupt(scene *sc, const corruption *b)
     const int s = b->key % P;
     const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + b->head : (blk * Hk + b->head) * P + s;
     const int past = b->key >= sc->b.kv_lens[b->req];
+    const ak_dtype kvt = sc->cfg.kv_dtype;
     if (b->where == IN_K || past)
-        write_element(sc->cfg.device, sc->kv.k_data, row * tc->head_dim_qk + b->dim, dt, b->value);
+        write_element(sc->cfg.device, sc->kv.k_data, row * tc->head_dim_qk + b->dim, kvt, b->value);
     if (b->where == IN_V || past)
-        write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, dt, b->value);
+        write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, kvt, b->value);
 }
 
 /* ---- one case on one backend -------------------------------------------------- */
@@ -236,14 +259,18 @@ static ak_status run_raw(const scene *sc, const char *name, int threads, float *
     return st;
 }
 
-static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype)
+/* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). */
+static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8)
 {
     char name[160];
-    snprintf(name, sizeof name, "nonfinite %s: %s", ak_dtype_name(dtype), nc->name);
-    if (!t_selected(t, name)) return;
+    snprintf(name, sizeof name, "nonfinite %s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "", nc->name);
+    const int on_scale = nc->bad.where == IN_K_SCALE || nc->bad.where == IN_V_SCALE;
+    if (!t_selected(t, name) || on_scale != (on_scale && kv_fp8)) return;
     attn_case tc = nc->shape;
     tc.name = name;
     tc.dtype = dtype;
+    tc.kv_fp8 = kv_fp8;
+    tc.kv_scale = kv_fp8 ? AK_KV_SCALE_PER_HEAD : AK_KV_SCALE_NONE;
     uint64_t rng = t->seed ^ scn_name_hash(name);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
@@ -398,7 +425,9 @@ void test_nonfinite(test_ctx *t)
     static const ak_dtype cpu_dtypes[] = {AK_F32, AK_BF16}, gpu_dtypes[] = {AK_BF16, AK_F16};
     const ak_dtype *dtypes = t->device.kind == AK_DEVICE_CUDA ? gpu_dtypes : cpu_dtypes;
     for (int i = 0; i < nb; i++)
-        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
-            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d]);
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0);
+            run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1);
+        }
     if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
 }

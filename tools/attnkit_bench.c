@@ -119,6 +119,8 @@ typedef struct options {
     int window, window_set; /* --window */
     ak_dtype dtype;
     int dtype_set;
+    ak_dtype kv_dtype;  /* --kv-dtype */
+    int kv_dtype_set;
     int check, json, graph, sweep, kv_update;
     int invariant;      /* --invariant: cfg.batch_invariant */
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
@@ -157,6 +159,8 @@ static void usage(FILE *f)
         "  --invariant      cfg.batch_invariant (fixed KV splits: its cost against the default)\n"
         "  --layout L       nhd (default) | hnd: the paged cache layout\n"
         "  --dtype T        f32 | f16 | bf16 for q, KV and o (default: bf16 on a GPU, f32 on the CPU)\n"
+        "  --kv-dtype T     f32 | f16 | bf16 | fp8_e4m3 for KV alone (fp8: q and o bf16 unless --dtype;\n"
+        "                   per-head scales; ak_kv_update quantizes the step's rows)\n"
         "  --check          compare with cpu_ref on the same data (a sample of the batch when the\n"
         "                   whole would take long; the output says so). Implied with no arguments.\n"
         "  --json           one JSON object per line on stdout (notes go to stderr)\n"
@@ -205,6 +209,7 @@ static int parse_dtype(const char *s, ak_dtype *t)
     if (s && !strcmp(s, "f32")) *t = AK_F32;
     else if (s && !strcmp(s, "f16")) *t = AK_F16;
     else if (s && !strcmp(s, "bf16")) *t = AK_BF16;
+    else if (s && !strcmp(s, "fp8_e4m3")) *t = AK_FP8_E4M3;
     else return -1;
     return 0;
 }
@@ -338,11 +343,17 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--page-size")) {
             if (parse_int(a, v, 1, &o->page_size)) return -1;
         } else if (!strcmp(a, "--dtype")) {
-            if (parse_dtype(v, &o->dtype)) {
-                fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16\n");
+            if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3) {
+                fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16 (fp8_e4m3: --kv-dtype)\n");
                 return -1;
             }
             o->dtype_set = 1;
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (parse_dtype(v, &o->kv_dtype)) {
+                fprintf(stderr, "attnkit-bench: --kv-dtype: f32, f16, bf16 or fp8_e4m3\n");
+                return -1;
+            }
+            o->kv_dtype_set = 1;
         } else if (!strcmp(a, "--iters")) {
             if (parse_int(a, v, 1, &o->iters)) return -1;
         } else if (!strcmp(a, "--layers")) {
@@ -618,6 +629,7 @@ static int run_layers(void *arg)
             v = scene_v_rag(sc, l);
             args.k = &k;
             args.v = &v;
+            scene_ragged_scales(sc, &args);
         } else {
             args.kv = &sc->kv[l];
         }
@@ -918,10 +930,17 @@ static void backend_reason(const char *msg, const char *name, char *out, size_t 
 
 /* ---- one shape ------------------------------------------------------------------------------- */
 
+/* q's and o's dtype, and K/V's (kv_dtype_for) */
 static ak_dtype dtype_for(const options *o, ak_device_kind kind)
 {
     if (o->dtype_set) return o->dtype;
+    if (o->kv_dtype_set && o->kv_dtype == AK_FP8_E4M3) return AK_BF16;
     return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+}
+
+static ak_dtype kv_dtype_for(const options *o, ak_device_kind kind)
+{
+    return o->kv_dtype_set ? o->kv_dtype : dtype_for(o, kind);
 }
 
 /* Result of trying a shape on a device. */
@@ -953,7 +972,8 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         return SHAPE_DONE;
     }
     bench_scene sc;
-    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), o->page_size, o->layout, o->invariant, o->seed)) {
+    if (scene_init(&sc, ctx, o->model, shape, dtype_for(o, kind), kv_dtype_for(o, kind), o->page_size, o->layout,
+                   o->invariant, o->seed)) {
         scene_free(&sc);
         st->failures++;
         return SHAPE_DONE;
@@ -1150,8 +1170,8 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
     const options *o = &st->opt;
     const bench_shape shape = {BW_PREFILL, batch, prompt, prompt, 0, 0};
     bench_scene sc;
-    if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), o->page_size, o->layout, o->invariant,
-                   o->seed)) {
+    if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), kv_dtype_for(o, AK_DEVICE_CUDA), o->page_size,
+                   o->layout, o->invariant, o->seed)) {
         scene_free(&sc);
         st->failures++;
         return;

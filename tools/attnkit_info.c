@@ -3,11 +3,13 @@
  * that fired (with the evidence it cites) and every backend with "chosen",
  * "available" or its reasons.
  *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
- *                [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
+ *                [--kv-dtype f32|f16|bf16|fp8_e4m3] [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
  *                [--window N] [--soft-cap C] [--non-causal] [--workload any|decode]
  *                [--sinks] [--invariant]
  *   attnkit-info --matrix       the support matrix (every backend's check(), Markdown)
  *   attnkit-info --version      the library's version
+ * --dtype sets q, K/V and o; --kv-dtype then sets K/V alone (fp8_e4m3: q and
+ * o stay as --dtype says, bf16 if it says nothing).
  * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
  * backend that cannot).
  */
@@ -22,6 +24,7 @@ static int parse_dtype(const char *s, ak_dtype *t)
     if (!strcmp(s, "f32")) *t = AK_F32;
     else if (!strcmp(s, "f16")) *t = AK_F16;
     else if (!strcmp(s, "bf16")) *t = AK_BF16;
+    else if (!strcmp(s, "fp8_e4m3")) *t = AK_FP8_E4M3;
     else return -1;
     return 0;
 }
@@ -29,8 +32,8 @@ static int parse_dtype(const char *s, ak_dtype *t)
 static void usage(const char *argv0)
 {
     fprintf(stderr,
-            "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]\n"
-            "          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
+            "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]\n"
+            "          [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
             "          [--workload any|decode] [--sinks] [--invariant]\n"
             "       %s --matrix\n"
             "       %s --version\n",
@@ -43,7 +46,8 @@ int main(int argc, char **argv)
     ak_attn_config_init(&cfg);
     cfg.num_qo_heads = 32;
     cfg.num_kv_heads = 8;
-    int device_given = 0;
+    int device_given = 0, dtype_given = 0;
+    ak_dtype kv_dtype = (ak_dtype)-1; /* --kv-dtype, applied after --dtype */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--heads") && v) {
@@ -55,8 +59,12 @@ int main(int argc, char **argv)
             if (n < 1) { usage(argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
-            if (parse_dtype(v, &cfg.q_dtype)) { usage(argv[0]); return 2; }
+            if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(argv[0]); return 2; }
             cfg.kv_dtype = cfg.o_dtype = cfg.q_dtype;
+            dtype_given = 1;
+            i++;
+        } else if (!strcmp(a, "--kv-dtype") && v) {
+            if (parse_dtype(v, &kv_dtype)) { usage(argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--device") && v) {
             cfg.device.kind = !strcmp(v, "cuda") ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
@@ -122,6 +130,10 @@ int main(int argc, char **argv)
     if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
         cfg.device.kind = AK_DEVICE_CUDA;
         if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    }
+    if ((int)kv_dtype >= 0) {
+        if (kv_dtype == AK_FP8_E4M3 && !dtype_given) cfg.q_dtype = cfg.o_dtype = AK_BF16;
+        cfg.kv_dtype = kv_dtype;
     }
     static char buf[16384];
     const ak_status st = ak_explain(&cfg, buf, sizeof buf);

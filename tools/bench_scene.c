@@ -94,7 +94,7 @@ static void fill_random_host(void *dst, ak_dtype t, size_t first, size_t n, floa
         for (size_t i = lo; i < hi; i += FILL_BATCH) {
             const size_t m = hi - i < FILL_BATCH ? hi - i : FILL_BATCH;
             for (size_t j = 0; j < m; j++) vals[j] = scale * scn_uniform(&s);
-            ak_convert(vals, AK_F32, (char *)dst + i * esz, t, m); /* f32 to f32/f16/bf16: cannot fail */
+            ak_convert(vals, AK_F32, (char *)dst + i * esz, t, m); /* from f32 to a known dtype: cannot fail */
         }
     }
 }
@@ -126,7 +126,8 @@ static int fill_random(const bd_ctx *ctx, void *dst, ak_dtype t, size_t n, float
 /* ---- the batch and its accounting ---------------------------------------------------- */
 
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, ak_kv_layout layout, int batch_invariant, uint64_t seed)
+               ak_dtype dtype, ak_dtype kv_dtype, int page_size, ak_kv_layout layout, int batch_invariant,
+               uint64_t seed)
 {
     memset(sc, 0, sizeof *sc);
     sc->ctx = ctx;
@@ -159,7 +160,8 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->logits_soft_cap = m->soft_cap;
     c->use_sinks = m->sinks;
     c->batch_invariant = batch_invariant;
-    c->q_dtype = c->kv_dtype = c->o_dtype = dtype;
+    c->q_dtype = c->o_dtype = dtype;
+    c->kv_dtype = kv_dtype;
     c->device = ctx->dev;
     c->kv_storage = AK_KV_PAGED;
     c->kv_layout = layout;
@@ -281,14 +283,30 @@ ak_tensor scene_o(const bench_scene *sc, int layer)
                         sc->cfg.num_qo_heads, sc->cfg.head_dim_vo);
 }
 
+/* The dtype of the step's new K/V rows: the cache's, or for an fp8 cache the
+ * projections' (q's), which ak_kv_update quantizes. */
+static ak_dtype new_rows_dtype(const ak_attn_config *c)
+{
+    return c->kv_dtype == AK_FP8_E4M3 ? c->q_dtype : c->kv_dtype;
+}
+
 ak_tensor scene_k_new(const bench_scene *sc)
 {
-    return ak_tensor_3d(sc->k_new, sc->cfg.kv_dtype, sc->b.num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_qk);
+    return ak_tensor_3d(sc->k_new, new_rows_dtype(&sc->cfg), sc->b.num_tokens, sc->cfg.num_kv_heads,
+                        sc->cfg.head_dim_qk);
 }
 
 ak_tensor scene_v_new(const bench_scene *sc)
 {
-    return ak_tensor_3d(sc->v_new, sc->cfg.kv_dtype, sc->b.num_tokens, sc->cfg.num_kv_heads, sc->cfg.head_dim_vo);
+    return ak_tensor_3d(sc->v_new, new_rows_dtype(&sc->cfg), sc->b.num_tokens, sc->cfg.num_kv_heads,
+                        sc->cfg.head_dim_vo);
+}
+
+void scene_ragged_scales(const bench_scene *sc, ak_run_args *args)
+{
+    if (sc->cfg.kv_dtype != AK_FP8_E4M3) return;
+    args->kv_scale_kind = AK_KV_SCALE_PER_HEAD;
+    args->k_scale = args->v_scale = sc->kv_scales;
 }
 
 ak_tensor scene_sinks(const bench_scene *sc)
@@ -346,13 +364,14 @@ static int write_new_tokens(bench_scene *sc, uint64_t seed)
         goto done;
     }
     sc->slots = bd_malloc(ctx, sizeof(int64_t) * (size_t)T);
-    sc->k_new = bd_malloc(ctx, ak_dtype_size(c->kv_dtype) * (size_t)T * c->num_kv_heads * c->head_dim_qk);
-    sc->v_new = bd_malloc(ctx, ak_dtype_size(c->kv_dtype) * (size_t)T * c->num_kv_heads * c->head_dim_vo);
+    const ak_dtype rows = new_rows_dtype(c);
+    sc->k_new = bd_malloc(ctx, ak_dtype_size(rows) * (size_t)T * c->num_kv_heads * c->head_dim_qk);
+    sc->v_new = bd_malloc(ctx, ak_dtype_size(rows) * (size_t)T * c->num_kv_heads * c->head_dim_vo);
     if (!sc->slots || !sc->k_new || !sc->v_new) goto done;
     if (bd_upload(ctx, sc->slots, meta.slot_mapping, sizeof(int64_t) * (size_t)T)) goto done;
-    if (fill_random(ctx, sc->k_new, c->kv_dtype, (size_t)T * c->num_kv_heads * c->head_dim_qk, K_SCALE,
+    if (fill_random(ctx, sc->k_new, rows, (size_t)T * c->num_kv_heads * c->head_dim_qk, K_SCALE,
                     derive_seed(seed, SEED_K_NEW, 0)) ||
-        fill_random(ctx, sc->v_new, c->kv_dtype, (size_t)T * c->num_kv_heads * c->head_dim_vo, 1.0f,
+        fill_random(ctx, sc->v_new, rows, (size_t)T * c->num_kv_heads * c->head_dim_vo, 1.0f,
                     derive_seed(seed, SEED_V_NEW, 0)))
         goto done;
     const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
@@ -394,7 +413,8 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     }
     const size_t per_layer =
         pool_bytes + sc->q_layer_bytes + sc->o_layer_bytes + sc->k_rag_layer_bytes + sc->v_rag_layer_bytes;
-    const size_t fixed = (size_t)sc->b.num_tokens * (Hk * (size_t)(Dqk + Dvo) * kv_esz + sizeof(int64_t));
+    const size_t fixed =
+        (size_t)sc->b.num_tokens * (Hk * (size_t)(Dqk + Dvo) * ak_dtype_size(new_rows_dtype(c)) + sizeof(int64_t));
 
     /* how many layers to rotate through */
     const double cache = (double)ctx->cache_bytes;
@@ -449,10 +469,21 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
      * 3 ms here, the same on 1 or 2 threads), which an engine reusing its
      * output buffers never pays; one warm-up call cannot cover 48 layers */
     if (bd_memset(ctx, sc->o, 0, sc->o_layer_bytes * (size_t)layers)) return -1;
+    if (c->kv_dtype == AK_FP8_E4M3) {
+        sc->kv_scales_host = malloc(sizeof(float) * (size_t)Hk);
+        sc->kv_scales = bd_malloc(ctx, sizeof(float) * (size_t)Hk);
+        if (!sc->kv_scales_host || !sc->kv_scales) return -1;
+        for (int h = 0; h < Hk; h++) sc->kv_scales_host[h] = 1.0f;
+        if (bd_upload(ctx, sc->kv_scales, sc->kv_scales_host, sizeof(float) * (size_t)Hk)) return -1;
+    }
     for (int l = 0; l < layers; l++) {
         if (ak_kv_cache_layer(sc->cache, l, &sc->kv[l]) != AK_OK) {
             fprintf(stderr, "attnkit-bench: %s\n", ak_last_error());
             return -1;
+        }
+        if (sc->kv_scales) {
+            sc->kv[l].scale_kind = AK_KV_SCALE_PER_HEAD;
+            sc->kv[l].k_scale = sc->kv[l].v_scale = sc->kv_scales;
         }
         /* whole pools, unused blocks too: never zeros, and a stray read finds noise */
         if (fill_random(ctx, sc->kv[l].k_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_k, K_SCALE,
@@ -501,8 +532,10 @@ void scene_free(bench_scene *sc)
         bd_free(ctx, sc->k_rag);
         bd_free(ctx, sc->v_rag);
         bd_free(ctx, sc->sinks);
+        bd_free(ctx, sc->kv_scales);
     }
     free(sc->sinks_host);
+    free(sc->kv_scales_host);
     ak_kv_cache_destroy(sc->cache);
     free(sc->kv);
     free(sc->q0_host);
@@ -718,6 +751,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
         if (bd_download(ctx, kpool, kv.k_data, kb) || bd_download(ctx, vpool, kv.v_data, vb)) goto done;
         kv.k_data = kpool;
         kv.v_data = vpool;
+        if (sc->kv_scales) kv.k_scale = kv.v_scale = sc->kv_scales_host;
         kv.device.kind = AK_DEVICE_CPU;
         kv.device.index = 0;
     }

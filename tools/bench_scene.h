@@ -79,7 +79,8 @@ typedef struct bench_scene {
     void *q;              /* device: [num_layers][num_tokens, Hq, Dqk], q_dtype */
     void *o;              /* device: [num_layers][num_tokens, Hq, Dvo], o_dtype */
     size_t q_layer_bytes, o_layer_bytes;
-    void *k_new, *v_new;  /* device: [num_tokens, Hk, D] new K/V rows, kv dtype */
+    void *k_new, *v_new;  /* device: [num_tokens, Hk, D] new K/V rows, kv dtype (fp8 KV: q dtype,
+                             quantized by ak_kv_update) */
     int64_t *slots;       /* device: [num_tokens] slot mapping of the batch */
     void *q0_host;        /* host copy of layer 0's q */
     /* ragged K/V, when ragged_kv is set before scene_alloc (prompt prefills
@@ -91,12 +92,21 @@ typedef struct bench_scene {
     size_t k_rag_layer_bytes, v_rag_layer_bytes;
     float *sinks_host;    /* [Hq] sink logits (cfg.use_sinks), one set for every layer */
     void *sinks;          /* device copy */
+    /* fp8 KV: per-head scales of 1 (the values are random fp8 codes as they
+     * are), so that run() and ak_kv_update read scales as an engine's do */
+    float *kv_scales_host; /* [Hk] */
+    float *kv_scales;      /* device copy, K's and V's */
 } bench_scene;
 
-/* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap).
- * Returns 0, or -1 after printing why the shape is invalid. */
+/* Fills cfg, lim, the batch and the accounting for a shape (host only, cheap):
+ * q and o in dtype, K/V in kv_dtype. Returns 0, or -1 after printing why the
+ * shape is invalid. */
 int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const bench_shape *shape,
-               ak_dtype dtype, int page_size, ak_kv_layout layout, int batch_invariant, uint64_t seed);
+               ak_dtype dtype, ak_dtype kv_dtype, int page_size, ak_kv_layout layout, int batch_invariant,
+               uint64_t seed);
+/* The fp8 scales of the scene's K/V into ragged run arguments (nothing for
+ * other dtypes; paged views carry their own). */
+void scene_ragged_scales(const bench_scene *sc, ak_run_args *args);
 
 /* Allocates and fills the storage: layers (layers_override > 0, else enough
  * that together they exceed 4x the cache, as far as memory allows), random K/V everywhere, the new tokens' rows written

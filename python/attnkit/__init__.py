@@ -261,9 +261,38 @@ def _check_device(args, device):
                                   f"{_device_str(device)}")
 
 
-def _paged_kv(k_cache, v_cache, layout):
+def _scales(k_scale, v_scale, num_kv_heads, device):
+    """(ak_kv_scale_kind, k_scale address, v_scale address, keep) for fp8 K/V:
+    both None (no scales), or f32 tensors of 1 element (per layer) or
+    num_kv_heads (per head) on the K/V's device. The C library reads them when
+    run() or kv_update executes, so their values may change between calls (and
+    a captured CUDA graph reads them at each replay)."""
+    if k_scale is None and v_scale is None:
+        return _capi.AK_KV_SCALE_NONE, None, None, ()
+    if k_scale is None or v_scale is None:
+        raise InvalidArgument(f"{'k_scale' if k_scale is None else 'v_scale'} is None but "
+                              f"{'v_scale' if k_scale is None else 'k_scale'} is given: fp8 K/V take both")
+    ka, va = _as_arg(k_scale, "k_scale"), _as_arg(v_scale, "v_scale")
+    _check_device((ka, va), device)
+    for a in (ka, va):
+        if a.dtype != "f32":
+            raise InvalidArgument(f"{a.name} has dtype {a.dtype}; scales are f32")
+        if a.numel() not in (1, num_kv_heads):
+            raise InvalidArgument(f"{a.name} has {a.numel()} elements: 1 (per layer) or "
+                                  f"num_kv_heads = {num_kv_heads} (per head)")
+        if a.numel() > 1 and a.stride[-1] != 1:
+            raise InvalidArgument(f"{a.name} must be contiguous")
+    if ka.numel() != va.numel():
+        raise InvalidArgument(f"k_scale has {ka.numel()} elements, v_scale {va.numel()}: one kind for both")
+    # with one KV head, per layer and per head are the same thing
+    kind = _capi.AK_KV_SCALE_PER_LAYER if ka.numel() == 1 else _capi.AK_KV_SCALE_PER_HEAD
+    return kind, ka.ptr or None, va.ptr or None, (ka, va)
+
+
+def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None):
     """ak_paged_kv from two 4-D cache tensors; the layout says which of dims 1
-    and 2 is the page."""
+    and 2 is the page. fp8 caches (torch.float8_e4m3fn) take their layer's
+    scales (see _scales); the view's `keep` attribute holds them."""
     for a in (k_cache, v_cache):
         if len(a.shape) != 4:
             raise InvalidArgument(
@@ -287,7 +316,7 @@ def _paged_kv(k_cache, v_cache, layout):
                               f"{list(k_cache.shape)} differ before the head dim")
     code = _DTYPES[k_cache.dtype][0]
     if code is None:
-        raise InvalidArgument(f"k_cache has dtype {k_cache.dtype}; a KV cache is f32, f16, bf16")
+        raise InvalidArgument(f"k_cache has dtype {k_cache.dtype}; a KV cache is f32, f16, bf16 or fp8_e4m3")
     kv = _capi.ak_paged_kv()
     kv.k_data, kv.v_data = k_cache.ptr or None, v_cache.ptr or None
     kv.dtype = code
@@ -301,6 +330,8 @@ def _paged_kv(k_cache, v_cache, layout):
     kv.head_dim_qk, kv.head_dim_vo = k_cache.shape[3], v_cache.shape[3]
     kv.k_block_stride = k_cache.stride[0] if k_cache.shape[0] > 1 else 0
     kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
+    kv.scale_kind, kv.k_scale, kv.v_scale, keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device)
+    kv.keep = keep
     return kv
 
 
@@ -310,15 +341,18 @@ def _kv_update(kv, k, v, slot_ptr, num_tokens, device, stream):
                              num_tokens, _stream_handle(stream, device)))
 
 
-def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None):
+def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k_scale=None, v_scale=None):
     """Writes new K/V rows into a paged cache: token i's rows go to slot
     slot_mapping[i] (block * page_size + offset; -1 skips it).
     k: [num_tokens, num_kv_heads, head_dim_qk], v likewise, in the cache's dtype
-    and on its device. slot_mapping: int64, a list or host array for a CPU
-    cache, a torch tensor on the cache's device."""
+    and on its device; an fp8 cache (torch.float8_e4m3fn) also takes f32, f16
+    or bf16 rows and quantizes them with k_scale / v_scale (f32 tensors of 1 or
+    num_kv_heads elements on the cache's device; None: scale 1).
+    slot_mapping: int64, a list or host array for a CPU cache, a torch tensor on
+    the cache's device."""
     kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
     ka, va = _as_arg(k, "k"), _as_arg(v, "v")
-    kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"))
+    kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"), k_scale, v_scale)
     _check_device((ka, va), kc.device)
     num_tokens = ka.shape[0] if ka.shape else 0
     sm = _slot_mapping_arg(slot_mapping, kc.device)
@@ -454,13 +488,16 @@ class Backend:
         _check(_lib.ak_backend_plan(self._handle(), ctypes.byref(batch),
                                     _stream_handle(stream, self._device)))
 
-    def run(self, q, k_cache, v_cache, o, lse=None, stream=None):
+    def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None):
         """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the
         planned batch. Paged storage: k_cache / v_cache are the layer's 4-D
-        pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors."""
-        self.prepare_run(q, k_cache, v_cache, o, lse)(stream)
+        pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors. fp8 K/V
+        (torch.float8_e4m3fn): k_scale / v_scale are the layer's scales, f32
+        tensors of 1 (per layer) or num_kv_heads (per head) elements on the
+        config's device (None: scale 1)."""
+        self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale)(stream)
 
-    def prepare_run(self, q, k_cache, v_cache, o, lse=None):
+    def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None):
         """run()'s argument conversion done once: returns call(stream=None),
         which only calls ak_backend_run (a few microseconds of Python, for
         timing loops and engines that reuse their buffers). The tensors must
@@ -477,29 +514,33 @@ class Backend:
             tl = la.to_ak_tensor()
             args.lse = ctypes.pointer(tl)
         if self._paged:
-            kv = _paged_kv(kc, vc, self._layout)
+            kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale)
             args.kv = ctypes.pointer(kv)
+            scales = kv.keep
         else:
             tk, tv = kc.to_ak_tensor(), vc.to_ak_tensor()
             args.k, args.v = ctypes.pointer(tk), ctypes.pointer(tv)
+            heads = kc.shape[1] if len(kc.shape) == 3 else 0
+            args.kv_scale_kind, args.k_scale, args.v_scale, scales = _scales(k_scale, v_scale, heads, self._device)
         args_ref, run, device = ctypes.byref(args), _lib.ak_backend_run, self._device
 
         def call(stream=None):
             _check(run(self._handle(), args_ref, _stream_handle(stream, device)))
-        call.keep = (qa, oa, la, kc, vc, args)  # the memory and the structs that point at it
+        call.keep = (qa, oa, la, kc, vc, args, scales)  # the memory and the structs that point at it
         return call
 
-    def kv_update(self, k_cache, v_cache, k, v, stream=None):
+    def kv_update(self, k_cache, v_cache, k, v, stream=None, k_scale=None, v_scale=None):
         """ak_kv_update with this backend's planned slot mapping (capturable in
         the same CUDA graph as run()); k has the planned number of tokens.
-        Paged storage only: a ragged backend's K/V are the caller's tensors."""
+        Paged storage only: a ragged backend's K/V are the caller's tensors.
+        An fp8 cache quantizes k and v with k_scale / v_scale (see run)."""
         if not self._paged:
             raise InvalidArgument("kv_update: config.kv_storage is 'ragged', whose K/V have no cache "
                                   "slots; write a paged cache with attnkit.kv_update(..., slot_mapping)")
         kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
         ka, va = _as_arg(k, "k"), _as_arg(v, "v")
         _check_device((kc, vc, ka, va), self._device)
-        kv = _paged_kv(kc, vc, self._layout)
+        kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale)
         n = ka.shape[0] if ka.shape else 0
         if n != self.planned_tokens:
             raise InvalidArgument(f"k.shape[0] = {n}, expected the planned tokens "

@@ -21,13 +21,14 @@ from . import _capi, _lib
 
 EXPLAIN_CAP = 16384  # attnkit-info's buffers
 MATRIX_CAP = 32768
-USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--device cpu|cuda]
-          [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]
+USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]
+          [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]
           [--workload any|decode] [--sinks] [--invariant]
        {0} --matrix
        {0} --version
 """
 DTYPES = {"f32": _capi.AK_F32, "f16": _capi.AK_F16, "bf16": _capi.AK_BF16}
+KV_DTYPES = dict(DTYPES, fp8_e4m3=_capi.AK_FP8_E4M3)
 
 
 class _Usage(Exception):
@@ -54,9 +55,11 @@ def _atof(s):
 
 
 def _parse(argv, cfg):
-    """Fills cfg from the options; returns (device_given, what): what is
-    "version", "matrix" or None."""
+    """Fills cfg from the options; returns (device_given, what, kv): what is
+    "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
+    main to apply after the device's default dtype."""
     device_given = False
+    dtype_given, kv_dtype = False, None  # --kv-dtype, applied after --dtype
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -77,6 +80,11 @@ def _parse(argv, cfg):
             if v not in DTYPES:
                 raise _Usage()
             cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = DTYPES[v]
+            dtype_given = True
+        elif a == "--kv-dtype" and v is not None:
+            if v not in KV_DTYPES:
+                raise _Usage()
+            kv_dtype = KV_DTYPES[v]
         elif a == "--device" and v is not None:
             cfg.device.kind = _capi.AK_DEVICE_CUDA if v == "cuda" else _capi.AK_DEVICE_CPU
             device_given = True
@@ -97,9 +105,9 @@ def _parse(argv, cfg):
             if a == "--ragged":
                 cfg.kv_storage = _capi.AK_KV_RAGGED
             elif a == "--version":
-                return device_given, "version"
+                return device_given, "version", None
             elif a == "--matrix":
-                return device_given, "matrix"
+                return device_given, "matrix", None
             elif a == "--non-causal":
                 cfg.causal = 0
             elif a == "--sinks":
@@ -109,7 +117,7 @@ def _parse(argv, cfg):
             else:
                 raise _Usage()
         i += 2 if takes_value else 1
-    return device_given, None
+    return device_given, None, (dtype_given, kv_dtype)
 
 
 def _print_devices():
@@ -139,7 +147,7 @@ def main(argv=None, prog="python -m attnkit"):
     _lib.ak_attn_config_init(ctypes.byref(cfg))
     cfg.num_qo_heads, cfg.num_kv_heads = 32, 8
     try:
-        device_given, what = _parse(argv, cfg)
+        device_given, what, kv = _parse(argv, cfg)
     except _Usage:
         sys.stderr.write(USAGE.format(prog))
         return 2
@@ -158,6 +166,12 @@ def main(argv=None, prog="python -m attnkit"):
         cfg.device.kind = _capi.AK_DEVICE_CUDA
         if cfg.q_dtype == _capi.AK_F32:
             cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = _capi.AK_BF16
+    # --kv-dtype after --dtype, as attnkit-info: fp8 K/V keep q and o bf16 unless --dtype said
+    dtype_given, kv_dtype = kv
+    if kv_dtype is not None:
+        if kv_dtype == _capi.AK_FP8_E4M3 and not dtype_given:
+            cfg.q_dtype = cfg.o_dtype = _capi.AK_BF16
+        cfg.kv_dtype = kv_dtype
     buf = ctypes.create_string_buffer(EXPLAIN_CAP)
     status = _lib.ak_explain(ctypes.byref(cfg), buf, EXPLAIN_CAP)
     sys.stdout.write("\n" + buf.value.decode(errors="replace"))

@@ -63,6 +63,7 @@ AK_DEVICE_CPU, AK_DEVICE_CUDA = 0, 1
 AK_LAYOUT_NHD, AK_LAYOUT_HND = 0, 1
 AK_KV_PAGED, AK_KV_RAGGED = 0, 1
 AK_WORKLOAD_ANY, AK_WORKLOAD_DECODE = 0, 1
+AK_KV_SCALE_NONE, AK_KV_SCALE_PER_LAYER, AK_KV_SCALE_PER_HEAD = 0, 1, 2
 
 AK_MAX_DIMS = 4
 
@@ -151,6 +152,9 @@ class ak_paged_kv(ctypes.Structure):
         ("head_dim_vo", c_int),
         ("k_block_stride", c_int64),  # elements; 0 = packed
         ("v_block_stride", c_int64),
+        ("scale_kind", c_int),          # fp8: AK_KV_SCALE_*
+        ("k_scale", c_void_p),  # float [1] or [num_kv_heads] on the device, or NULL
+        ("v_scale", c_void_p),
     ]
 
 
@@ -190,6 +194,9 @@ class ak_run_args(ctypes.Structure):
         ("o", ctypes.POINTER(ak_tensor)),
         ("lse", ctypes.POINTER(ak_tensor)),
         ("sinks", ctypes.POINTER(ak_tensor)),
+        ("kv_scale_kind", c_int),       # ragged fp8 K/V: AK_KV_SCALE_*
+        ("k_scale", c_void_p),
+        ("v_scale", c_void_p),
     ]
 
 

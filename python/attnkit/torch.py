@@ -29,6 +29,8 @@ torch.inference_mode()).
 
 Importing this module imports torch and registers the operators, once.
 """
+from typing import Optional
+
 import torch
 
 import attnkit
@@ -44,11 +46,11 @@ def _innermost_contiguous(t):
     return t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _run_into(handle, q, k_cache, v_cache, o_dtype, lse):
+def _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale=None, v_scale=None):
     b = attnkit.backend_from_handle(handle)
     q = _innermost_contiguous(q)
     o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
-    b.run(q, k_cache, v_cache, o, lse)
+    b.run(q, k_cache, v_cache, o, lse, k_scale=k_scale, v_scale=v_scale)
     return o
 
 
@@ -58,36 +60,39 @@ def _run_into(handle, q, k_cache, v_cache, o_dtype, lse):
 
 @torch.library.custom_op("attnkit::kv_update", mutates_args=("k_cache", "v_cache"))
 def _kv_update_op(handle: int, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor) -> None:
+                  v: torch.Tensor, k_scale: Optional[torch.Tensor] = None,
+                  v_scale: Optional[torch.Tensor] = None) -> None:
     attnkit.backend_from_handle(handle).kv_update(k_cache, v_cache, _innermost_contiguous(k),
-                                                  _innermost_contiguous(v))
+                                                  _innermost_contiguous(v), k_scale=k_scale, v_scale=v_scale)
 
 
 @_kv_update_op.register_fake
-def _(handle, k_cache, v_cache, k, v):
+def _(handle, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
     return None
 
 
 @torch.library.custom_op("attnkit::run", mutates_args=())
 def _run_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            o_dtype: torch.dtype) -> torch.Tensor:
-    return _run_into(handle, q, k_cache, v_cache, o_dtype, None)
+            o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
+            v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _run_into(handle, q, k_cache, v_cache, o_dtype, None, k_scale, v_scale)
 
 
 @_run_op.register_fake
-def _(handle, q, k_cache, v_cache, o_dtype):
+def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None):
     return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
 
 
 @torch.library.custom_op("attnkit::run_lse", mutates_args=())
 def _run_lse_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                o_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
+                v_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    return _run_into(handle, q, k_cache, v_cache, o_dtype, lse), lse
+    return _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale, v_scale), lse
 
 
 @_run_lse_op.register_fake
-def _(handle, q, k_cache, v_cache, o_dtype):
+def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None):
     return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
@@ -96,19 +101,20 @@ def _(handle, q, k_cache, v_cache, o_dtype):
 # What a model calls
 # ---------------------------------------------------------------------------
 
-def kv_update(backend, k_cache, v_cache, k, v):
+def kv_update(backend, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
     """Writes this step's k, v ([planned tokens, num_kv_heads, head_dim]) into
     the paged cache at the slots of backend's plan (Backend.kv_update as an
-    operator)."""
-    torch.ops.attnkit.kv_update(backend.handle, k_cache, v_cache, k, v)
+    operator). A torch.float8_e4m3fn cache quantizes them with k_scale /
+    v_scale (f32, 1 or num_kv_heads elements, on the cache's device)."""
+    torch.ops.attnkit.kv_update(backend.handle, k_cache, v_cache, k, v, k_scale, v_scale)
 
 
-def run(backend, q, k_cache, v_cache, return_lse=False):
+def run(backend, q, k_cache, v_cache, return_lse=False, k_scale=None, v_scale=None):
     """Attention of q over the planned batch (Backend.run as an operator): o,
     a new [num_tokens, num_qo_heads, head_dim_vo] tensor in the config's
     o_dtype on q's device; with return_lse, (o, lse) with lse f32
-    [num_tokens, num_qo_heads]."""
+    [num_tokens, num_qo_heads]. fp8 caches: the layer's k_scale / v_scale."""
     o_dtype = _TORCH_DTYPES[backend.config.o_dtype]
     if return_lse:
-        return torch.ops.attnkit.run_lse(backend.handle, q, k_cache, v_cache, o_dtype)
-    return torch.ops.attnkit.run(backend.handle, q, k_cache, v_cache, o_dtype)
+        return torch.ops.attnkit.run_lse(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale)
+    return torch.ops.attnkit.run(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale)

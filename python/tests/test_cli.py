@@ -13,7 +13,8 @@ import attnkit
 
 CASES = ([], ["--device", "cpu", "--heads", "8/2", "--head-dim", "64", "--dtype", "bf16"],
          ["--ragged", "--workload", "decode"], ["--device", "cuda"], ["--version"],
-         ["--heads", "3"], ["--bogus"], ["--matrix"], ["--sinks", "--invariant", "--window", "127"])
+         ["--heads", "3"], ["--bogus"], ["--matrix"], ["--sinks", "--invariant", "--window", "127"],
+         ["--kv-dtype", "fp8_e4m3"], ["--dtype", "f16", "--kv-dtype", "fp8_e4m3", "--device", "cuda"])
 
 
 def _env():

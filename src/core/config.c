@@ -6,6 +6,8 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,15 +42,10 @@ size_t ak_dtype_size(ak_dtype t)
 ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst, ak_dtype dst_dtype, size_t n)
 {
     if (n > 0 && (!src || !dst)) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", src ? "dst" : "src");
-    const ak_dtype ok[3] = {AK_F32, AK_F16, AK_BF16};
-    int src_ok = 0, dst_ok = 0;
-    for (int i = 0; i < 3; i++) {
-        src_ok |= src_dtype == ok[i];
-        dst_ok |= dst_dtype == ok[i];
-    }
+    const int src_ok = ak_dtype_size(src_dtype) != 0, dst_ok = ak_dtype_size(dst_dtype) != 0;
     if (!src_ok || !dst_ok)
-        return ak_set_error(AK_ERR_UNSUPPORTED, "ak_convert: %s_dtype = %s is not f32, f16 or bf16",
-                            src_ok ? "dst" : "src", ak_dtype_name(src_ok ? dst_dtype : src_dtype));
+        return ak_set_error(AK_ERR_INVALID_ARG, "ak_convert: %s_dtype = %d is not a dtype", src_ok ? "dst" : "src",
+                            (int)(src_ok ? dst_dtype : src_dtype));
     for (size_t i = 0; i < n; i++)
         ak_store_from_f32(dst, dst_dtype, (int64_t)i, ak_load_as_f32(src, src_dtype, (int64_t)i));
     return AK_OK;
@@ -227,6 +224,10 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_dtype = %d is not a dtype", cfg->kv_dtype);
     if (!dtype_known(cfg->o_dtype))
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.o_dtype = %d is not a dtype", cfg->o_dtype);
+    if (cfg->q_dtype == AK_FP8_E4M3 || cfg->o_dtype == AK_FP8_E4M3)
+        return ak_set_error(AK_ERR_UNSUPPORTED,
+                            "cfg.%s_dtype = fp8_e4m3: fp8 is a KV dtype only (q and o are f32, f16 or bf16)",
+                            cfg->q_dtype == AK_FP8_E4M3 ? "q" : "o");
     if (cfg->device.kind != AK_DEVICE_CPU && cfg->device.kind != AK_DEVICE_CUDA)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.kind = %d is not a device kind",
                             cfg->device.kind);
@@ -387,15 +388,55 @@ static ak_status check_tensor(const ak_tensor *t, const char *name, ak_dtype dty
     return AK_OK;
 }
 
+static const char *scale_kind_name(ak_kv_scale_kind kind)
+{
+    switch (kind) {
+    case AK_KV_SCALE_NONE: return "none";
+    case AK_KV_SCALE_PER_LAYER: return "per_layer";
+    case AK_KV_SCALE_PER_HEAD: return "per_head";
+    }
+    return "unknown";
+}
+
+ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_kind kind, const float *k_scale,
+                                const float *v_scale, const char *prefix, const char *kind_field)
+{
+    if (kind != AK_KV_SCALE_NONE && kind != AK_KV_SCALE_PER_LAYER && kind != AK_KV_SCALE_PER_HEAD)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s%s = %d is not an ak_kv_scale_kind", prefix, kind_field,
+                            (int)kind);
+    if (kind != AK_KV_SCALE_NONE && dtype != AK_FP8_E4M3)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s%s = %s, but the K/V dtype is %s: scales belong to fp8_e4m3 only",
+                            prefix, kind_field, scale_kind_name(kind), ak_dtype_name(dtype));
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const float *p = is_v ? v_scale : k_scale;
+        const char *field = is_v ? "v_scale" : "k_scale";
+        if (kind == AK_KV_SCALE_NONE && p)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "%s%s is given but %s%s = none (say AK_KV_SCALE_PER_LAYER or _PER_HEAD)", prefix,
+                                field, prefix, kind_field);
+        if (kind != AK_KV_SCALE_NONE && !p)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s%s is NULL, but %s%s = %s needs [%d] floats", prefix, field,
+                                prefix, kind_field, scale_kind_name(kind),
+                                kind == AK_KV_SCALE_PER_HEAD ? num_kv_heads : 1);
+        if ((uintptr_t)p % sizeof(float) != 0)
+            return ak_set_error(AK_ERR_INVALID_ARG, "%s%s = %p is not aligned to a float", prefix, field,
+                                (const void *)p);
+    }
+    return AK_OK;
+}
+
 ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
 {
     if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
     if (!kv->k_data || !kv->v_data)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s is NULL", name, kv->k_data ? "v_data" : "k_data");
     const size_t esz = ak_dtype_size(kv->dtype);
-    if (esz == 0 || kv->dtype == AK_FP8_E4M3)
-        return ak_set_error(AK_ERR_UNSUPPORTED, "%s->dtype = %s is not a supported KV dtype", name,
-                            ak_dtype_name(kv->dtype));
+    if (esz == 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %d is not a dtype", name, (int)kv->dtype);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s->", name);
+    AK_TRY(ak_kv_scales_validate(kv->dtype, kv->num_kv_heads, kv->scale_kind, kv->k_scale, kv->v_scale, prefix,
+                                 "scale_kind"));
     if (kv->layout != AK_LAYOUT_NHD && kv->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->layout = %d is not a layout", name, kv->layout);
     if (kv->device.kind != AK_DEVICE_CPU && kv->device.kind != AK_DEVICE_CUDA)
@@ -491,5 +532,7 @@ ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim, 
     const int64_t k_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_qk};
     const int64_t v_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_vo};
     AK_TRY(check_tensor(args->k, "args.k", cfg->kv_dtype, 3, k_shape));
-    return check_tensor(args->v, "args.v", cfg->kv_dtype, 3, v_shape);
+    AK_TRY(check_tensor(args->v, "args.v", cfg->kv_dtype, 3, v_shape));
+    return ak_kv_scales_validate(cfg->kv_dtype, cfg->num_kv_heads, args->kv_scale_kind, args->k_scale,
+                                 args->v_scale, "args.", "kv_scale_kind");
 }

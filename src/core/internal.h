@@ -70,6 +70,11 @@ ak_status ak_tensor_validate(const ak_tensor *t, const char *name);
  * least a block, and a pool that int64 addresses. `name` is the field in
  * messages ("args.kv", "kv"). */
 ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name);
+/* The scales of fp8 K/V (attnkit.h, ak_kv_scale_kind): a known kind, none
+ * unless dtype is fp8, both pointers given (float-aligned) exactly when the
+ * kind says. Messages name prefix + kind_field / k_scale / v_scale. */
+ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_kind kind, const float *k_scale,
+                                const float *v_scale, const char *prefix, const char *kind_field);
 
 /* Checks the tensors of one run against cfg, the plan's token count and the
  * limits; names the field on failure. */

@@ -1,5 +1,5 @@
 /*
- * kv_addr.h - how a K or V row is addressed, the one definition for
+ * kv_addr.h - how a K or V row is addressed (and an fp8 row scaled), the one definition for
  * ak_kv_update, the cpu backend and the CUDA engine (which hands the strides
  * to its kernels; cpu_ref keeps its own on purpose: it is the oracle).
  *
@@ -14,6 +14,7 @@
 #define AK_KV_ADDR_H
 
 #include "attnkit.h"
+#include "hostdev.h"
 
 typedef struct ak_kv_strides {
     int64_t block, slot, head; /* elements */
@@ -52,6 +53,13 @@ static inline ak_kv_strides ak_ragged_strides(const ak_tensor *t)
 static inline int64_t ak_kv_offset(ak_kv_strides s, int64_t block, int slot, int head)
 {
     return block * s.block + slot * s.slot + head * s.head;
+}
+
+/* The scale of KV head h's fp8 K or V (attnkit.h, ak_kv_scale_kind): 1
+ * without scales. */
+AK_HD float ak_kv_scale_at(int kind, const float *scale, int h)
+{
+    return kind == AK_KV_SCALE_PER_HEAD ? scale[h] : kind == AK_KV_SCALE_PER_LAYER ? scale[0] : 1.0f;
 }
 
 #endif /* AK_KV_ADDR_H */

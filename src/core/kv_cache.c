@@ -57,9 +57,8 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
     AK_POSITIVE_(head_dim_qk)
     AK_POSITIVE_(head_dim_vo)
 #undef AK_POSITIVE_
-    if (ak_dtype_size(c->dtype) == 0 || c->dtype == AK_FP8_E4M3)
-        return ak_set_error(AK_ERR_UNSUPPORTED, "cfg.dtype = %s is not a supported KV dtype",
-                            ak_dtype_name(c->dtype));
+    if (ak_dtype_size(c->dtype) == 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.dtype = %d is not a dtype", (int)c->dtype);
     if (c->layout != AK_LAYOUT_NHD && c->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.layout = %d is not a layout", c->layout);
     return AK_OK;

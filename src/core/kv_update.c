@@ -1,20 +1,30 @@
 /*
  * kv_update.c - ak_kv_update: writes a step's new K/V rows at their slots.
- * The CPU path validates every slot before writing anything; the CUDA path is
- * a kernel (src/cuda/kv_update.cu).
+ * The CPU path validates every slot before writing anything, then copies
+ * rows (or, into fp8 pools, quantizes them with the view's scales); the CUDA
+ * path is a kernel (src/cuda/service/kv_update.cu).
  */
+#include "dtype.h"
 #include "internal.h"
 #include "kv_addr.h"
 
 #include <string.h>
 
+/* The dtype the rows of k and v may have: the pool's, or for an fp8 pool
+ * also f32, f16 or bf16 (quantized as they are written). */
+static int row_dtype_ok(ak_dtype rows, ak_dtype pool)
+{
+    return rows == pool || (pool == AK_FP8_E4M3 && (rows == AK_F32 || rows == AK_F16 || rows == AK_BF16));
+}
+
 static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged_kv *kv,
                             int num_tokens, int head_dim)
 {
     AK_TRY(ak_tensor_validate(t, name));
-    if (t->dtype != kv->dtype)
-        return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected kv->dtype = %s", name,
-                            ak_dtype_name(t->dtype), ak_dtype_name(kv->dtype));
+    if (!row_dtype_ok(t->dtype, kv->dtype))
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %s, expected kv->dtype = %s%s", name,
+                            ak_dtype_name(t->dtype), ak_dtype_name(kv->dtype),
+                            kv->dtype == AK_FP8_E4M3 ? " (or f32, f16, bf16 to quantize)" : "");
     const int64_t want[3] = {num_tokens, kv->num_kv_heads, head_dim};
     if (t->ndim != 3)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d, expected 3", name, t->ndim);
@@ -29,6 +39,12 @@ static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged
     return AK_OK;
 }
 
+/* dst[0, n) = src[0, n) of dtype t quantized to e4m3 with `scale`. */
+static void quantize_row(uint8_t *dst, const void *src, ak_dtype t, float scale, int n)
+{
+    for (int d = 0; d < n; d++) dst[d] = ak_e4m3_quantize(ak_load_as_f32(src, t, d), scale);
+}
+
 ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
                        const int64_t *slot_mapping, int num_tokens, ak_stream stream)
 {
@@ -36,6 +52,9 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
     AK_TRY(ak_paged_kv_validate(kv, "kv"));
     AK_TRY(check_rows(k, "k", kv, num_tokens, kv->head_dim_qk));
     AK_TRY(check_rows(v, "v", kv, num_tokens, kv->head_dim_vo));
+    if (k->dtype != v->dtype)
+        return ak_set_error(AK_ERR_INVALID_ARG, "k->dtype = %s but v->dtype = %s: one dtype for both",
+                            ak_dtype_name(k->dtype), ak_dtype_name(v->dtype));
     if (num_tokens > 0 && !slot_mapping)
         return ak_set_error(AK_ERR_INVALID_ARG, "slot_mapping is NULL");
     if (num_tokens == 0) return AK_OK;
@@ -56,7 +75,8 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
                                 "slot_mapping[%d] = %lld is out of range [-1, %lld)", i,
                                 (long long)slot_mapping[i], (long long)num_slots);
 
-    const size_t esz = ak_dtype_size(kv->dtype);
+    const int quantize = k->dtype != kv->dtype;
+    const size_t src_esz = ak_dtype_size(k->dtype), dst_esz = ak_dtype_size(kv->dtype);
     const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
     for (int i = 0; i < num_tokens; i++) {
         const int64_t slot = slot_mapping[i];
@@ -64,12 +84,19 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
         const int64_t block = slot / kv->page_size;
         const int off = (int)(slot % kv->page_size);
         for (int h = 0; h < kv->num_kv_heads; h++) {
-            const char *ks = (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * esz;
-            const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * esz;
-            char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * esz;
-            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * esz;
-            memcpy(kd, ks, esz * (size_t)kv->head_dim_qk);
-            memcpy(vd, vs, esz * (size_t)kv->head_dim_vo);
+            const char *ks = (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz;
+            const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz;
+            char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz;
+            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz;
+            if (quantize) {
+                quantize_row((uint8_t *)kd, ks, k->dtype, ak_kv_scale_at(kv->scale_kind, kv->k_scale, h),
+                             kv->head_dim_qk);
+                quantize_row((uint8_t *)vd, vs, v->dtype, ak_kv_scale_at(kv->scale_kind, kv->v_scale, h),
+                             kv->head_dim_vo);
+            } else {
+                memcpy(kd, ks, dst_esz * (size_t)kv->head_dim_qk);
+                memcpy(vd, vs, dst_esz * (size_t)kv->head_dim_vo);
+            }
         }
     }
     return AK_OK;

@@ -116,6 +116,8 @@ static int reasons_for(const ak_backend_vtbl *vt, const ak_attn_config *cfg,
     return vt->check(cfg, dev, why);
 }
 
+static ak_device_info matrix_device(ak_device_kind kind);
+
 /* A growing text buffer that never overflows. */
 typedef struct textbuf {
     char *buf;
@@ -221,6 +223,20 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
             tb_printf(&lt, "available");
         for (int r = 0; r < n && r < AK_MAX_REASONS; r++)
             tb_printf(&lt, "%s%s", r ? "; " : "- ", why.text[r]);
+        /* a backend of another device class, or whose device is absent: what
+         * it would say of this config on a device of its class (the matrix's) */
+        if (n > 0 && (registry[i]->device != cfg->device.kind || !have_dev)) {
+            ak_attn_config there = *cfg;
+            there.device.kind = registry[i]->device;
+            const ak_device_info dev = matrix_device(registry[i]->device);
+            ak_reasons would;
+            memset(&would, 0, sizeof would);
+            const int m = registry[i]->check(&there, &dev, &would);
+            tb_printf(&lt, " (on %s: ", dev.device.kind == AK_DEVICE_CPU ? "this CPU" : dev.name);
+            if (m == 0) tb_printf(&lt, "would serve it");
+            for (int r = 0; r < m && r < AK_MAX_REASONS; r++) tb_printf(&lt, "%s%s", r ? "; " : "", would.text[r]);
+            tb_printf(&lt, ")");
+        }
         tb_printf(&lt, "\n");
     }
     tb_printf(tb, "%s", list);
@@ -396,6 +412,7 @@ static const matrix_row matrix_rows[] = {
     {"f32", 0, 0, AK_F32, 0, 0, 0, 0, 0, 0, 0},
     {"f16", 0, 0, AK_F16, 0, 0, 0, 0, 0, 0, 0},
     {"bf16", 0, 0, AK_BF16, 0, 0, 0, 0, 0, 0, 0},
+    {"fp8_e4m3 KV (q, o bf16; scales per layer or head)", 0, 0, AK_FP8_E4M3, 0, 0, 0, 0, 0, 0, 0},
     {"attention sinks", 0, 0, -1, 1, 0, 0, 0, 0, 0, 0},
     {"sliding window", 0, 0, -1, 0, 1, 0, 0, 0, 0, 0},
     {"soft-cap", 0, 0, -1, 0, 0, 1, 0, 0, 0, 0},
@@ -416,7 +433,7 @@ static ak_device_info matrix_device(ak_device_kind kind)
         const ak_device cpu = {AK_DEVICE_CPU, 0};
         if (ak_device_get_info(cpu, &d) != AK_OK) d.num_sms = 1;
     } else {
-        snprintf(d.name, sizeof d.name, "compute capability 9.0");
+        snprintf(d.name, sizeof d.name, "a CUDA device of compute capability 9.0");
         d.cc_major = 9;
         d.num_sms = 132;
         d.max_smem_per_block = 227 * 1024;
@@ -461,6 +478,7 @@ ak_status ak_support_matrix(char *buf, size_t cap)
             const ak_dtype dt = row->dtype >= 0 ? (ak_dtype)row->dtype : vt->device == AK_DEVICE_CUDA ? AK_BF16
                                                                                                       : AK_F32;
             c.q_dtype = c.kv_dtype = c.o_dtype = dt;
+            if (dt == AK_FP8_E4M3) c.q_dtype = c.o_dtype = AK_BF16; /* fp8 is a KV dtype only */
             if (row->head_dim_qk) {
                 c.head_dim_qk = row->head_dim_qk;
                 c.head_dim_vo = row->head_dim_vo;

@@ -206,9 +206,8 @@ static void phase_times_report(const cpu_state *s);
 
 static int cpu_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
 {
+    (void)cfg;
     (void)dev;
-    if (cfg->q_dtype == AK_FP8_E4M3 || cfg->kv_dtype == AK_FP8_E4M3 || cfg->o_dtype == AK_FP8_E4M3)
-        ak_reason_add(why, "fp8 dtypes are not supported yet");
     return why->count;
 }
 
@@ -672,12 +671,18 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
         c->v_base = a->kv->v_data;
         c->k_addr = ak_paged_k_strides(a->kv);
         c->v_addr = ak_paged_v_strides(a->kv);
+        c->kv_scale_kind = a->kv->scale_kind;
+        c->k_scale = a->kv->k_scale;
+        c->v_scale = a->kv->v_scale;
     } else {
         c->page_size = 0;
         c->k_base = a->k->data;
         c->v_base = a->v->data;
         c->k_addr = ak_ragged_strides(a->k);
         c->v_addr = ak_ragged_strides(a->v);
+        c->kv_scale_kind = a->kv_scale_kind;
+        c->k_scale = a->k_scale;
+        c->v_scale = a->v_scale;
     }
 
     c->q = a->q->data;

@@ -89,6 +89,10 @@ typedef struct ak_cpu_ctx {
     int page_size;
     const char *k_base, *v_base;
     ak_kv_strides k_addr, v_addr;
+    /* fp8 K/V: the kernels read the unscaled values and fold the scales in
+     * (KV head g's k scale into its q rows, its v scale into its o rows) */
+    ak_kv_scale_kind kv_scale_kind;
+    const float *k_scale, *v_scale; /* [1] or [num_kv_heads], or NULL */
 
     const char *q;                /* [num_tokens, num_qo_heads, head_dim_qk] */
     int64_t q_stride0, q_stride1;

@@ -24,6 +24,11 @@
  *                     converted once), or bf16 tiles (AMX)
  *   store             o = O / d and lse = m + log d (or the partial state)
  *
+ * fp8 K/V are read unscaled (vf_load_e4m3) on every path, and the scales are
+ * folded where they cost nothing: KV head g's k_scale into its q rows at
+ * load_q (s = sm_scale * q . (k_scale x) = (sm_scale k_scale q) . x), its
+ * v_scale into its o rows at store (sum p (v_scale x) = v_scale sum p x).
+ *
  * Row m = (i * ntok + t) * group + h is KV head i of the item, query token t,
  * query head h of its GQA group: each KV head's rows are one block, and one
  * K/V row serves the whole group. Only one tile of scores exists at a time,
@@ -68,7 +73,8 @@ static void load_row(float *dst, const void *src, ak_dtype t, float scale, int n
     for (; i < npad; i++) dst[i] = 0.0f;
 }
 
-/* K/V rows need no scaling: the same conversion without the multiply. */
+/* K/V rows need no scaling (fp8 scales are folded elsewhere): the same
+ * conversion without the multiply. */
 static void convert_row(float *dst, const void *src, ak_dtype t, int n, int npad)
 {
     int i = 0;
@@ -78,6 +84,9 @@ static void convert_row(float *dst, const void *src, ak_dtype t, int n, int npad
         break;
     case AK_BF16:
         for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load_bf16((const uint16_t *)src + i));
+        break;
+    case AK_FP8_E4M3:
+        for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load_e4m3((const uint8_t *)src + i));
         break;
     default:
         for (; i + AK_VW <= n; i += AK_VW) vf_store(dst + i, vf_load((const float *)src + i));
@@ -113,6 +122,7 @@ AK_INLINE vf vf_load_as(const void *row, int64_t i, const ak_dtype t)
     switch (t) {
     case AK_F16: return vf_load_f16((const uint16_t *)row + i);
     case AK_BF16: return vf_load_bf16((const uint16_t *)row + i);
+    case AK_FP8_E4M3: return vf_load_e4m3((const uint8_t *)row + i);
     default: return vf_load((const float *)row + i);
     }
 }
@@ -289,6 +299,7 @@ static void qk(const float *q, int ldq, int rows, const void *const *kp, ak_dtyp
     switch (kt) {
     case AK_F16: qk_t(q, ldq, rows, kp, AK_F16, nkeys4, dpad, s, lds, pf); break;
     case AK_BF16: qk_t(q, ldq, rows, kp, AK_BF16, nkeys4, dpad, s, lds, pf); break;
+    case AK_FP8_E4M3: qk_t(q, ldq, rows, kp, AK_FP8_E4M3, nkeys4, dpad, s, lds, pf); break;
     default: qk_t(q, ldq, rows, kp, AK_F32, nkeys4, dpad, s, lds, pf); break;
     }
 }
@@ -378,6 +389,7 @@ static void pv(const float *p, int ldp, int rows, const void *const *vp, ak_dtyp
     switch (vt) {
     case AK_F16: pv_t(p, ldp, rows, vp, AK_F16, nkeys, o, ldo, dpad, 1, pf); break;
     case AK_BF16: pv_t(p, ldp, rows, vp, AK_BF16, nkeys, o, ldo, dpad, 1, pf); break;
+    case AK_FP8_E4M3: pv_t(p, ldp, rows, vp, AK_FP8_E4M3, nkeys, o, ldo, dpad, 1, pf); break;
     default: pv_t(p, ldp, rows, vp, AK_F32, nkeys, o, ldo, dpad, 1, pf); break;
     }
 }
@@ -392,6 +404,7 @@ AK_INLINE vf load_seg(const void *row, int d, int dim, ak_dtype t)
         switch (t) {
         case AK_F16: return vf_load_f16((const uint16_t *)row + d);
         case AK_BF16: return vf_load_bf16((const uint16_t *)row + d);
+        case AK_FP8_E4M3: return vf_load_e4m3((const uint8_t *)row + d);
         default: return vf_load((const float *)row + d);
         }
     }
@@ -1049,15 +1062,19 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
 #endif
 
     /* load_q: row m = (head i of the item, token t, query head h of the group)
-     * = (i * ntok + t) * group + h, so each KV head's rows are one block */
+     * = (i * ntok + t) * group + h, so each KV head's rows are one block;
+     * fp8 K's scale joins sm_scale */
     const size_t qesz = ak_dtype_size(c->q_dtype);
-    for (int gt = 0; gt < nheads * ntok && !amx; gt++)
+    for (int gt = 0; gt < nheads * ntok && !amx; gt++) {
+        const int g = g0 + gt / ntok;
+        const float scale = c->sm_scale * ak_kv_scale_at(c->kv_scale_kind, c->k_scale, g);
         for (int h = 0; h < group; h++) {
             const int t = gt % ntok;
-            const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
+            const int64_t head = (int64_t)g * group + h;
             const char *src = c->q + ((tok0 + t) * c->q_stride0 + head * c->q_stride1) * (int64_t)qesz;
-            load_row(sc->q + (int64_t)(gt * group + h) * dqk, src, c->q_dtype, c->sm_scale, c->head_dim_qk, dqk);
+            load_row(sc->q + (int64_t)(gt * group + h) * dqk, src, c->q_dtype, scale, c->head_dim_qk, dqk);
         }
+    }
     for (int m = 0; m < rows; m++) {
         sc->row_max[m] = -INFINITY;
         sc->row_sum[m] = 0.0f;
@@ -1074,19 +1091,24 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
     /* store: o = O / d (with the sink, ak_state_finish); a row that saw no
      * key has d = 0, O = 0 -> o = 0, lse = -inf (with a sink: lse = sink). A
      * NaN d (a NaN score) or a NaN or infinity in O (from a V row it saw)
-     * makes the whole row and its lse NaN (attnkit.h). */
+     * makes the whole row and its lse NaN (attnkit.h). fp8 V's scale joins
+     * 1 / d; one that is not finite makes every V element it scales NaN or
+     * infinite, so a row that saw a key is NaN. */
     const size_t oesz = ak_dtype_size(c->o_dtype);
     for (int gt = 0; gt < nheads * ntok; gt++)
         for (int h = 0; h < group; h++) {
             const int t = gt % ntok, m = gt * group + h;
             const int64_t head = (int64_t)(g0 + gt / ntok) * group + h;
+            const float v_scale = ak_kv_scale_at(c->kv_scale_kind, c->v_scale, g0 + gt / ntok);
             /* the sink joins whole rows only: a split part's joins at the merge */
             const float sink = c->sinks && w->part < 0 ? c->sinks[head] : -INFINITY;
             const float d = sc->row_sum[m];
             const float *orow = sc->o + (int64_t)m * dvo;
             float inv, lse;
+            const int saw_key = sc->row_max[m] != -INFINITY;
             ak_state_finish(sc->row_max[m], d, sink, &inv, &lse);
-            if (d != d || !o_row_finite(orow, dvo)) inv = lse = NAN;
+            if (saw_key) inv *= v_scale;
+            if (d != d || !o_row_finite(orow, dvo) || (saw_key && !isfinite(v_scale))) inv = lse = NAN;
             if (w->part < 0) {
                 char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
                 store_row(dst, c->o_dtype, orow, inv, c->head_dim_vo);

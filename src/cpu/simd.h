@@ -42,6 +42,14 @@
 #define AK_EXP_C6 (1.0f / 720.0f)
 #define AK_EXP_C7 (1.0f / 5040.0f)
 
+/* vf_load_e4m3 on AVX2 and AVX-512 (AK_E4M3_VIA_F16): an e4m3 byte
+ * S.EEEE.MMM becomes the f16 S.0EEEE.MMM0000000, whose exponent bias (15) is
+ * 8 above e4m3's (7), so the f16 conversion unit (exact, subnormals
+ * included: m * 2^-17 for EEEE = 0) gives x / 2^8, and one multiply by 2^8
+ * restores it; the NaN code S.1111.111 gets the all-ones f16 exponent. Equal
+ * to ak_e4m3_to_f32 for every byte (test_core checks all 256). */
+#define AK_E4M3_VIA_F16_SCALE 256.0f
+
 /* The keys per QK block is 4 on every ISA: vf_hsum4 reduces four dot products
  * at once. */
 #define AK_QK_NR 4
@@ -115,6 +123,17 @@ AK_INLINE vf vf_nan_unless_finite(vf x)
 AK_INLINE vf vf_nonfinite_mark(vf x) { return _mm512_mul_ps(x, _mm512_setzero_ps()); }
 
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+/* 16 fp8 e4m3 values (unscaled), by way of f16 (see AK_E4M3_VIA_F16). */
+AK_INLINE vf vf_load_e4m3(const uint8_t *p)
+{
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi16(0x7f));
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+                                _mm256_and_si256(_mm256_slli_epi16(b, 8), _mm256_set1_epi16((short)0x8000)));
+    h = _mm256_or_si256(h, _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f)),
+                                            _mm256_set1_epi16(0x7c00)));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(AK_E4M3_VIA_F16_SCALE));
+}
 AK_INLINE vf vf_load_bf16(const uint16_t *p)
 {
     const vi w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -255,6 +274,15 @@ AK_INLINE vf vf_nan_unless_finite(vf x)
 AK_INLINE vf vf_nonfinite_mark(vf x) { return _mm256_mul_ps(x, _mm256_setzero_ps()); }
 
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+/* 8 fp8 e4m3 values (unscaled), by way of f16 (see AK_E4M3_VIA_F16). */
+AK_INLINE vf vf_load_e4m3(const uint8_t *p)
+{
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
+    __m128i h = _mm_or_si128(_mm_slli_epi16(mag, 7), _mm_and_si128(_mm_slli_epi16(b, 8), _mm_set1_epi16((short)0x8000)));
+    h = _mm_or_si128(h, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7c00)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(AK_E4M3_VIA_F16_SCALE));
+}
 AK_INLINE vf vf_load_bf16(const uint16_t *p)
 {
     const vi w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -342,6 +370,7 @@ AK_INLINE vf vf_zero_below(vf r, vf x, float lo) { return x < lo ? 0.0f : r; }
 AK_INLINE vf vf_nan_unless_finite(vf x) { return fabsf(x) < INFINITY ? x : NAN; }
 AK_INLINE vf vf_nonfinite_mark(vf x) { return x * 0.0f; }
 AK_INLINE vf vf_load_f16(const uint16_t *p) { return ak_f16_to_f32(*p); }
+AK_INLINE vf vf_load_e4m3(const uint8_t *p) { return ak_e4m3_to_f32(*p); }
 AK_INLINE vf vf_load_bf16(const uint16_t *p) { return ak_bf16_to_f32(*p); }
 AK_INLINE void vf_store_f16(uint16_t *p, vf x) { *p = ak_f32_to_f16(x); }
 AK_INLINE void vf_store_bf16(uint16_t *p, vf x) { *p = ak_f32_to_bf16(x); }

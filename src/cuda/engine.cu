@@ -182,8 +182,10 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
     if (dev->cc_major < 8)
         ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
                       dev->cc_minor);
-    if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
-        (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
+    if (cfg->kv_dtype == AK_FP8_E4M3)
+        ak_reason_add(why, "cfg.kv_dtype = fp8_e4m3: fp8 KV is not yet served on CUDA (cpu and cpu_ref serve it)");
+    else if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
+             (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
         ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
                       ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
     if (cfg->head_dim_qk > AK_PORTABLE_MAX_DIM || cfg->head_dim_vo > AK_PORTABLE_MAX_DIM)

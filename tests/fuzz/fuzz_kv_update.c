@@ -81,7 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     const int sizes_ok = kv.page_size > 0 && kv.num_kv_heads > 0;
-    const int dtype_ok = kv.dtype == AK_F32 || kv.dtype == AK_F16 || kv.dtype == AK_BF16;
+    const int dtype_ok = kv.dtype == AK_F32 || kv.dtype == AK_F16 || kv.dtype == AK_BF16 || kv.dtype == AK_FP8_E4M3;
     int view_ok = sizes_ok && dtype_ok && (kv.layout == AK_LAYOUT_NHD || kv.layout == AK_LAYOUT_HND);
     for (int i = 0; i < 2; i++) {
         /* the last block's end, in bytes, must be int64 */

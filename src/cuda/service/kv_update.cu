@@ -1,13 +1,18 @@
 /*
  * kv_update.cu - the KV-cache write: scatters each new token's K and V rows
- * to slot_mapping[token] in the paged pools. A pure byte copy (any 2- or
- * 4-byte dtype), 16-byte accesses when rows and strides allow, else 2-byte.
- * One thread block per token; capturable (no sync, no allocation).
+ * to slot_mapping[token] in the paged pools. Rows of the pool's dtype are a
+ * pure byte copy (any 1-, 2- or 4-byte dtype), 16-byte accesses when rows
+ * and strides allow, else 2-byte (1-byte for fp8). Rows of f32/f16/bf16 into
+ * an fp8 pool are quantized element by element with the view's scales, by
+ * the host's own rule (ak_e4m3_quantize, dtype.h), so both devices store the
+ * same bits. One thread block per token; capturable (no sync, no
+ * allocation; the scales are read on the device when the kernel runs).
  */
 #include "../common.cuh"
+#include "dtype.h"
 #include "kv_addr.h"
 
-/* Everything the kernel reads, by value. Strides in elements. */
+/* Everything the kernels read, by value. Strides in elements. */
 struct kv_update_params {
     const char *k_src, *v_src;     /* [num_tokens, num_kv_heads, head_dim] */
     int64_t k_tok_stride, k_head_stride, v_tok_stride, v_head_stride;
@@ -16,8 +21,31 @@ struct kv_update_params {
     const int64_t *slot_mapping;   /* [num_tokens] */
     int64_t num_slots;             /* num_blocks * page_size */
     int page_size, num_kv_heads, head_dim_qk, head_dim_vo;
-    int elem_bytes;
+    int elem_bytes;                /* of the pool's dtype */
+    int src_bytes;                 /* of k and v's dtype (= elem_bytes unless quantizing) */
+    int scale_kind;                /* fp8: ak_kv_scale_kind */
+    const float *k_scale, *v_scale; /* fp8: [1] or [num_kv_heads], or NULL */
 };
+
+/* Row `row` of a token's 2 * num_kv_heads rows (K rows, then V rows): where
+ * it comes from and goes to, in elements of its own buffer. */
+struct kv_row {
+    int is_v, head, dim;
+    int64_t src_el, dst_el;
+};
+
+__device__ __forceinline__ kv_row row_at(const kv_update_params &p, int token, int64_t block, int off, int row)
+{
+    kv_row r;
+    r.is_v = row >= p.num_kv_heads;
+    r.head = r.is_v ? row - p.num_kv_heads : row;
+    r.dim = r.is_v ? p.head_dim_vo : p.head_dim_qk;
+    const ak_kv_strides a = r.is_v ? p.v_addr : p.k_addr;
+    r.dst_el = block * a.block + off * a.slot + r.head * a.head;
+    r.src_el = r.is_v ? token * p.v_tok_stride + r.head * p.v_head_stride
+                      : token * p.k_tok_stride + r.head * p.k_head_stride;
+    return r;
+}
 
 /* Copies one row of `row_bytes` in units of VEC. */
 template <typename VEC>
@@ -39,16 +67,38 @@ __global__ void kv_update_kernel(kv_update_params p)
     /* one warp per (head, K or V) row */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int row = warp; row < 2 * p.num_kv_heads; row += warps) {
-        const int is_v = row >= p.num_kv_heads;
-        const int h = is_v ? row - p.num_kv_heads : row;
-        const int dim = is_v ? p.head_dim_vo : p.head_dim_qk;
-        const ak_kv_strides a = is_v ? p.v_addr : p.k_addr;
-        const int64_t dst_el = block * a.block + off * a.slot + h * a.head;
-        const int64_t src_el = is_v ? token * p.v_tok_stride + h * p.v_head_stride
-                                    : token * p.k_tok_stride + h * p.k_head_stride;
-        char *dst = (is_v ? p.v_pool : p.k_pool) + dst_el * p.elem_bytes;
-        const char *src = (is_v ? p.v_src : p.k_src) + src_el * p.elem_bytes;
-        copy_row<VEC>(dst, src, dim * p.elem_bytes, lane, 32);
+        const kv_row r = row_at(p, token, block, off, row);
+        char *dst = (r.is_v ? p.v_pool : p.k_pool) + r.dst_el * p.elem_bytes;
+        const char *src = (r.is_v ? p.v_src : p.k_src) + r.src_el * p.elem_bytes;
+        copy_row<VEC>(dst, src, r.dim * p.elem_bytes, lane, 32);
+    }
+}
+
+/* Element d of a source row of dtype SRC (AK_F32, AK_F16 or AK_BF16) as f32. */
+template <int SRC>
+__device__ __forceinline__ float src_at(const char *row, int d)
+{
+    if (SRC == AK_F16) return ak_f16_to_f32(reinterpret_cast<const uint16_t *>(row)[d]);
+    if (SRC == AK_BF16) return ak_bf16_to_f32(reinterpret_cast<const uint16_t *>(row)[d]);
+    return reinterpret_cast<const float *>(row)[d];
+}
+
+/* fp8 pools: each element of a row quantized with its head's scale. */
+template <int SRC>
+__global__ void kv_quantize_kernel(kv_update_params p)
+{
+    const int token = blockIdx.x;
+    const int64_t slot = p.slot_mapping[token];
+    if (slot < 0 || slot >= p.num_slots) return; /* padding, or a bad slot: never write */
+    const int64_t block = slot / p.page_size;
+    const int off = (int)(slot % p.page_size);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int row = warp; row < 2 * p.num_kv_heads; row += warps) {
+        const kv_row r = row_at(p, token, block, off, row);
+        const float scale = ak_kv_scale_at(p.scale_kind, r.is_v ? p.v_scale : p.k_scale, r.head);
+        uint8_t *dst = reinterpret_cast<uint8_t *>(r.is_v ? p.v_pool : p.k_pool) + r.dst_el;
+        const char *src = (r.is_v ? p.v_src : p.k_src) + r.src_el * p.src_bytes;
+        for (int d = lane; d < r.dim; d += 32) dst[d] = ak_e4m3_quantize(src_at<SRC>(src, d), scale);
     }
 }
 
@@ -75,6 +125,24 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.head_dim_qk = kv->head_dim_qk;
     p.head_dim_vo = kv->head_dim_vo;
     p.elem_bytes = (int)ak_dtype_size(kv->dtype);
+    p.src_bytes = (int)ak_dtype_size(k->dtype);
+    p.scale_kind = (int)kv->scale_kind;
+    p.k_scale = kv->k_scale;
+    p.v_scale = kv->v_scale;
+
+    /* enough warps to cover the rows of a token, at most 8 */
+    const int warps = 2 * kv->num_kv_heads < 8 ? 2 * kv->num_kv_heads : 8;
+    cudaStream_t s = ak_cuda_stream(stream);
+    if (k->dtype != kv->dtype) {
+        /* the core allows f32 / f16 / bf16 rows into fp8 pools only */
+        switch (k->dtype) {
+        case AK_F16: kv_quantize_kernel<AK_F16><<<num_tokens, warps * 32, 0, s>>>(p); break;
+        case AK_BF16: kv_quantize_kernel<AK_BF16><<<num_tokens, warps * 32, 0, s>>>(p); break;
+        default: kv_quantize_kernel<AK_F32><<<num_tokens, warps * 32, 0, s>>>(p); break;
+        }
+        AK_CUDA_CHECK_LAUNCH();
+        return AK_OK;
+    }
 
     /* 16-byte path when every row start is 16-byte aligned */
     const int eb = p.elem_bytes;
@@ -84,13 +152,12 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
                       aligned16(p.k_tok_stride, eb) && aligned16(p.k_head_stride, eb) &&
                       aligned16(p.v_tok_stride, eb) && aligned16(p.v_head_stride, eb) &&
                       aligned16(p.k_addr.block, eb) && aligned16(p.v_addr.block, eb);
-    /* enough warps to cover the rows of a token, at most 8 */
-    const int warps = 2 * kv->num_kv_heads < 8 ? 2 * kv->num_kv_heads : 8;
-    cudaStream_t s = ak_cuda_stream(stream);
     if (vec16)
         kv_update_kernel<uint4><<<num_tokens, warps * 32, 0, s>>>(p);
-    else
+    else if (eb >= 2)
         kv_update_kernel<uint16_t><<<num_tokens, warps * 32, 0, s>>>(p);
+    else
+        kv_update_kernel<uint8_t><<<num_tokens, warps * 32, 0, s>>>(p);
     AK_CUDA_CHECK_LAUNCH();
     return AK_OK;
 }
