@@ -28,8 +28,10 @@
  *     same, checked before the soft-cap (which would map +-inf to +-cap): a
  *     +inf or -inf key gives a +-inf or NaN logit, and the row is NaN; it is
  *     never dropped like a masked key (-inf) nor made the row's only weight
- *     (+inf). Backends that compute in f32 (all but cpu_ref) also treat a
- *     logit or sum of finite inputs that overflows f32 as not finite.
+ *     (+inf). A logit or sum of finite inputs that overflows f32 is outside
+ *     the rule: cpu_ref computes in fp64, cpu treats it as not finite, and
+ *     the CUDA backends do on some paths only (a long prefill whose inputs
+ *     are all finite runs without per-logit checks).
  *   - Keys a row does not see (causal mask, window, past kv_len, other
  *     requests, unused cache slots) never affect it, whatever they hold.
  *   - ak_merge_states: a NaN or +inf lse, or a NaN or infinity in the v of a
