@@ -353,7 +353,7 @@ typedef struct ak_paged_kv {
 
 typedef struct ak_kv_cache_config {
     uint32_t struct_size;
-    int num_layers;
+    int num_layers;   /* 0: the block allocator alone, for an engine that owns its pools */
     int num_blocks;   /* blocks per layer pool */
     int page_size;
     int num_kv_heads;
@@ -372,7 +372,10 @@ AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
 typedef struct ak_kv_cache ak_kv_cache;
 
 /* Allocates num_layers K and V pools of num_blocks blocks each. The memory is
- * not initialised. */
+ * not initialised. With num_layers 0 it allocates no pools: the block
+ * allocator alone, whose ids index pools the engine made itself (say, torch
+ * tensors [num_blocks, page_size, num_kv_heads, head_dim]). A config whose
+ * pools would not fit a size_t is an error. */
 AK_API ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out /* OUT */);
 AK_API void ak_kv_cache_destroy(ak_kv_cache *cache); /* accepts NULL */
 

@@ -97,6 +97,27 @@ static void core_allocator(test_ctx *t)
           ak_status_str(st));
     ak_kv_cache_destroy(c);
     ak_kv_cache_destroy(NULL);
+
+    /* num_layers 0: the allocator alone, no pools, no layer view */
+    kc.num_layers = 0;
+    st = ak_kv_cache_create(&kc, &c);
+    CHECK(t, "allocator alone", st == AK_OK && ak_kv_cache_alloc(c, 3, a) == AK_OK && a[0] == 0 &&
+          ak_kv_cache_num_free(c) == kc.num_blocks - 3, "status %s", ak_status_str(st));
+    ak_paged_kv view;
+    st = c ? ak_kv_cache_layer(c, 0, &view) : AK_OK;
+    CHECK(t, "allocator alone has no layer", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "num_layers = 0"),
+          "status %s", ak_status_str(st));
+    ak_kv_cache_destroy(c);
+    kc.num_layers = -1;
+    st = ak_kv_cache_create(&kc, &c);
+    CHECK(t, "negative num_layers", st == AK_ERR_INVALID_ARG && !c && strstr(ak_last_error(), "cfg.num_layers"),
+          "status %s", ak_status_str(st));
+    /* pools past a size_t: an error, never a wrapped allocation */
+    kc.num_layers = 4;
+    kc.num_blocks = kc.page_size = kc.num_kv_heads = kc.head_dim_qk = kc.head_dim_vo = INT32_MAX;
+    st = ak_kv_cache_create(&kc, &c);
+    CHECK(t, "pools past size_t", st == AK_ERR_INVALID_ARG && !c && strstr(ak_last_error(), "overflow"),
+          "status %s", ak_status_str(st));
 }
 
 static void core_meta(test_ctx *t)

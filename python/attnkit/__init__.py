@@ -110,12 +110,13 @@ class Config:
     logits_soft_cap (0: off), q_dtype, kv_dtype, o_dtype ('f32', 'f16', 'bf16',
     'fp8_e4m3' or a torch dtype), device ('cpu', 'cuda', 'cuda:N'), kv_storage
     ('paged', 'ragged'), kv_layout ('NHD', 'HND'), page_size, workload ('any',
-    'decode'). Shorthands: head_dim= sets both head dims, dtype= all three dtypes.
+    'decode'), use_sinks (run() then takes sinks=), batch_invariant.
+    Shorthands: head_dim= sets both head dims, dtype= all three dtypes.
     """
 
     FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "sm_scale", "causal",
               "window_left", "logits_soft_cap", "q_dtype", "kv_dtype", "o_dtype", "device",
-              "kv_storage", "kv_layout", "page_size", "workload")
+              "kv_storage", "kv_layout", "page_size", "workload", "use_sinks", "batch_invariant")
 
     def __init__(self, head_dim=None, dtype=None, **fields):
         c = _capi.ak_attn_config()
@@ -135,6 +136,8 @@ class Config:
                   "causal", "window_left", "logits_soft_cap", "page_size"):
             setattr(self, f, getattr(c, f))
         self.causal = bool(c.causal)
+        self.use_sinks = bool(c.use_sinks)
+        self.batch_invariant = bool(c.batch_invariant)
         for f in ("q_dtype", "kv_dtype", "o_dtype"):
             setattr(self, f, _capi_dtype_name(getattr(c, f)))
         self.device = _device_str((c.device.kind, c.device.index))
@@ -155,6 +158,8 @@ class Config:
                   "page_size"):
             setattr(c, f, int(getattr(self, f)))
         c.causal = int(self.causal)
+        c.use_sinks = int(self.use_sinks)
+        c.batch_invariant = int(self.batch_invariant)
         c.sm_scale = float(self.sm_scale)
         c.logits_soft_cap = float(self.logits_soft_cap)
         for f in ("q_dtype", "kv_dtype", "o_dtype"):
@@ -488,24 +493,27 @@ class Backend:
         _check(_lib.ak_backend_plan(self._handle(), ctypes.byref(batch),
                                     _stream_handle(stream, self._device)))
 
-    def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None):
+    def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None, sinks=None):
         """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the
         planned batch. Paged storage: k_cache / v_cache are the layer's 4-D
         pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors. fp8 K/V
         (torch.float8_e4m3fn): k_scale / v_scale are the layer's scales, f32
         tensors of 1 (per layer) or num_kv_heads (per head) elements on the
-        config's device (None: scale 1)."""
-        self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale)(stream)
+        config's device (None: scale 1). sinks: with config.use_sinks, the
+        layer's sink logits, f32 [num_qo_heads] on the config's device (each
+        layer passes its own; None otherwise)."""
+        self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale, sinks)(stream)
 
-    def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None):
+    def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None, sinks=None):
         """run()'s argument conversion done once: returns call(stream=None),
         which only calls ak_backend_run (a few microseconds of Python, for
         timing loops and engines that reuse their buffers). The tensors must
         stay where they are; the stream is resolved at each call."""
         qa, oa = _as_arg(q, "q"), _as_arg(o, "o")
         la = _as_arg(lse, "lse") if lse is not None else None
+        sa = _as_arg(sinks, "sinks") if sinks is not None else None
         kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
-        _check_device((qa, oa, la, kc, vc), self._device)
+        _check_device((qa, oa, la, sa, kc, vc), self._device)
         tq, to = qa.to_ak_tensor(), oa.to_ak_tensor()
         args = _capi.ak_run_args()
         _lib.ak_run_args_init(ctypes.byref(args))
@@ -513,6 +521,9 @@ class Backend:
         if la is not None:
             tl = la.to_ak_tensor()
             args.lse = ctypes.pointer(tl)
+        if sa is not None:  # the C library checks dtype, shape and cfg.use_sinks
+            ts = sa.to_ak_tensor()
+            args.sinks = ctypes.pointer(ts)
         if self._paged:
             kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale)
             args.kv = ctypes.pointer(kv)
@@ -526,7 +537,7 @@ class Backend:
 
         def call(stream=None):
             _check(run(self._handle(), args_ref, _stream_handle(stream, device)))
-        call.keep = (qa, oa, la, kc, vc, args, scales)  # the memory and the structs that point at it
+        call.keep = (qa, oa, la, sa, kc, vc, args, scales)  # the memory and the structs that point at it
         return call
 
     def kv_update(self, k_cache, v_cache, k, v, stream=None, k_scale=None, v_scale=None):

@@ -23,8 +23,9 @@ def _declare(lib):
 
 class KVCache:
     """ak_kv_cache: num_layers K/V pools of num_blocks blocks and their block
-    allocator. close() (or the end of a with-block, or garbage collection)
-    destroys it. Failures raise attnkit.Error subclasses with the C message."""
+    allocator. num_layers=0 makes the allocator alone, for an engine whose
+    pools are its own tensors (block ids index their first dimension).
+    close() (or the end of a with-block, or garbage collection) destroys it. Failures raise attnkit.Error subclasses with the C message."""
 
     def __init__(self, num_blocks, page_size=16, num_kv_heads=8, head_dim=128, num_layers=1,
                  dtype="f16", layout="NHD", device="cpu"):

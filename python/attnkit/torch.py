@@ -46,11 +46,11 @@ def _innermost_contiguous(t):
     return t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale=None, v_scale=None):
+def _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale=None, v_scale=None, sinks=None):
     b = attnkit.backend_from_handle(handle)
     q = _innermost_contiguous(q)
     o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
-    b.run(q, k_cache, v_cache, o, lse, k_scale=k_scale, v_scale=v_scale)
+    b.run(q, k_cache, v_cache, o, lse, k_scale=k_scale, v_scale=v_scale, sinks=sinks)
     return o
 
 
@@ -74,25 +74,26 @@ def _(handle, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
 @torch.library.custom_op("attnkit::run", mutates_args=())
 def _run_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
-            v_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    return _run_into(handle, q, k_cache, v_cache, o_dtype, None, k_scale, v_scale)
+            v_scale: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return _run_into(handle, q, k_cache, v_cache, o_dtype, None, k_scale, v_scale, sinks)
 
 
 @_run_op.register_fake
-def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None):
+def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None, sinks=None):
     return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
 
 
 @torch.library.custom_op("attnkit::run_lse", mutates_args=())
 def _run_lse_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
-                v_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                v_scale: Optional[torch.Tensor] = None,
+                sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    return _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale, v_scale), lse
+    return _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale, v_scale, sinks), lse
 
 
 @_run_lse_op.register_fake
-def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None):
+def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None, sinks=None):
     return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
@@ -109,12 +110,13 @@ def kv_update(backend, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
     torch.ops.attnkit.kv_update(backend.handle, k_cache, v_cache, k, v, k_scale, v_scale)
 
 
-def run(backend, q, k_cache, v_cache, return_lse=False, k_scale=None, v_scale=None):
+def run(backend, q, k_cache, v_cache, return_lse=False, k_scale=None, v_scale=None, sinks=None):
     """Attention of q over the planned batch (Backend.run as an operator): o,
     a new [num_tokens, num_qo_heads, head_dim_vo] tensor in the config's
     o_dtype on q's device; with return_lse, (o, lse) with lse f32
-    [num_tokens, num_qo_heads]. fp8 caches: the layer's k_scale / v_scale."""
+    [num_tokens, num_qo_heads]. fp8 caches: the layer's k_scale / v_scale.
+    config.use_sinks: the layer's sinks, f32 [num_qo_heads]."""
     o_dtype = _TORCH_DTYPES[backend.config.o_dtype]
     if return_lse:
-        return torch.ops.attnkit.run_lse(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale)
-    return torch.ops.attnkit.run(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale)
+        return torch.ops.attnkit.run_lse(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale, sinks)
+    return torch.ops.attnkit.run(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale, sinks)

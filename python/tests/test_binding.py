@@ -64,6 +64,7 @@ class Scene:
         self.v_cache = array.array("f", (rng.uniform(-1, 1) for _ in range(self.num_blocks * block_v)))
         self.q = array.array("f", (rng.uniform(-1, 1)
                                    for _ in range(self.num_tokens * self.Hq * self.Dqk)))
+        self.sinks = array.array("f", (rng.uniform(-2, 2) for _ in range(self.Hq)))
         self.o = array.array("f", [NAN] * (self.num_tokens * self.Hq * self.Dvo))
         self.lse = array.array("f", [NAN] * (self.num_tokens * self.Hq))
 
@@ -73,7 +74,8 @@ class Scene:
         return (self.num_blocks, self.P, self.Hk, d)
 
     def views(self):
-        return dict(q=attnkit.View(self.q, (self.num_tokens, self.Hq, self.Dqk)),
+        sinks = attnkit.View(self.sinks, (self.Hq,)) if self.cfg.use_sinks else None
+        return dict(sinks=sinks, q=attnkit.View(self.q, (self.num_tokens, self.Hq, self.Dqk)),
                     k_cache=attnkit.View(self.k_cache, self.cache_shape(self.Dqk)),
                     v_cache=attnkit.View(self.v_cache, self.cache_shape(self.Dvo)),
                     o=attnkit.View(self.o, (self.num_tokens, self.Hq, self.Dvo)),
@@ -103,7 +105,9 @@ class Scene:
     def reference(self):
         """o [num_tokens, Hq, Dvo] and lse [num_tokens, Hq] in float, the formula
         of attnkit.h: positions kv_len - q_len .., window and causal masks, the
-        soft-cap on scaled logits, o = 0 and lse = -inf for a row with no key."""
+        soft-cap on scaled logits, o = 0 and lse = -inf for a row with no key;
+        with sinks, exp(sink_h) joins every row's denominator (a row with no
+        key: o = 0, lse = sink_h)."""
         cfg = self.cfg
         scale = cfg.sm_scale or 1.0 / math.sqrt(self.Dqk)
         cap, w = cfg.logits_soft_cap, cfg.window_left
@@ -125,13 +129,14 @@ class Scene:
                             s = cap * math.tanh(s / cap)
                         logits.append(s)
                         rows.append(self.kv_row(self.v_cache, self.Dvo, r, j, g))
+                    sink = self.sinks[h] if cfg.use_sinks else None
                     if not logits:
                         o.extend([0.0] * self.Dvo)
-                        lse.append(-math.inf)
+                        lse.append(-math.inf if sink is None else sink)
                         continue
-                    m = max(logits)
+                    m = max(logits + ([sink] if sink is not None else []))
                     e = [math.exp(s - m) for s in logits]
-                    d = sum(e)
+                    d = sum(e) + (math.exp(sink - m) if sink is not None else 0.0)
                     o.extend(sum(e[k] * rows[k][c] for k in range(len(e))) / d
                              for c in range(self.Dvo))
                     lse.append(m + math.log(d))
@@ -160,6 +165,9 @@ CASES = {
     "mha_not_causal": (dict(num_qo_heads=2, num_kv_heads=2, head_dim=16, page_size=2,
                             causal=False),
                        [(3, 2), (1, 5)]),
+    "sinks_window": (dict(num_qo_heads=4, num_kv_heads=1, head_dim=8, page_size=4,
+                          window_left=3, use_sinks=True),
+                     [(1, 9), (5, 5), (2, 11)]),
 }
 
 
@@ -476,7 +484,8 @@ class TestTorchCpu(unittest.TestCase):
                     with attnkit.Backend(cfg, sc.limits(), name=backend) as b:
                         b.plan(torch.tensor(sc.qo_indptr), torch.tensor(sc.kv_lens),
                                sc.block_table)
-                        b.run(q, kc, vc, o, lse)
+                        sinks = torch.tensor(sc.sinks.tolist()) if cfg.use_sinks else None
+                        b.run(q, kc, vc, o, lse, sinks=sinks)
                     want_o, want_lse = sc.reference()
                     self.assertLess(max_abs_diff(o.flatten().tolist(), want_o), TOL)
                     self.assertLess(max_abs_diff(lse.flatten().tolist(), want_lse), TOL)

@@ -50,7 +50,10 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
 #define AK_POSITIVE_(field)                                                    \
     if (c->field <= 0)                                                         \
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg." #field " = %d must be positive", c->field);
-    AK_POSITIVE_(num_layers)
+    if (c->num_layers < 0)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.num_layers = %d must be 0 (the block allocator alone) or more",
+                            c->num_layers);
     AK_POSITIVE_(num_blocks)
     AK_POSITIVE_(page_size)
     AK_POSITIVE_(num_kv_heads)
@@ -61,6 +64,18 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.dtype = %d is not a dtype", (int)c->dtype);
     if (c->layout != AK_LAYOUT_NHD && c->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.layout = %d is not a layout", c->layout);
+    /* one pool's bytes, and all layers' K and V pools together, must be a size_t */
+    size_t bytes = ak_dtype_size(c->dtype), all;
+    const int dim = c->head_dim_qk > c->head_dim_vo ? c->head_dim_qk : c->head_dim_vo;
+    const int dims[] = {c->num_blocks, c->page_size, c->num_kv_heads, dim};
+    int over = 0;
+    for (int i = 0; i < 4; i++) over |= __builtin_mul_overflow(bytes, (size_t)dims[i], &bytes);
+    over |= __builtin_mul_overflow(bytes, (size_t)c->num_layers * 2, &all);
+    if (over)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg: num_layers %d x 2 pools of num_blocks %d x page_size %d x num_kv_heads %d x "
+                            "head dim %d elements overflow a size_t",
+                            c->num_layers, c->num_blocks, c->page_size, c->num_kv_heads, dim);
     return AK_OK;
 }
 
@@ -81,8 +96,9 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
     }
     c->lock_made = 1;
     c->cfg = *cfg;
-    c->k_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
-    c->v_pools = calloc((size_t)cfg->num_layers, sizeof(void *));
+    /* num_layers 0: the allocator alone (the engine owns its pools) */
+    c->k_pools = calloc((size_t)cfg->num_layers + 1, sizeof(void *));
+    c->v_pools = calloc((size_t)cfg->num_layers + 1, sizeof(void *));
     c->refcount = calloc((size_t)cfg->num_blocks, sizeof(int32_t));
     c->free_ids = malloc(sizeof(int32_t) * (size_t)cfg->num_blocks);
     if (!c->k_pools || !c->v_pools || !c->refcount || !c->free_ids) {
@@ -123,6 +139,11 @@ void ak_kv_cache_destroy(ak_kv_cache *c)
 ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
 {
     if (!c || !view) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", c ? "view" : "cache");
+    if (c->cfg.num_layers == 0)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "layer = %d: the cache was made with num_layers = 0 (the block "
+                            "allocator alone) and holds no pools",
+                            layer);
     if (layer < 0 || layer >= c->cfg.num_layers)
         return ak_set_error(AK_ERR_INVALID_ARG, "layer = %d is out of range [0, %d)", layer,
                             c->cfg.num_layers);

@@ -92,6 +92,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    !__builtin_mul_overflow(span, (int64_t)esz, &bytes);
     }
 
+    /* A valid view may address more than this process can hold (a stride of
+     * INT64_MAX / 2 over one-byte fp8 elements): it keeps its strides and is
+     * cut to one block, so the call still validates them and every slot still
+     * lands in memory the target owns. */
+    if (view_ok) {
+        const int64_t cap = (int64_t)1 << 24;
+        for (int i = 0; i < 2; i++)
+            if (*strides[i] && kv.num_blocks > 1 && *strides[i] > cap / (int64_t)esz / (kv.num_blocks - 1))
+                kv.num_blocks = 1;
+    }
+
     /* the pools: what the view addresses, or a stand-in for an invalid view */
     gbuf kp, vp;
     const int64_t k_elems = view_ok ? (kv.num_blocks - 1) * (kv.k_block_stride ? kv.k_block_stride : kb) + kb : 64;
