@@ -211,6 +211,17 @@ class TestLibrary(unittest.TestCase):
         finally:
             attnkit._lib.ak_kv_cache_destroy(cache)
 
+    def test_allocator_alone(self):
+        with attnkit.KVCache(8, page_size=4, num_kv_heads=1, head_dim=8, num_layers=0) as c:
+            ids = c.alloc(3)
+            self.assertEqual(c.num_free, 5)
+            c.share(ids[:1])
+            c.free(ids)
+            self.assertEqual((c.num_free, c.refcount(ids[0])), (7, 1))
+        with self.assertRaises(attnkit.InvalidArgument) as cm:
+            attnkit.KVCache(8, num_layers=-1)
+        self.assertIn("num_layers", str(cm.exception))
+
     def test_config_defaults_and_fields(self):
         c = attnkit.Config()
         self.assertEqual((c.num_qo_heads, c.head_dim_qk, c.q_dtype, c.device, c.page_size,
