@@ -75,7 +75,7 @@ def plot_decode(plt, rows, out, label):
     fig.suptitle(f"Decode bandwidth, paged KV cache ({label})", fontsize=10)
     fig.tight_layout()
     path = os.path.join(out, "peers-decode." + FORMAT[0])
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
     plt.close(fig)
     return path
 
@@ -103,7 +103,7 @@ def plot_prefill(plt, rows, out, label):
     ax.set_title(f"Prefill and mixed steps, TFLOP/s on the real head dims ({label})", fontsize=10)
     fig.tight_layout()
     path = os.path.join(out, "peers-prefill." + FORMAT[0])
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
     plt.close(fig)
     return path
 
@@ -132,7 +132,7 @@ def plot_engine(plt, files, out, label):
     ax.set_title(f"examples/engine: tokens/s per CUDA-graph mode ({label})", fontsize=10)
     fig.tight_layout()
     path = os.path.join(out, "engine-tokens." + FORMAT[0])
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
     plt.close(fig)
     return path
 
