@@ -258,7 +258,8 @@ typedef struct ak_attn_config {
     int head_dim_vo;      /* may differ from head_dim_qk */
     float sm_scale;       /* 0 -> 1 / sqrt(head_dim_qk) */
     int causal;           /* 1: token at position p sees keys <= p */
-    int window_left;      /* -1: full context; w >= 0: keys >= p - w */
+    int window_left;      /* -1: full context; w >= 0: keys >= p - w (a window of w + 1 keys:
+                             transformers' sliding_window W is window_left W - 1) */
     float logits_soft_cap;/* 0: off; c > 0: logits = c * tanh(logits / c) */
     ak_dtype q_dtype;     /* f32, f16 or bf16 */
     ak_dtype kv_dtype;    /* the same, or fp8_e4m3 (scales in the view, see ak_kv_scale_kind) */
