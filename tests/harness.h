@@ -158,5 +158,6 @@ void test_hostile(test_ctx *t);
 void test_nonfinite(test_ctx *t);
 void test_threads(test_ctx *t);
 void test_fp8(test_ctx *t);
+void test_mla(test_ctx *t);
 
 #endif
