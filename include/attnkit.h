@@ -676,7 +676,7 @@ AK_API ak_graph_support ak_backend_graph_support_of(const char *name);
 
 /* The support matrix: a Markdown table of every feature (head dims, dtypes,
  * sinks, window, soft-cap, non-causal, ragged K/V, decode-only instances,
- * batch invariance, graph support) against every backend compiled in, each
+ * batch invariance, MLA, graph support) against every backend compiled in, each
  * cell the backend's own check() (and, for the CUDA backends, which kernel
  * serves it) on this CPU or on a CUDA device of compute capability 9.0.
  * attnkit-info --matrix prints it; the docs hold a copy a test compares. */
