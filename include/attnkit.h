@@ -275,12 +275,52 @@ typedef struct ak_attn_config {
     int batch_invariant;    /* 1: a request's output bits do not depend on which other
                                requests share its batch or how many there are (KV splits of
                                a fixed size, a fixed reduction order); may cost speed */
+    int mla;                /* 1: multi-head latent attention (DeepSeek-V2/V3), in its absorbed
+                               form: num_kv_heads = 1; head_dim_qk = latent + rotary width
+                               (512 + 64 = 576), head_dim_vo = latent width (512, <=
+                               head_dim_qk). Each key is one row of head_dim_qk values and
+                               its value is the first head_dim_vo of them: paged storage
+                               reads a K-only view (ak_paged_kv.v_data NULL), ragged storage
+                               args.k alone (args.v NULL). See "Multi-head latent attention"
+                               below. */
 } ak_attn_config;
 
 /* Defaults: MHA 1/1 heads, head dim 128, f32 on the CPU, causal, full window,
  * no soft-cap, paged NHD cache with page size 16, any workload, no sinks, not
- * batch-invariant. */
+ * batch-invariant, not MLA. */
 AK_API void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
+
+/* Multi-head latent attention (cfg.mla = 1), as DeepSeek-V2/V3 decode it.
+ * The cache keeps, per token, one latent row c (kv_lora_rank = 512 values,
+ * normed) and the rotary key k_pe (rope_dim = 64 values, after RoPE), shared
+ * by every query head: the K pool's row is [c ; k_pe] (576 values). With the
+ * model's up-projections W_UK [H][128][512] and W_UV [H][512][128], head h
+ * would attend with (sums over l < 512)
+ *     k_h = [ sum_l W_UK[h][i][l] c[l] (i < 128) ; k_pe ]        192 values
+ *     v_h =   sum_l W_UV[h][l][i] c[l] (i < 128)                  128 values
+ *     q_h = [ q_nope_h ; q_pe_h ]                                 192 values
+ * and since q_nope_h . k_h's first 128 = q'_h . c with q'_h[l] = sum_i
+ * q_nope_h[i] W_UK[h][i][l] (W_UK absorbed into q), the same attention runs
+ * over the latent rows, and W_UV is applied to o afterwards:
+ *
+ *     for each new token t:                         // the cache write
+ *         kv_row[t][0] = [c_t ; k_pe_t]             // k: [tokens, 1, 576]
+ *     ak_kv_update(&kv, &k, NULL, slots, n, s);     // K-only view: no v
+ *     for each new token t, head h:                 // q: [tokens, H, 576]
+ *         q[t][h][l]       = sum_i q_nope[t][h][i] W_UK[h][i][l]   (l < 512)
+ *         q[t][h][512 + r] = q_pe[t][h][r]                         (r < 64)
+ *     ak_backend_run(b, &args, s);                  // o: [tokens, H, 512]
+ *     for each new token t, head h:                 // the heads' outputs
+ *         out[t][h][i] = sum_l W_UV[h][l][i] o[t][h][l]            (i < 128)
+ *
+ * sm_scale is the model's, not 1/sqrt(576): DeepSeek scales by 1/sqrt(192),
+ * the expanded head dim (times its yarn factor's mscale squared where the
+ * context is extended); pass it explicitly. ak_mla_config_init is
+ * ak_attn_config_init, then num_qo_heads = num_heads, num_kv_heads = 1,
+ * head_dim_qk = kv_lora_rank + rope_dim, head_dim_vo = kv_lora_rank,
+ * sm_scale and mla = 1 (page size, dtypes and device stay to be set). */
+AK_API void ak_mla_config_init(ak_attn_config *cfg /* OUT */, int num_heads, int kv_lora_rank, int rope_dim,
+                               float sm_scale);
 
 /* Sizes fixed at create(): every static buffer of a backend is allocated from
  * these, and plan() rejects a batch above them (AK_ERR_LIMIT_EXCEEDED). */
@@ -333,10 +373,16 @@ typedef enum ak_kv_scale_kind {
  * (page_size * num_kv_heads * head_dim). An fp8 view (dtype AK_FP8_E4M3)
  * carries its layer's scales (ak_kv_scale_kind); a view from
  * ak_kv_cache_layer has none (AK_KV_SCALE_NONE), and an engine with scales
- * sets the three fields. */
+ * sets the three fields.
+ * A K-only view (v_data NULL, v_block_stride 0) has no V pool: the value of
+ * a key is the first head_dim_vo (<= head_dim_qk) values of its K row. It
+ * serves multi-head latent attention (cfg.mla); run() with cfg.mla also
+ * takes v_data == k_data as K-only (v_block_stride ignored), and refuses any
+ * other V pool. fp8 K-only views scale K, and so V, by k_scale alone
+ * (v_scale NULL). */
 typedef struct ak_paged_kv {
     void *k_data;
-    void *v_data;
+    void *v_data;           /* NULL: a K-only view (MLA) */
     ak_dtype dtype;
     ak_kv_layout layout;
     ak_device device;
@@ -363,9 +409,12 @@ typedef struct ak_kv_cache_config {
     ak_dtype dtype;
     ak_kv_layout layout;
     ak_device device; /* host memory or CUDA memory */
+    int mla;          /* 1: K pools only, rows of head_dim_qk (multi-head latent attention:
+                         the value is the first head_dim_vo of each row, head_dim_vo <=
+                         head_dim_qk); ak_kv_cache_layer gives K-only views (v_data NULL) */
 } ak_kv_cache_config;
 
-/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU.
+/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU, not MLA.
  * dtype AK_FP8_E4M3 makes fp8 pools (1 byte an element); the cache holds no
  * scales (see ak_paged_kv). */
 AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
@@ -486,6 +535,8 @@ AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config
  * |y| >= 480 NaN where attnkit saturates finite values (as CUDA's
  * __NV_SATFINITE conversion does). k and v already in fp8 are copied as
  * they are (quantized by the caller with the view's scales).
+ * A K-only view (kv->v_data NULL, multi-head latent attention) takes v =
+ * NULL and writes K alone; a view with a V pool requires v.
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */
@@ -533,7 +584,8 @@ typedef struct ak_run_args {
     const ak_tensor *k;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_qk]; request
                                 r's keys are rows sum(kv_lens[0..r)) .. + kv_lens[r] - 1
                                 (kv_indptr of ak_batch_meta) */
-    const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo] */
+    const ak_tensor *v;      /* ragged storage: [sum kv_len, num_kv_heads, head_dim_vo]; NULL with
+                                cfg.mla (the value is the first head_dim_vo of each K row) */
     ak_tensor *o;            /* [num_tokens, num_qo_heads, head_dim_vo], cfg.o_dtype, OUT */
     ak_tensor *lse;          /* [num_tokens, num_qo_heads] f32, OUT; NULL if not wanted */
     const ak_tensor *sinks;  /* cfg.use_sinks: [num_qo_heads] f32 on cfg.device, each query head's
@@ -543,7 +595,7 @@ typedef struct ak_run_args {
     ak_kv_scale_kind kv_scale_kind; /* ragged storage with fp8 k and v: their scales, as
                                        ak_paged_kv's (paged storage: the view holds them) */
     const float *k_scale;    /* ragged fp8: [1] or [num_kv_heads] f32 on cfg.device; NULL if none */
-    const float *v_scale;    /* likewise */
+    const float *v_scale;    /* likewise; NULL with cfg.mla (k_scale scales the value too) */
 } ak_run_args;
 
 AK_API void ak_run_args_init(ak_run_args *args /* OUT */);
@@ -624,7 +676,7 @@ AK_API ak_graph_support ak_backend_graph_support_of(const char *name);
 
 /* The support matrix: a Markdown table of every feature (head dims, dtypes,
  * sinks, window, soft-cap, non-causal, ragged K/V, decode-only instances,
- * batch invariance, graph support) against every backend compiled in, each
+ * batch invariance, MLA, graph support) against every backend compiled in, each
  * cell the backend's own check() (and, for the CUDA backends, which kernel
  * serves it) on this CPU or on a CUDA device of compute capability 9.0.
  * attnkit-info --matrix prints it; the docs hold a copy a test compares. */

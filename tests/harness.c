@@ -164,6 +164,7 @@ ak_attn_config case_config(const attn_case *tc, ak_device dev)
     c.kv_storage = tc->storage;
     c.kv_layout = tc->layout;
     c.page_size = tc->page_size;
+    c.mla = tc->mla;
     /* an all-decode batch is planned on a decode instance, as an engine would */
     int decode = tc->num_reqs > 0;
     for (int r = 0; r < tc->num_reqs; r++) decode &= tc->reqs[r].q_len <= 1;
@@ -272,7 +273,8 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++)
             sc->k[r][i] = kv_value(sc, 0, (int)(i / Dqk % Hk), 2.0f * scn_uniform(rng));
         for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++)
-            sc->v[r][i] = kv_value(sc, 1, (int)(i / Dvo % Hk), scn_uniform(rng));
+            sc->v[r][i] = tc->mla ? sc->k[r][i / Dvo * Dqk + i % Dvo] /* MLA: the start of the K row */
+                                  : kv_value(sc, 1, (int)(i / Dvo % Hk), scn_uniform(rng));
     }
 
     const int paged = tc->storage == AK_KV_PAGED;
@@ -301,8 +303,9 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
 
     if (!paged) {
         const int64_t N = sc->b.num_kv_tokens;
+        /* MLA: no V tensor (a one-element buffer the run never sees) */
         if (tbuf_alloc(&sc->k_rag, dev, kesz * ((size_t)N * Hk * Dqk + 1)) ||
-            tbuf_alloc(&sc->v_rag, dev, kesz * ((size_t)N * Hk * Dvo + 1)))
+            tbuf_alloc(&sc->v_rag, dev, kesz * (tc->mla ? 1 : (size_t)N * Hk * Dvo + 1)))
             return -1;
         int64_t row = 0;
         for (int r = 0; r < R; r++)
@@ -311,8 +314,9 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
                     const int64_t kr = (row * Hk + h) * Dqk, vr = (row * Hk + h) * Dvo;
                     store_kv_row(sc, (char *)tbuf_host(&sc->k_rag) + kesz * kr, 0, h,
                                  sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
-                    store_kv_row(sc, (char *)tbuf_host(&sc->v_rag) + kesz * vr, 1, h,
-                                 sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
+                    if (!tc->mla)
+                        store_kv_row(sc, (char *)tbuf_host(&sc->v_rag) + kesz * vr, 1, h,
+                                     sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
                 }
         tbuf_upload(&sc->k_rag);
         tbuf_upload(&sc->v_rag);
@@ -326,13 +330,13 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
     if (tc->kv_fp8 && tc->kv_scale != AK_KV_SCALE_NONE) {
         sc->kv.scale_kind = tc->kv_scale;
         sc->kv.k_scale = tbuf_data(&sc->k_scale_buf);
-        sc->kv.v_scale = tbuf_data(&sc->v_scale_buf);
+        sc->kv.v_scale = tc->mla ? NULL : tbuf_data(&sc->v_scale_buf); /* MLA: k_scale scales V too */
     }
 
     /* pool images: random everywhere, then the logical rows at their slots,
      * written by the test's own scatter (not ak_kv_update) */
-    const size_t kpool = (size_t)num_blocks * P * Hk * Dqk, vpool = (size_t)num_blocks * P * Hk * Dvo;
-    char *kimg = malloc(kpool * kesz), *vimg = malloc(vpool * kesz);
+    const size_t kpool = (size_t)num_blocks * P * Hk * Dqk, vpool = tc->mla ? 0 : (size_t)num_blocks * P * Hk * Dvo;
+    char *kimg = malloc(kpool * kesz), *vimg = malloc(vpool * kesz + 1);
     store_row(kimg, sc->cfg.kv_dtype, NULL, (int)kpool, rng);
     store_row(vimg, sc->cfg.kv_dtype, NULL, (int)vpool, rng);
     for (int r = 0; r < R; r++)
@@ -342,11 +346,13 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
             for (int h = 0; h < Hk; h++) {
                 const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
                 store_kv_row(sc, kimg + kesz * row * Dqk, 0, h, sc->k[r] + ((int64_t)j * Hk + h) * Dqk, Dqk, rng);
-                store_kv_row(sc, vimg + kesz * row * Dvo, 1, h, sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo, rng);
+                if (!tc->mla)
+                    store_kv_row(sc, vimg + kesz * row * Dvo, 1, h, sc->v[r] + ((int64_t)j * Hk + h) * Dvo, Dvo,
+                                 rng);
             }
         }
     dev_copy_to(dev, sc->kv.k_data, kimg, kpool * kesz);
-    dev_copy_to(dev, sc->kv.v_data, vimg, vpool * kesz);
+    if (!tc->mla) dev_copy_to(dev, sc->kv.v_data, vimg, vpool * kesz);
     free(kimg);
     free(vimg);
     return 0;
@@ -465,11 +471,11 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
         a.kv = &sc->kv;
     } else {
         a.k = &kt;
-        a.v = &vt;
+        a.v = c->mla ? NULL : &vt; /* MLA: the value is read from the K rows */
         if (sc->tc.kv_fp8 && sc->tc.kv_scale != AK_KV_SCALE_NONE) {
             a.kv_scale_kind = sc->tc.kv_scale;
             a.k_scale = tbuf_data(&sc->k_scale_buf);
-            a.v_scale = tbuf_data(&sc->v_scale_buf);
+            a.v_scale = c->mla ? NULL : tbuf_data(&sc->v_scale_buf);
         }
     }
     st = ak_backend_plan(b, &sc->b.batch, NULL);

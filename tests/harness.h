@@ -92,6 +92,10 @@ typedef struct attn_case {
      * the dequantized values */
     int kv_fp8;
     ak_kv_scale_kind kv_scale;
+    /* multi-head latent attention (mla = 1, one KV head): the logical V rows
+     * are the first head_dim_vo values of the K rows; the cache is K-only
+     * (ragged: no V tensor) */
+    int mla;
 } attn_case;
 
 /* Case tables list attn_case's fields in order up to the last they need
@@ -154,5 +158,6 @@ void test_hostile(test_ctx *t);
 void test_nonfinite(test_ctx *t);
 void test_threads(test_ctx *t);
 void test_fp8(test_ctx *t);
+void test_mla(test_ctx *t);
 
 #endif

@@ -232,6 +232,35 @@ static const attn_case fixed_cases[] = {
      {{30, 77}, {5, 1}, {2, 0}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_LAYER},
     {"fp8 ragged decode + chunk f16 no scales", 8, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
      {{1, 4100}, {20, 100}, {1, 17}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_NONE},
+    /* multi-head latent attention (DeepSeek-V2/V3 absorbed): one latent KV
+     * head, V = the first head_dim_vo of each K row, a K-only cache. 576/512
+     * at 16 heads (V3 over TP8) and 128 (V3); 72/64 runs the same paths
+     * fast: decodes over all heads in place, split-KV past 256 keys, verify
+     * of 2-8 tokens, chunks long enough for single-head tiles */
+    {"mla decode 576/512 h16 bf16 page64", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 5,
+     {{1, 1}, {1, 63}, {1, 65}, {1, 300}, {1, 1100}}, .mla = 1},
+    {"mla decode 576/512 h128 f16 page1", 128, 1, 576, 512, AK_F16, 0, 0, 1, -1, 0, 1, NHD, PAGED, 3,
+     {{1, 1}, {1, 40}, {1, 600}}, .mla = 1},
+    {"mla verify 1-8 tokens 576/512 h16 bf16 page16", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
+     {{2, 100}, {4, 57}, {8, 700}, {1, 1}, {3, 3}}, .mla = 1},
+    {"mla verify 576/512 h128 bf16 page64", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{2, 130}, {8, 8}, {1, 300}}, .mla = 1},
+    {"mla 576/512 h16 f32 out, decode + chunk", 16, 1, 576, 512, AK_BF16, 0, 1, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{1, 2100}, {40, 300}, {0, 0}}, .mla = 1},
+    {"mla small 72/64 f32 mixed page16", 8, 1, 72, 64, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 6,
+     {{1, 2100}, {8, 300}, {5, 5}, {0, 0}, {1, 1}, {100, 1030}}, .mla = 1},
+    {"mla small 72/64 bf16 page1 hnd", 4, 1, 72, 64, AK_BF16, 0, 0, 1, -1, 0, 1, HND, PAGED, 4,
+     {{1, 700}, {4, 20}, {1, 2}, {64, 64}}, .mla = 1},
+    {"mla small 72/64 f16 page64 decode split", 16, 1, 72, 64, AK_F16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 4,
+     {{1, 4100}, {1, 63}, {1, 64}, {1, 1}}, .mla = 1},
+    {"mla small 72/64 f16 ragged", 8, 1, 72, 64, AK_F16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
+     {{1, 500}, {6, 6}, {0, 0}, {70, 70}}, .mla = 1},
+    {"mla 576/512 h16 bf16 ragged prefill", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 2,
+     {{1, 1}, {40, 40}}, .mla = 1},
+    {"mla fp8 576/512 h16 bf16 page64 per-layer", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{1, 700}, {4, 57}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_LAYER, .mla = 1},
+    {"mla fp8 small 72/64 f32 ragged per-head", 8, 1, 72, 64, AK_F32, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{1, 300}, {8, 40}, {20, 20}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_HEAD, .mla = 1},
 };
 
 /* Runs one case on every backend of the device under test. */

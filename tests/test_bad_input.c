@@ -33,6 +33,7 @@ typedef struct inputs {
     ak_paged_kv kv;
     int64_t slots[8];   /* kv_update slot mapping (host copy) */
     int num_new;        /* kv_update tokens */
+    int update_v;       /* kv_update is given v (0 on a K-only MLA baseline) */
 } inputs;
 
 typedef struct bad_case {
@@ -44,6 +45,7 @@ typedef struct bad_case {
     kv_need kv;
     const char *only;  /* run only on backends whose name starts with this (NULL: all) */
     int fp8;           /* 1: on an fp8 baseline (K/V fp8_e4m3 with per-head scales) */
+    int mla;           /* 1: on an MLA baseline (one KV head, a K-only cache, no ragged V) */
 } bad_case;
 
 static void qo_not_monotone(inputs *in) { in->qo[2] = in->qo[1] - 1; }
@@ -92,6 +94,21 @@ static void kv_scales_not_fp8(inputs *in)
 }
 static void ragged_v_scale_null(inputs *in) { in->args.v_scale = NULL; }
 static void ragged_k_scale_without_kind(inputs *in) { in->args.k_scale = some_scales; }
+static void mla_not_bool(inputs *in) { in->cfg.mla = 2; }
+static void mla_two_kv_heads(inputs *in) { in->cfg.mla = 1; }
+static void mla_vo_above_qk(inputs *in)
+{
+    in->cfg.mla = 1;
+    in->cfg.num_kv_heads = 1;
+    in->cfg.head_dim_vo = in->cfg.head_dim_qk + 8;
+}
+/* a V pool (any other memory: the call must refuse before reading it) */
+static void mla_v_pool(inputs *in) { in->kv.v_data = in->o.data; }
+static void mla_ragged_v(inputs *in) { in->args.v = &in->k; }
+static void mla_update_with_v(inputs *in) { in->update_v = 1; }
+static void v_pool_missing(inputs *in) { in->kv.v_data = NULL; }
+static void update_without_v(inputs *in) { in->update_v = 0; }
+static void mla_v_scale(inputs *in) { in->kv.v_scale = in->kv.k_scale; }
 
 static const bad_case cases[] = {
     {"non-monotone qo_indptr", AT_PLAN, AK_ERR_INVALID_ARG, "qo_indptr", qo_not_monotone, KV_EITHER, NULL},
@@ -149,6 +166,20 @@ static const bad_case cases[] = {
      KV_PAGED, NULL, 1},
     {"fp8: ragged v_scale NULL", AT_RUN, AK_ERR_INVALID_ARG, "args.v_scale", ragged_v_scale_null, KV_RAGGED, NULL,
      1},
+    /* multi-head latent attention: one KV head, value <= key, and no V anywhere */
+    {"mla = 2", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.mla", mla_not_bool, KV_EITHER, NULL},
+    {"mla with 2 KV heads", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.num_kv_heads", mla_two_kv_heads, KV_EITHER, NULL},
+    {"mla with head_dim_vo > head_dim_qk", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.head_dim_vo", mla_vo_above_qk,
+     KV_EITHER, NULL},
+    {"mla: a V pool in the view", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", mla_v_pool, KV_PAGED, NULL, 0, 1},
+    {"mla: ragged v given", AT_RUN, AK_ERR_INVALID_ARG, "args.v", mla_ragged_v, KV_RAGGED, NULL, 0, 1},
+    {"mla: kv_update with v on a K-only view", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->v_data", mla_update_with_v,
+     KV_PAGED, NULL, 0, 1},
+    {"mla fp8: v_scale on a K-only view", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_scale", mla_v_scale, KV_PAGED,
+     NULL, 1, 1},
+    {"K-only view without cfg.mla", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", v_pool_missing, KV_PAGED, NULL},
+    {"kv_update without v on a view with V", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "v is NULL", update_without_v,
+     KV_PAGED, NULL},
 };
 
 /* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2;
@@ -160,6 +191,10 @@ static const attn_case baseline = {
 static const attn_case decode_baseline = {
     "bad-input decode baseline", 8, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
     {{1, 40}, {1, 20}, {1, 6}}};
+/* MLA: head dims 64/64 keep o's shape the baselines' (the value is the whole K row) */
+static const attn_case mla_baseline = {
+    "bad-input mla baseline", 8, 1, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
+    {{1, 40}, {5, 20}, {6, 6}}, .mla = 1};
 
 /* 0 when backend `name` reports cfg unsupported, else 1 (any other failure
  * is left for the case itself to show). */
@@ -176,10 +211,11 @@ static int serves(const attn_case *tc, ak_device dev, const char *name)
 
 /* The baseline of `storage` that backend `name` serves on the device under
  * test (the mixed batch, else the decode one); -1 if it serves neither. */
-static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, int fp8, attn_case *out)
+static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, int fp8, int mla,
+                       attn_case *out)
 {
-    const attn_case *const tries[2] = {&baseline, &decode_baseline};
-    for (int i = 0; i < 2; i++) {
+    const attn_case *const tries[2] = {mla ? &mla_baseline : &baseline, &decode_baseline};
+    for (int i = 0; i < 2 - mla; i++) {
         attn_case tc = *tries[i];
         if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
         tc.kv_fp8 = fp8;
@@ -198,13 +234,13 @@ static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storag
  * backend does not read the storage the case is about. */
 static int pick_baseline(const test_ctx *t, const char *name, const bad_case *bc, attn_case *tc, const char **why)
 {
-    const int paged = bc->kv != KV_RAGGED && baseline_of(t, name, AK_KV_PAGED, bc->fp8, tc) == 0;
+    const int paged = bc->kv != KV_RAGGED && baseline_of(t, name, AK_KV_PAGED, bc->fp8, bc->mla, tc) == 0;
     if (paged) return 0;
     if (bc->kv == KV_PAGED) {
         *why = "reads no paged cache";
         return -1;
     }
-    if (baseline_of(t, name, AK_KV_RAGGED, bc->fp8, tc) == 0) return 0;
+    if (baseline_of(t, name, AK_KV_RAGGED, bc->fp8, bc->mla, tc) == 0) return 0;
     *why = bc->kv == KV_RAGGED ? "reads no ragged K/V" : "serves neither baseline";
     return -1;
 }
@@ -276,16 +312,17 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
         in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
         in.args.k = &in.k;
-        in.args.v = &in.v;
+        in.args.v = tc.mla ? NULL : &in.v;
         if (tc.kv_fp8) {
             in.args.kv_scale_kind = tc.kv_scale;
             in.args.k_scale = tbuf_data(&sc.k_scale_buf);
-            in.args.v_scale = tbuf_data(&sc.v_scale_buf);
+            in.args.v_scale = tc.mla ? NULL : tbuf_data(&sc.v_scale_buf);
         }
     } else {
         in.args.kv = &in.kv;
     }
     in.num_new = 2;
+    in.update_v = !tc.mla;
     in.slots[0] = 3;
     in.slots[1] = 17;
 
@@ -294,7 +331,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         ragged ? sc.k_rag.bytes
                : ak_dtype_size(sc.cfg.kv_dtype) * (size_t)sc.kv.num_blocks * tc.page_size * tc.num_kv_heads * D;
     const void *k_data = ragged ? tbuf_data(&sc.k_rag) : sc.kv.k_data;
-    const void *v_data = ragged ? tbuf_data(&sc.v_rag) : sc.kv.v_data;
+    /* MLA: no V anywhere (K twice, so the sizes agree) */
+    const void *v_data = tc.mla ? k_data : ragged ? tbuf_data(&sc.v_rag) : sc.kv.v_data;
     const uint64_t k_before = checksum(t->device, k_data, kbytes);
     const uint64_t v_before = checksum(t->device, v_data, kbytes);
 
@@ -345,7 +383,7 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         memcpy(tbuf_host(&slot_buf), in.slots, sizeof in.slots);
         tbuf_upload(&slot_buf);
         ak_tensor kt = ak_tensor_3d(tbuf_data(&nb), tc.dtype, 2, tc.num_kv_heads, D);
-        st = ak_kv_update(&in.kv, &kt, &kt, tbuf_data(&slot_buf), in.num_new, NULL);
+        st = ak_kv_update(&in.kv, &kt, in.update_v ? &kt : NULL, tbuf_data(&slot_buf), in.num_new, NULL);
         dev_sync(t->device);
         tbuf_free(&slot_buf);
     }

@@ -68,6 +68,7 @@ int main(int argc, char **argv)
     test_nonfinite(&t);
     test_threads(&t);
     test_fp8(&t);
+    test_mla(&t);
     printf("%d passed, %d failed (%d skipped as unsupported)\n", t.passed, t.failed, t.skipped);
     return t.failed ? 1 : 0;
 }

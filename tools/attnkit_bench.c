@@ -113,7 +113,7 @@ typedef struct options {
     int device_set;
     int batch, q_len, kv_len, num_prefills; /* 0 / -1: the workload's default */
     int decode_kv_len;                      /* mixed: keys of the decodes (0: kv_len) */
-    int page_size;
+    int page_size, page_size_set; /* MLA presets: 64 unless --page-size says */
     ak_kv_layout layout;
     bench_model custom; /* the preset with --heads / --head-dim applied */
     int window, window_set; /* --window */
@@ -149,6 +149,7 @@ static void usage(FILE *f)
         "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
         "                   | phi3-mini (head dim 96) | gpt-oss-20b (64/8, head dim 64, sinks, window 128)\n"
         "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
+        "                   | deepseek-v3, deepseek-v3-tp8 (MLA: 128/1 or 16/1 heads, 576/512, page 64)\n"
         "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
         "                   cannot serve the config are listed as skipped); default: the selector\n"
         "  --device D       cpu | cuda (default: cuda when a GPU is found, else cpu; the default\n"
@@ -342,6 +343,7 @@ static int parse_options(int argc, char **argv, options *o)
             o->layout = strcmp(v, "hnd") ? AK_LAYOUT_NHD : AK_LAYOUT_HND;
         } else if (!strcmp(a, "--page-size")) {
             if (parse_int(a, v, 1, &o->page_size)) return -1;
+            o->page_size_set = 1;
         } else if (!strcmp(a, "--dtype")) {
             if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3) {
                 fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16 (fp8_e4m3: --kv-dtype)\n");
@@ -394,6 +396,8 @@ static int parse_options(int argc, char **argv, options *o)
         if (o->window_set) m->window_left = o->window;
     }
     o->model = &o->models[0];
+    /* MLA engines page the latent cache by 64 tokens (FlashMLA's block size) */
+    if (o->model->mla && !o->page_size_set) o->page_size = 64;
     if (o->num_models > 1 && !o->compare) {
         fprintf(stderr, "attnkit-bench: --model takes one preset (a list only with --compare)\n");
         return -1;
@@ -612,7 +616,8 @@ static int run_layers(void *arg)
         lr->next_layer = (lr->next_layer + 1) % sc->num_layers;
         if (lr->kv_update) {
             const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
-            const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, lr->slots, sc->b.num_tokens, lr->stream);
+            const ak_status st =
+                ak_kv_update(&sc->kv[l], &k, sc->cfg.mla ? NULL : &v, lr->slots, sc->b.num_tokens, lr->stream);
             if (st != AK_OK) {
                 snprintf(lr->err, sizeof lr->err, "ak_kv_update(layer %d): %s: %s", l, ak_status_str(st),
                          ak_last_error());
@@ -628,7 +633,7 @@ static int run_layers(void *arg)
             k = scene_k_rag(sc, l);
             v = scene_v_rag(sc, l);
             args.k = &k;
-            args.v = &v;
+            args.v = sc->cfg.mla ? NULL : &v; /* MLA: the value is read from the K rows */
             scene_ragged_scales(sc, &args);
         } else {
             args.kv = &sc->kv[l];
@@ -1106,7 +1111,8 @@ static int run_scatter(void *arg)
     const bench_scene *sc = sr->sc;
     const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
     for (int l = 0; l < sc->num_layers; l++) {
-        const ak_status st = ak_kv_update(&sc->kv[l], &k, &v, sc->slots, sc->b.num_tokens, sr->stream);
+        const ak_status st = ak_kv_update(&sc->kv[l], &k, sc->cfg.mla ? NULL : &v, sc->slots, sc->b.num_tokens,
+                                          sr->stream);
         if (st != AK_OK) {
             fprintf(stderr, "attnkit-bench: ak_kv_update(layer %d): %s: %s\n", l, ak_status_str(st), ak_last_error());
             return -1;

@@ -5,11 +5,13 @@
  *   attnkit-info [--heads QO/KV] [--head-dim D | --head-dim QK/VO] [--dtype f32|f16|bf16]
  *                [--kv-dtype f32|f16|bf16|fp8_e4m3] [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged]
  *                [--window N] [--soft-cap C] [--non-causal] [--workload any|decode]
- *                [--sinks] [--invariant]
+ *                [--sinks] [--invariant] [--mla]
  *   attnkit-info --matrix       the support matrix (every backend's check(), Markdown)
  *   attnkit-info --version      the library's version
  * --dtype sets q, K/V and o; --kv-dtype then sets K/V alone (fp8_e4m3: q and
- * o stay as --dtype says, bf16 if it says nothing).
+ * o stay as --dtype says, bf16 if it says nothing). --mla: multi-head latent
+ * attention, with 128/1 heads and head dims 576/512 (DeepSeek-V3) unless
+ * --heads / --head-dim say otherwise.
  * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
  * backend that cannot).
  */
@@ -34,7 +36,7 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]\n"
             "          [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
-            "          [--workload any|decode] [--sinks] [--invariant]\n"
+            "          [--workload any|decode] [--sinks] [--invariant] [--mla]\n"
             "       %s --matrix\n"
             "       %s --version\n",
             argv0, argv0, argv0);
@@ -46,17 +48,19 @@ int main(int argc, char **argv)
     ak_attn_config_init(&cfg);
     cfg.num_qo_heads = 32;
     cfg.num_kv_heads = 8;
-    int device_given = 0, dtype_given = 0;
+    int device_given = 0, dtype_given = 0, heads_given = 0, dims_given = 0;
     ak_dtype kv_dtype = (ak_dtype)-1; /* --kv-dtype, applied after --dtype */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--heads") && v) {
             if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(argv[0]); return 2; }
+            heads_given = 1;
             i++;
         } else if (!strcmp(a, "--head-dim") && v) {
             const int n = sscanf(v, "%d/%d", &cfg.head_dim_qk, &cfg.head_dim_vo);
             if (n == 1) cfg.head_dim_vo = cfg.head_dim_qk;
             if (n < 1) { usage(argv[0]); return 2; }
+            dims_given = 1;
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
             if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(argv[0]); return 2; }
@@ -93,6 +97,8 @@ int main(int argc, char **argv)
             cfg.use_sinks = 1;
         } else if (!strcmp(a, "--invariant")) {
             cfg.batch_invariant = 1;
+        } else if (!strcmp(a, "--mla")) {
+            cfg.mla = 1;
         } else if (!strcmp(a, "--matrix")) {
             static char m[32768];
             const ak_status st = ak_support_matrix(m, sizeof m);
@@ -107,6 +113,15 @@ int main(int argc, char **argv)
             usage(argv[0]);
             return 2;
         }
+    }
+
+    if (cfg.mla && !heads_given) {
+        cfg.num_qo_heads = 128;
+        cfg.num_kv_heads = 1;
+    }
+    if (cfg.mla && !dims_given) {
+        cfg.head_dim_qk = 576;
+        cfg.head_dim_vo = 512;
     }
 
     printf("devices:\n");

@@ -21,17 +21,22 @@
  * and global layers, gpt-oss 128-window and full ones; the presets model the
  * global ones of Gemma-2 (soft-cap 50) and the windowed ones of gpt-oss
  * (--window -1 gives its full ones). deepseek-v3-prefill is the expanded
- * form of its MLA prefill (head dims 192/128), 128 heads over 8 GPUs. */
+ * form of its MLA prefill (head dims 192/128), 128 heads over 8 GPUs;
+ * deepseek-v3 and -tp8 its absorbed MLA (cfg.mla: one latent row of 576
+ * values per token, V its first 512, a K-only cache), 128 and 16 heads. */
 const bench_model bench_models[] = {
-    /* name                  Hq  Hkv  Dqk  Dvo  window soft-cap sinks layers */
-    {"llama3-8b",            32, 8,   128, 128, -1,    0.0f,    0,    32},
-    {"llama3-70b-tp8",       8,  1,   128, 128, -1,    0.0f,    0,    80}, /* 64/8 heads over 8 GPUs */
-    {"qwen2.5-7b",           28, 4,   128, 128, -1,    0.0f,    0,    28},
-    {"mistral-7b",           32, 8,   128, 128, 4095,  0.0f,    0,    32},
-    {"gemma2-9b",            16, 8,   256, 256, -1,    50.0f,   0,    42},
-    {"phi3-mini",            32, 32,  96,  96,  -1,    0.0f,    0,    32},
-    {"gpt-oss-20b",          64, 8,   64,  64,  127,   0.0f,    1,    24},
-    {"deepseek-v3-prefill",  16, 16,  192, 128, -1,    0.0f,    0,    61},
+    /* name                  Hq  Hkv  Dqk  Dvo  window soft-cap sinks layers mla */
+    {"llama3-8b",            32, 8,   128, 128, -1,    0.0f,    0,    32, 0},
+    {"llama3-70b-tp8",       8,  1,   128, 128, -1,    0.0f,    0,    80, 0}, /* 64/8 heads over 8 GPUs */
+    {"qwen2.5-7b",           28, 4,   128, 128, -1,    0.0f,    0,    28, 0},
+    {"mistral-7b",           32, 8,   128, 128, 4095,  0.0f,    0,    32, 0},
+    {"gemma2-9b",            16, 8,   256, 256, -1,    50.0f,   0,    42, 0},
+    {"phi3-mini",            32, 32,  96,  96,  -1,    0.0f,    0,    32, 0},
+    {"gpt-oss-20b",          64, 8,   64,  64,  127,   0.0f,    1,    24, 0},
+    {"deepseek-v3-prefill",  16, 16,  192, 128, -1,    0.0f,    0,    61, 0},
+    /* MLA decode in the absorbed form: one latent row of 512 + 64 per token */
+    {"deepseek-v3",          128, 1,  576, 512, -1,    0.0f,    0,    61, 1},
+    {"deepseek-v3-tp8",      16, 1,   576, 512, -1,    0.0f,    0,    61, 1}, /* 128 heads over 8 GPUs */
 };
 const int bench_num_models = (int)(sizeof bench_models / sizeof bench_models[0]);
 
@@ -159,6 +164,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->window_left = m->window_left;
     c->logits_soft_cap = m->soft_cap;
     c->use_sinks = m->sinks;
+    c->mla = m->mla;
     c->batch_invariant = batch_invariant;
     c->q_dtype = c->o_dtype = dtype;
     c->kv_dtype = kv_dtype;
@@ -215,7 +221,8 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
         if (Q > 0 && last_hi >= first_lo) kv_rows_read += last_hi - first_lo + 1;
     }
     sc->flops = 2.0 * (Dqk + Dvo) * (double)Hq * (double)sc->visible_keys;
-    sc->bytes = (double)kv_rows_read * Hk * (Dqk + Dvo) * (double)ak_dtype_size(c->kv_dtype) +
+    /* MLA: a key's value is part of its K row, read once */
+    sc->bytes = (double)kv_rows_read * Hk * (Dqk + (c->mla ? 0 : Dvo)) * (double)ak_dtype_size(c->kv_dtype) +
                 (double)sc->b.num_tokens * Hq *
                     ((double)Dqk * ak_dtype_size(c->q_dtype) + (double)Dvo * ak_dtype_size(c->o_dtype));
     return 0;
@@ -366,17 +373,17 @@ static int write_new_tokens(bench_scene *sc, uint64_t seed)
     sc->slots = bd_malloc(ctx, sizeof(int64_t) * (size_t)T);
     const ak_dtype rows = new_rows_dtype(c);
     sc->k_new = bd_malloc(ctx, ak_dtype_size(rows) * (size_t)T * c->num_kv_heads * c->head_dim_qk);
-    sc->v_new = bd_malloc(ctx, ak_dtype_size(rows) * (size_t)T * c->num_kv_heads * c->head_dim_vo);
-    if (!sc->slots || !sc->k_new || !sc->v_new) goto done;
+    if (!c->mla) sc->v_new = bd_malloc(ctx, ak_dtype_size(rows) * (size_t)T * c->num_kv_heads * c->head_dim_vo);
+    if (!sc->slots || !sc->k_new || (!c->mla && !sc->v_new)) goto done;
     if (bd_upload(ctx, sc->slots, meta.slot_mapping, sizeof(int64_t) * (size_t)T)) goto done;
     if (fill_random(ctx, sc->k_new, rows, (size_t)T * c->num_kv_heads * c->head_dim_qk, K_SCALE,
                     derive_seed(seed, SEED_K_NEW, 0)) ||
-        fill_random(ctx, sc->v_new, rows, (size_t)T * c->num_kv_heads * c->head_dim_vo, 1.0f,
-                    derive_seed(seed, SEED_V_NEW, 0)))
+        (!c->mla && fill_random(ctx, sc->v_new, rows, (size_t)T * c->num_kv_heads * c->head_dim_vo, 1.0f,
+                                derive_seed(seed, SEED_V_NEW, 0))))
         goto done;
     const ak_tensor k = scene_k_new(sc), v = scene_v_new(sc);
     for (int l = 0; l < sc->num_layers; l++) {
-        if (ak_kv_update(&sc->kv[l], &k, &v, sc->slots, T, ctx->stream) != AK_OK) {
+        if (ak_kv_update(&sc->kv[l], &k, c->mla ? NULL : &v, sc->slots, T, ctx->stream) != AK_OK) {
             fprintf(stderr, "attnkit-bench: ak_kv_update(layer %d): %s\n", l, ak_last_error());
             goto done;
         }
@@ -398,7 +405,9 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     const ak_attn_config *c = &sc->cfg;
     const int Hq = c->num_qo_heads, Hk = c->num_kv_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
     const size_t kv_esz = ak_dtype_size(c->kv_dtype);
-    const size_t block_elems_k = (size_t)c->page_size * Hk * Dqk, block_elems_v = (size_t)c->page_size * Hk * Dvo;
+    /* MLA: K pools only */
+    const size_t block_elems_k = (size_t)c->page_size * Hk * Dqk,
+                 block_elems_v = c->mla ? 0 : (size_t)c->page_size * Hk * Dvo;
     const size_t pool_bytes = (size_t)sc->b.num_blocks * (block_elems_k + block_elems_v) * kv_esz;
     sc->q_layer_bytes = ak_dtype_size(c->q_dtype) * (size_t)sc->b.num_tokens * Hq * Dqk;
     sc->o_layer_bytes = ak_dtype_size(c->o_dtype) * (size_t)sc->b.num_tokens * Hq * Dvo;
@@ -409,12 +418,13 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
             return -1;
         }
         sc->k_rag_layer_bytes = kv_esz * (size_t)sc->b.num_kv_tokens * Hk * Dqk;
-        sc->v_rag_layer_bytes = kv_esz * (size_t)sc->b.num_kv_tokens * Hk * Dvo;
+        sc->v_rag_layer_bytes = c->mla ? 0 : kv_esz * (size_t)sc->b.num_kv_tokens * Hk * Dvo;
     }
     const size_t per_layer =
         pool_bytes + sc->q_layer_bytes + sc->o_layer_bytes + sc->k_rag_layer_bytes + sc->v_rag_layer_bytes;
     const size_t fixed =
-        (size_t)sc->b.num_tokens * (Hk * (size_t)(Dqk + Dvo) * ak_dtype_size(new_rows_dtype(c)) + sizeof(int64_t));
+        (size_t)sc->b.num_tokens * (Hk * (size_t)(Dqk + (c->mla ? 0 : Dvo)) * ak_dtype_size(new_rows_dtype(c)) +
+                                    sizeof(int64_t));
 
     /* how many layers to rotate through */
     const double cache = (double)ctx->cache_bytes;
@@ -488,8 +498,8 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
         /* whole pools, unused blocks too: never zeros, and a stray read finds noise */
         if (fill_random(ctx, sc->kv[l].k_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_k, K_SCALE,
                         derive_seed(seed, SEED_K, (uint64_t)l)) ||
-            fill_random(ctx, sc->kv[l].v_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_v, 1.0f,
-                        derive_seed(seed, SEED_V, (uint64_t)l)) ||
+            (!c->mla && fill_random(ctx, sc->kv[l].v_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_v,
+                                    1.0f, derive_seed(seed, SEED_V, (uint64_t)l))) ||
             fill_random(ctx, (char *)sc->q + (size_t)l * sc->q_layer_bytes, c->q_dtype,
                         (size_t)sc->b.num_tokens * Hq * Dqk, 1.0f, derive_seed(seed, SEED_Q, (uint64_t)l)))
             return -1;
@@ -506,14 +516,15 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
     }
     if (sc->ragged_kv) {
         sc->k_rag = bd_malloc(ctx, sc->k_rag_layer_bytes * (size_t)layers);
-        sc->v_rag = bd_malloc(ctx, sc->v_rag_layer_bytes * (size_t)layers);
-        if (!sc->k_rag || !sc->v_rag) return -1;
+        if (!c->mla) sc->v_rag = bd_malloc(ctx, sc->v_rag_layer_bytes * (size_t)layers);
+        if (!sc->k_rag || (!c->mla && !sc->v_rag)) return -1;
         /* the seeds of k_new / v_new: the same values as the cache's rows */
         for (int l = 0; l < layers; l++)
             if (fill_random(ctx, (char *)sc->k_rag + (size_t)l * sc->k_rag_layer_bytes, c->kv_dtype,
                             (size_t)sc->b.num_kv_tokens * Hk * Dqk, K_SCALE, derive_seed(seed, SEED_K_NEW, 0)) ||
-                fill_random(ctx, (char *)sc->v_rag + (size_t)l * sc->v_rag_layer_bytes, c->kv_dtype,
-                            (size_t)sc->b.num_kv_tokens * Hk * Dvo, 1.0f, derive_seed(seed, SEED_V_NEW, 0)))
+                (!c->mla && fill_random(ctx, (char *)sc->v_rag + (size_t)l * sc->v_rag_layer_bytes, c->kv_dtype,
+                                        (size_t)sc->b.num_kv_tokens * Hk * Dvo, 1.0f,
+                                        derive_seed(seed, SEED_V_NEW, 0))))
                 return -1;
     }
     return write_new_tokens(sc, seed);
@@ -740,7 +751,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     if (ctx->dev.kind != AK_DEVICE_CPU) {
         const size_t esz = ak_dtype_size(c->kv_dtype);
         const size_t kb = esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dqk;
-        const size_t vb = esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dvo;
+        const size_t vb = c->mla ? 1 : esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dvo;
         kpool = malloc(kb);
         vpool = malloc(vb);
         if (!kpool || !vpool) {
@@ -748,9 +759,10 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
                     (double)(kb + vb) / (1 << 30));
             goto done;
         }
-        if (bd_download(ctx, kpool, kv.k_data, kb) || bd_download(ctx, vpool, kv.v_data, vb)) goto done;
+        if (bd_download(ctx, kpool, kv.k_data, kb) || (!c->mla && bd_download(ctx, vpool, kv.v_data, vb)))
+            goto done;
         kv.k_data = kpool;
-        kv.v_data = vpool;
+        kv.v_data = c->mla ? NULL : vpool;
         if (sc->kv_scales) kv.k_scale = kv.v_scale = sc->kv_scales_host;
         kv.device.kind = AK_DEVICE_CPU;
         kv.device.index = 0;

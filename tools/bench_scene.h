@@ -26,6 +26,7 @@ typedef struct bench_model {
     float soft_cap;    /* 0: off */
     int sinks;         /* attention sinks (cfg.use_sinks) */
     int num_layers;    /* the model's layers (said when the rotation needs more) */
+    int mla;           /* multi-head latent attention (cfg.mla): one KV head, a K-only cache */
 } bench_model;
 
 extern const bench_model bench_models[];

@@ -239,6 +239,7 @@ int scn_cache_create(const ak_attn_config *cfg, int num_layers, int num_blocks, 
     kc.dtype = cfg->kv_dtype;
     kc.layout = cfg->kv_layout;
     kc.device = cfg->device;
+    kc.mla = cfg->mla;
     if (ak_kv_cache_create(&kc, out) != AK_OK) return -1;
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)num_blocks);
     const int ok = ids && ak_kv_cache_alloc(*out, num_blocks, ids) == AK_OK;

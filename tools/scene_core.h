@@ -75,7 +75,7 @@ void scn_batch_free(scn_batch *b);
 /* ---- the cache ------------------------------------------------------------- */
 
 /* num_layers pools of num_blocks blocks shaped for cfg (its heads, head dims,
- * kv dtype, layout, page size, device), every block allocated, as an
+ * kv dtype, layout, page size, device; K pools alone for cfg.mla), every block allocated, as an
  * engine's running requests hold them. Returns 0, or -1 with ak_last_error. */
 int scn_cache_create(const ak_attn_config *cfg, int num_layers, int num_blocks, ak_kv_cache **out);
 

@@ -110,13 +110,16 @@ class Config:
     logits_soft_cap (0: off), q_dtype, kv_dtype, o_dtype ('f32', 'f16', 'bf16',
     'fp8_e4m3' or a torch dtype), device ('cpu', 'cuda', 'cuda:N'), kv_storage
     ('paged', 'ragged'), kv_layout ('NHD', 'HND'), page_size, workload ('any',
-    'decode'), use_sinks (run() then takes sinks=), batch_invariant.
+    'decode'), use_sinks (run() then takes sinks=), batch_invariant, mla
+    (multi-head latent attention: one KV head, the value is the first
+    head_dim_vo of each K row; run() and kv_update() then take v_cache None
+    and a K-only cache, KVCache(..., mla=True)).
     Shorthands: head_dim= sets both head dims, dtype= all three dtypes.
     """
 
     FIELDS = ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "sm_scale", "causal",
               "window_left", "logits_soft_cap", "q_dtype", "kv_dtype", "o_dtype", "device",
-              "kv_storage", "kv_layout", "page_size", "workload", "use_sinks", "batch_invariant")
+              "kv_storage", "kv_layout", "page_size", "workload", "use_sinks", "batch_invariant", "mla")
 
     def __init__(self, head_dim=None, dtype=None, **fields):
         c = _capi.ak_attn_config()
@@ -138,6 +141,7 @@ class Config:
         self.causal = bool(c.causal)
         self.use_sinks = bool(c.use_sinks)
         self.batch_invariant = bool(c.batch_invariant)
+        self.mla = bool(c.mla)
         for f in ("q_dtype", "kv_dtype", "o_dtype"):
             setattr(self, f, _capi_dtype_name(getattr(c, f)))
         self.device = _device_str((c.device.kind, c.device.index))
@@ -160,6 +164,7 @@ class Config:
         c.causal = int(self.causal)
         c.use_sinks = int(self.use_sinks)
         c.batch_invariant = int(self.batch_invariant)
+        c.mla = int(self.mla)
         c.sm_scale = float(self.sm_scale)
         c.logits_soft_cap = float(self.logits_soft_cap)
         for f in ("q_dtype", "kv_dtype", "o_dtype"):
@@ -266,14 +271,26 @@ def _check_device(args, device):
                                   f"{_device_str(device)}")
 
 
-def _scales(k_scale, v_scale, num_kv_heads, device):
+def _scales(k_scale, v_scale, num_kv_heads, device, has_v=True):
     """(ak_kv_scale_kind, k_scale address, v_scale address, keep) for fp8 K/V:
     both None (no scales), or f32 tensors of 1 element (per layer) or
     num_kv_heads (per head) on the K/V's device. The C library reads them when
     run() or kv_update executes, so their values may change between calls (and
-    a captured CUDA graph reads them at each replay)."""
+    a captured CUDA graph reads them at each replay). has_v False (MLA: the
+    value is part of the K row): k_scale alone, which scales both."""
     if k_scale is None and v_scale is None:
         return _capi.AK_KV_SCALE_NONE, None, None, ()
+    if not has_v:
+        if v_scale is not None:
+            raise InvalidArgument("v_scale is given, but the value is read from the K rows (MLA): "
+                                  "k_scale scales both")
+        ka = _as_arg(k_scale, "k_scale")
+        _check_device((ka,), device)
+        if ka.dtype != "f32" or ka.numel() not in (1, num_kv_heads):
+            raise InvalidArgument(f"k_scale has dtype {ka.dtype} and {ka.numel()} elements: f32, 1 (per "
+                                  f"layer) or num_kv_heads = {num_kv_heads} (per head)")
+        kind = _capi.AK_KV_SCALE_PER_LAYER if ka.numel() == 1 else _capi.AK_KV_SCALE_PER_HEAD
+        return kind, ka.ptr or None, None, (ka,)
     if k_scale is None or v_scale is None:
         raise InvalidArgument(f"{'k_scale' if k_scale is None else 'v_scale'} is None but "
                               f"{'v_scale' if k_scale is None else 'k_scale'} is given: fp8 K/V take both")
@@ -294,10 +311,14 @@ def _scales(k_scale, v_scale, num_kv_heads, device):
     return kind, ka.ptr or None, va.ptr or None, (ka, va)
 
 
-def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None):
+def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=None):
     """ak_paged_kv from two 4-D cache tensors; the layout says which of dims 1
     and 2 is the page. fp8 caches (torch.float8_e4m3fn) take their layer's
-    scales (see _scales); the view's `keep` attribute holds them."""
+    scales (see _scales); the view's `keep` attribute holds them. v_cache
+    None: a K-only view (MLA), whose values are the first head_dim_vo (None:
+    all) of each K row."""
+    if v_cache is None:
+        return _k_only_kv(k_cache, layout, k_scale, v_scale, head_dim_vo)
     for a in (k_cache, v_cache):
         if len(a.shape) != 4:
             raise InvalidArgument(
@@ -340,10 +361,42 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None):
     return kv
 
 
+def _k_only_kv(k_cache, layout, k_scale, v_scale, head_dim_vo):
+    """_paged_kv for a K-only cache (v_data NULL)."""
+    a = k_cache
+    if len(a.shape) != 4:
+        raise InvalidArgument(f"{a.name} has shape {list(a.shape)}; a paged cache is 4-D")
+    inner = (a.shape[2] * a.shape[3], a.shape[3], 1)
+    for d in (1, 2, 3):
+        if a.shape[d] > 1 and a.stride[d] != inner[d - 1]:
+            raise InvalidArgument(f"{a.name}.stride[{d}] = {a.stride[d]}, expected {inner[d - 1]}: a block "
+                                  "must be packed (only the block stride may differ)")
+    code = _DTYPES[a.dtype][0]
+    if code is None:
+        raise InvalidArgument(f"k_cache has dtype {a.dtype}; a KV cache is f32, f16, bf16 or fp8_e4m3")
+    kv = _capi.ak_paged_kv()
+    kv.k_data, kv.v_data = a.ptr or None, None
+    kv.dtype = code
+    kv.layout = layout
+    kv.device.kind, kv.device.index = a.device
+    kv.num_blocks = a.shape[0]
+    if layout == _capi.AK_LAYOUT_HND:
+        kv.num_kv_heads, kv.page_size = a.shape[1], a.shape[2]
+    else:
+        kv.page_size, kv.num_kv_heads = a.shape[1], a.shape[2]
+    kv.head_dim_qk = a.shape[3]
+    kv.head_dim_vo = a.shape[3] if head_dim_vo is None else int(head_dim_vo)
+    kv.k_block_stride = a.stride[0] if a.shape[0] > 1 else 0
+    kv.scale_kind, kv.k_scale, kv.v_scale, kv.keep = _scales(k_scale, v_scale, kv.num_kv_heads, a.device,
+                                                             has_v=False)
+    return kv
+
+
 def _kv_update(kv, k, v, slot_ptr, num_tokens, device, stream):
-    tk, tv = k.to_ak_tensor(), v.to_ak_tensor()
-    _check(_lib.ak_kv_update(ctypes.byref(kv), ctypes.byref(tk), ctypes.byref(tv), slot_ptr,
-                             num_tokens, _stream_handle(stream, device)))
+    tk = k.to_ak_tensor()
+    tv = v.to_ak_tensor() if v is not None else None
+    _check(_lib.ak_kv_update(ctypes.byref(kv), ctypes.byref(tk), ctypes.byref(tv) if tv is not None else None,
+                             slot_ptr, num_tokens, _stream_handle(stream, device)))
 
 
 def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k_scale=None, v_scale=None):
@@ -354,9 +407,12 @@ def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k
     or bf16 rows and quantizes them with k_scale / v_scale (f32 tensors of 1 or
     num_kv_heads elements on the cache's device; None: scale 1).
     slot_mapping: int64, a list or host array for a CPU cache, a torch tensor on
-    the cache's device."""
-    kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
-    ka, va = _as_arg(k, "k"), _as_arg(v, "v")
+    the cache's device. A K-only cache (MLA: the value is part of the K row)
+    takes v_cache None and v None."""
+    kc = _as_arg(k_cache, "k_cache")
+    vc = _as_arg(v_cache, "v_cache") if v_cache is not None else None
+    ka = _as_arg(k, "k")
+    va = _as_arg(v, "v") if v is not None else None
     kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"), k_scale, v_scale)
     _check_device((ka, va), kc.device)
     num_tokens = ka.shape[0] if ka.shape else 0
@@ -501,7 +557,8 @@ class Backend:
         tensors of 1 (per layer) or num_kv_heads (per head) elements on the
         config's device (None: scale 1). sinks: with config.use_sinks, the
         layer's sink logits, f32 [num_qo_heads] on the config's device (each
-        layer passes its own; None otherwise)."""
+        layer passes its own; None otherwise). config.mla: v_cache is None
+        (the value is the first head_dim_vo of each K row; fp8: k_scale alone)."""
         self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale, sinks)(stream)
 
     def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None, sinks=None):
@@ -512,7 +569,8 @@ class Backend:
         qa, oa = _as_arg(q, "q"), _as_arg(o, "o")
         la = _as_arg(lse, "lse") if lse is not None else None
         sa = _as_arg(sinks, "sinks") if sinks is not None else None
-        kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
+        kc = _as_arg(k_cache, "k_cache")
+        vc = _as_arg(v_cache, "v_cache") if v_cache is not None else None
         _check_device((qa, oa, la, sa, kc, vc), self._device)
         tq, to = qa.to_ak_tensor(), oa.to_ak_tensor()
         args = _capi.ak_run_args()
@@ -525,14 +583,18 @@ class Backend:
             ts = sa.to_ak_tensor()
             args.sinks = ctypes.pointer(ts)
         if self._paged:
-            kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale)
+            kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo)
             args.kv = ctypes.pointer(kv)
             scales = kv.keep
         else:
-            tk, tv = kc.to_ak_tensor(), vc.to_ak_tensor()
-            args.k, args.v = ctypes.pointer(tk), ctypes.pointer(tv)
+            tk = kc.to_ak_tensor()
+            args.k = ctypes.pointer(tk)
+            if vc is not None:
+                tv = vc.to_ak_tensor()
+                args.v = ctypes.pointer(tv)
             heads = kc.shape[1] if len(kc.shape) == 3 else 0
-            args.kv_scale_kind, args.k_scale, args.v_scale, scales = _scales(k_scale, v_scale, heads, self._device)
+            args.kv_scale_kind, args.k_scale, args.v_scale, scales = _scales(k_scale, v_scale, heads, self._device,
+                                                                             has_v=vc is not None)
         args_ref, run, device = ctypes.byref(args), _lib.ak_backend_run, self._device
 
         def call(stream=None):
@@ -544,14 +606,17 @@ class Backend:
         """ak_kv_update with this backend's planned slot mapping (capturable in
         the same CUDA graph as run()); k has the planned number of tokens.
         Paged storage only: a ragged backend's K/V are the caller's tensors.
-        An fp8 cache quantizes k and v with k_scale / v_scale (see run)."""
+        An fp8 cache quantizes k and v with k_scale / v_scale (see run). A
+        K-only cache (config.mla) takes v_cache None and v None."""
         if not self._paged:
             raise InvalidArgument("kv_update: config.kv_storage is 'ragged', whose K/V have no cache "
                                   "slots; write a paged cache with attnkit.kv_update(..., slot_mapping)")
-        kc, vc = _as_arg(k_cache, "k_cache"), _as_arg(v_cache, "v_cache")
-        ka, va = _as_arg(k, "k"), _as_arg(v, "v")
+        kc = _as_arg(k_cache, "k_cache")
+        vc = _as_arg(v_cache, "v_cache") if v_cache is not None else None
+        ka = _as_arg(k, "k")
+        va = _as_arg(v, "v") if v is not None else None
         _check_device((kc, vc, ka, va), self._device)
-        kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale)
+        kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo)
         n = ka.shape[0] if ka.shape else 0
         if n != self.planned_tokens:
             raise InvalidArgument(f"k.shape[0] = {n}, expected the planned tokens "

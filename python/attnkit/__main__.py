@@ -8,6 +8,7 @@ reasons (ak_explain). The same options and output as tools/attnkit_info.c:
                       [--dtype f32|f16|bf16] [--device cpu|cuda] [--page-size N]
                       [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C]
                       [--non-causal] [--workload any|decode] [--sinks] [--invariant]
+                      [--mla]
     python -m attnkit --matrix
     python -m attnkit --version
 
@@ -23,7 +24,7 @@ EXPLAIN_CAP = 16384  # attnkit-info's buffers
 MATRIX_CAP = 32768
 USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]
           [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]
-          [--workload any|decode] [--sinks] [--invariant]
+          [--workload any|decode] [--sinks] [--invariant] [--mla]
        {0} --matrix
        {0} --version
 """
@@ -57,8 +58,10 @@ def _atof(s):
 def _parse(argv, cfg):
     """Fills cfg from the options; returns (device_given, what, kv): what is
     "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
-    main to apply after the device's default dtype."""
+    main to apply after the device's default dtype. --mla without --heads /
+    --head-dim: 128/1 heads, 576/512 (DeepSeek-V3), as attnkit-info."""
     device_given = False
+    heads_given = dims_given = False
     dtype_given, kv_dtype = False, None  # --kv-dtype, applied after --dtype
     i = 0
     while i < len(argv):
@@ -70,12 +73,14 @@ def _parse(argv, cfg):
             if len(heads) != 2:
                 raise _Usage()
             cfg.num_qo_heads, cfg.num_kv_heads = heads
+            heads_given = True
         elif a == "--head-dim" and v is not None:
             dims = _ints(v, 2)
             if not dims:
                 raise _Usage()
             cfg.head_dim_qk = dims[0]
             cfg.head_dim_vo = dims[-1]
+            dims_given = True
         elif a == "--dtype" and v is not None:
             if v not in DTYPES:
                 raise _Usage()
@@ -114,9 +119,15 @@ def _parse(argv, cfg):
                 cfg.use_sinks = 1
             elif a == "--invariant":
                 cfg.batch_invariant = 1
+            elif a == "--mla":
+                cfg.mla = 1
             else:
                 raise _Usage()
         i += 2 if takes_value else 1
+    if cfg.mla and not heads_given:
+        cfg.num_qo_heads, cfg.num_kv_heads = 128, 1
+    if cfg.mla and not dims_given:
+        cfg.head_dim_qk, cfg.head_dim_vo = 576, 512
     return device_given, None, (dtype_given, kv_dtype)
 
 

@@ -25,10 +25,13 @@ class KVCache:
     """ak_kv_cache: num_layers K/V pools of num_blocks blocks and their block
     allocator. num_layers=0 makes the allocator alone, for an engine whose
     pools are its own tensors (block ids index their first dimension).
+    head_dim_vo: the value's head dim (None: head_dim). mla=True: K pools only
+    (multi-head latent attention: head_dim = latent + rotary width, head_dim_vo
+    = latent width, the value is the first head_dim_vo of each K row).
     close() (or the end of a with-block, or garbage collection) destroys it. Failures raise attnkit.Error subclasses with the C message."""
 
     def __init__(self, num_blocks, page_size=16, num_kv_heads=8, head_dim=128, num_layers=1,
-                 dtype="f16", layout="NHD", device="cpu"):
+                 dtype="f16", layout="NHD", device="cpu", head_dim_vo=None, mla=False):
         from . import _check, _dtype_code, _enum_value, _LAYOUTS, _lib, _parse_device
         _declare(_lib)
         self._lib, self._check, self._h = _lib, _check, None
@@ -36,7 +39,9 @@ class KVCache:
         _lib.ak_kv_cache_config_init(ctypes.byref(c))
         c.num_layers, c.num_blocks, c.page_size, c.num_kv_heads = (int(num_layers), int(num_blocks),
                                                                    int(page_size), int(num_kv_heads))
-        c.head_dim_qk = c.head_dim_vo = int(head_dim)
+        c.head_dim_qk = int(head_dim)
+        c.head_dim_vo = int(head_dim if head_dim_vo is None else head_dim_vo)
+        c.mla = int(bool(mla))
         c.dtype = _dtype_code(dtype, "dtype")
         c.layout = _enum_value(_LAYOUTS, layout, "layout")
         c.device.kind, c.device.index = _parse_device(device, "device")

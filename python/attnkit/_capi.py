@@ -124,6 +124,7 @@ class ak_attn_config(ctypes.Structure):
         ("workload", c_int),
         ("use_sinks", c_int),
         ("batch_invariant", c_int),
+        ("mla", c_int),
     ]
 
 
@@ -170,6 +171,7 @@ class ak_kv_cache_config(ctypes.Structure):
         ("dtype", c_int),
         ("layout", c_int),
         ("device", ak_device),
+        ("mla", c_int),
     ]
 
 

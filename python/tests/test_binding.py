@@ -77,7 +77,8 @@ class Scene:
         sinks = attnkit.View(self.sinks, (self.Hq,)) if self.cfg.use_sinks else None
         return dict(sinks=sinks, q=attnkit.View(self.q, (self.num_tokens, self.Hq, self.Dqk)),
                     k_cache=attnkit.View(self.k_cache, self.cache_shape(self.Dqk)),
-                    v_cache=attnkit.View(self.v_cache, self.cache_shape(self.Dvo)),
+                    # MLA: a K-only cache, the value read from the K rows
+                    v_cache=None if self.cfg.mla else attnkit.View(self.v_cache, self.cache_shape(self.Dvo)),
                     o=attnkit.View(self.o, (self.num_tokens, self.Hq, self.Dvo)),
                     lse=attnkit.View(self.lse, (self.num_tokens, self.Hq)))
 
@@ -107,7 +108,8 @@ class Scene:
         of attnkit.h: positions kv_len - q_len .., window and causal masks, the
         soft-cap on scaled logits, o = 0 and lse = -inf for a row with no key;
         with sinks, exp(sink_h) joins every row's denominator (a row with no
-        key: o = 0, lse = sink_h)."""
+        key: o = 0, lse = sink_h). MLA: the value of a key is the first Dvo
+        values of its K row."""
         cfg = self.cfg
         scale = cfg.sm_scale or 1.0 / math.sqrt(self.Dqk)
         cap, w = cfg.logits_soft_cap, cfg.window_left
@@ -128,7 +130,8 @@ class Scene:
                         if cap > 0:
                             s = cap * math.tanh(s / cap)
                         logits.append(s)
-                        rows.append(self.kv_row(self.v_cache, self.Dvo, r, j, g))
+                        rows.append(self.kv_row(self.k_cache, self.Dqk, r, j, g)[:self.Dvo] if cfg.mla
+                                    else self.kv_row(self.v_cache, self.Dvo, r, j, g))
                     sink = self.sinks[h] if cfg.use_sinks else None
                     if not logits:
                         o.extend([0.0] * self.Dvo)
@@ -168,6 +171,9 @@ CASES = {
     "sinks_window": (dict(num_qo_heads=4, num_kv_heads=1, head_dim=8, page_size=4,
                           window_left=3, use_sinks=True),
                      [(1, 9), (5, 5), (2, 11)]),
+    "mla_latent": (dict(num_qo_heads=4, num_kv_heads=1, head_dim_qk=12, head_dim_vo=8, page_size=4,
+                        sm_scale=0.3, mla=True),
+                   [(1, 9), (3, 7), (0, 2), (2, 2)]),
 }
 
 
@@ -210,6 +216,17 @@ class TestLibrary(unittest.TestCase):
             self.assertTrue(view.k_data and view.v_data)
         finally:
             attnkit._lib.ak_kv_cache_destroy(cache)
+        # MLA: K pools only, a K-only view
+        kc.mla, kc.head_dim_qk, kc.head_dim_vo = 1, 12, 8
+        self.assertEqual(attnkit._lib.ak_kv_cache_create(ctypes.byref(kc), ctypes.byref(cache)), 0)
+        try:
+            view = _capi.ak_paged_kv()
+            self.assertEqual(attnkit._lib.ak_kv_cache_layer(cache, 0, ctypes.byref(view)), 0)
+            self.assertTrue(view.k_data)
+            self.assertIsNone(view.v_data)
+            self.assertEqual((view.head_dim_qk, view.head_dim_vo, view.v_block_stride), (12, 8, 0))
+        finally:
+            attnkit._lib.ak_kv_cache_destroy(cache)
 
     def test_allocator_alone(self):
         with attnkit.KVCache(8, page_size=4, num_kv_heads=1, head_dim=8, num_layers=0) as c:
@@ -221,6 +238,11 @@ class TestLibrary(unittest.TestCase):
         with self.assertRaises(attnkit.InvalidArgument) as cm:
             attnkit.KVCache(8, num_layers=-1)
         self.assertIn("num_layers", str(cm.exception))
+        with attnkit.KVCache(8, num_kv_heads=1, head_dim=576, head_dim_vo=512, mla=True) as c:
+            self.assertEqual(len(c.alloc(8)), 8)
+        with self.assertRaises(attnkit.InvalidArgument) as cm:
+            attnkit.KVCache(8, num_kv_heads=1, head_dim=64, head_dim_vo=128, mla=True)
+        self.assertIn("head_dim_vo", str(cm.exception))
 
     def test_config_defaults_and_fields(self):
         c = attnkit.Config()
@@ -372,6 +394,38 @@ class TestKvUpdate(unittest.TestCase):
                                      list(v_new[(t * 2 + g) * 8:(t * 2 + g + 1) * 8]))
                 t += 1
 
+    def test_mla_k_only(self):
+        """MLA: kv_update writes the K rows alone (v None), run() reads the value
+        from them (v_cache None); a V pool or a v is refused, naming it."""
+        cfg = attnkit.Config(num_qo_heads=4, num_kv_heads=1, head_dim_qk=12, head_dim_vo=8, page_size=4,
+                             mla=True)
+        sc = Scene(cfg, [(1, 6), (3, 3)], seed=9)
+        n = sc.num_tokens
+        k_new = array.array("f", (0.01 * i for i in range(n * 12)))
+        for backend in CPU_BACKENDS:
+            with self.subTest(backend=backend), attnkit.Backend(cfg, sc.limits(), name=backend) as b:
+                b.plan(sc.qo_indptr, sc.kv_lens, sc.block_table)
+                v = sc.views()
+                self.assertIsNone(v["v_cache"])
+                b.kv_update(v["k_cache"], None, attnkit.View(k_new, (n, 1, 12)), None)
+                sc.poison()
+                b.run(**v)
+                self.assertLess(max_abs_diff(sc.o, sc.reference()[0]), TOL)
+                with self.assertRaises(attnkit.InvalidArgument) as cm:
+                    b.kv_update(v["k_cache"], None, attnkit.View(k_new, (n, 1, 12)),
+                                attnkit.View(k_new, (n, 1, 12)))
+                self.assertIn("v is given", str(cm.exception))
+                pool = attnkit.View(sc.v_cache, sc.cache_shape(8))
+                with self.assertRaises(attnkit.InvalidArgument) as cm:
+                    b.run(**dict(v, v_cache=pool))
+                self.assertIn("v_data", str(cm.exception))
+        t = 0
+        for r, (q_len, kv_len) in enumerate(sc.reqs):
+            for i in range(q_len):
+                p = kv_len - q_len + i
+                self.assertEqual(list(sc.kv_row(sc.k_cache, 12, r, p, 0)), list(k_new[t * 12:(t + 1) * 12]))
+                t += 1
+
     def test_explicit_slots_and_padding(self):
         k_cache = array.array("f", [0.0] * (3 * 2 * 1 * 4))  # 3 blocks, page 2, 1 head, dim 4
         v_cache = array.array("f", [0.0] * (3 * 2 * 1 * 4))
@@ -480,7 +534,7 @@ class TestTorchCpu(unittest.TestCase):
         dtype = dtype or torch.float32
         q = torch.tensor(sc.q.tolist()).view(sc.num_tokens, sc.Hq, sc.Dqk).to(dtype)
         kc = torch.tensor(sc.k_cache.tolist()).view(sc.cache_shape(sc.Dqk)).to(dtype)
-        vc = torch.tensor(sc.v_cache.tolist()).view(sc.cache_shape(sc.Dvo)).to(dtype)
+        vc = None if sc.cfg.mla else torch.tensor(sc.v_cache.tolist()).view(sc.cache_shape(sc.Dvo)).to(dtype)
         o = torch.full((sc.num_tokens, sc.Hq, sc.Dvo), NAN, dtype=dtype)
         lse = torch.full((sc.num_tokens, sc.Hq), NAN)
         return q, kc, vc, o, lse

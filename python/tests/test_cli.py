@@ -14,7 +14,9 @@ import attnkit
 CASES = ([], ["--device", "cpu", "--heads", "8/2", "--head-dim", "64", "--dtype", "bf16"],
          ["--ragged", "--workload", "decode"], ["--device", "cuda"], ["--version"],
          ["--heads", "3"], ["--bogus"], ["--matrix"], ["--sinks", "--invariant", "--window", "127"],
-         ["--kv-dtype", "fp8_e4m3"], ["--dtype", "f16", "--kv-dtype", "fp8_e4m3", "--device", "cuda"])
+         ["--kv-dtype", "fp8_e4m3"], ["--dtype", "f16", "--kv-dtype", "fp8_e4m3", "--device", "cuda"],
+         ["--mla", "--dtype", "bf16", "--page-size", "64"], ["--mla", "--heads", "16/2"],
+         ["--mla", "--device", "cuda"])
 
 
 def _env():

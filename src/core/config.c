@@ -136,6 +136,17 @@ void ak_attn_config_init(ak_attn_config *cfg)
     cfg->page_size = 16;
 }
 
+void ak_mla_config_init(ak_attn_config *cfg, int num_heads, int kv_lora_rank, int rope_dim, float sm_scale)
+{
+    ak_attn_config_init(cfg);
+    cfg->num_qo_heads = num_heads;
+    cfg->num_kv_heads = 1;
+    cfg->head_dim_qk = kv_lora_rank + rope_dim;
+    cfg->head_dim_vo = kv_lora_rank;
+    cfg->sm_scale = sm_scale;
+    cfg->mla = 1;
+}
+
 void ak_limits_init(ak_limits *lim)
 {
     memset(lim, 0, sizeof *lim);
@@ -240,6 +251,16 @@ ak_status ak_config_validate(const ak_attn_config *cfg)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.use_sinks = %d must be 0 or 1", cfg->use_sinks);
     if (cfg->batch_invariant != 0 && cfg->batch_invariant != 1)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.batch_invariant = %d must be 0 or 1", cfg->batch_invariant);
+    if (cfg->mla != 0 && cfg->mla != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.mla = %d must be 0 or 1", cfg->mla);
+    if (cfg->mla && cfg->num_kv_heads != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.num_kv_heads = %d: MLA has one latent KV head (cfg.mla = 1)",
+                            cfg->num_kv_heads);
+    if (cfg->mla && cfg->head_dim_vo > cfg->head_dim_qk)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.head_dim_vo = %d is above cfg.head_dim_qk = %d: with cfg.mla = 1 the value is "
+                            "the first head_dim_vo values of each K row",
+                            cfg->head_dim_vo, cfg->head_dim_qk);
     if (cfg->kv_storage != AK_KV_PAGED && cfg->kv_storage != AK_KV_RAGGED)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.kv_storage = %d is not a storage kind",
                             cfg->kv_storage);
@@ -399,7 +420,7 @@ static const char *scale_kind_name(ak_kv_scale_kind kind)
 }
 
 ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_kind kind, const float *k_scale,
-                                const float *v_scale, const char *prefix, const char *kind_field)
+                                const float *v_scale, int has_v, const char *prefix, const char *kind_field)
 {
     if (kind != AK_KV_SCALE_NONE && kind != AK_KV_SCALE_PER_LAYER && kind != AK_KV_SCALE_PER_HEAD)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s%s = %d is not an ak_kv_scale_kind", prefix, kind_field,
@@ -410,6 +431,15 @@ ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_ki
     for (int is_v = 0; is_v < 2; is_v++) {
         const float *p = is_v ? v_scale : k_scale;
         const char *field = is_v ? "v_scale" : "k_scale";
+        if (is_v && !has_v) {
+            /* MLA: the value is part of the K row, scaled by k_scale */
+            if (p)
+                return ak_set_error(AK_ERR_INVALID_ARG,
+                                    "%sv_scale is given, but the value is read from the K rows (MLA), scaled by "
+                                    "%sk_scale: pass NULL",
+                                    prefix, prefix);
+            continue;
+        }
         if (kind == AK_KV_SCALE_NONE && p)
             return ak_set_error(AK_ERR_INVALID_ARG,
                                 "%s%s is given but %s%s = none (say AK_KV_SCALE_PER_LAYER or _PER_HEAD)", prefix,
@@ -428,15 +458,16 @@ ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_ki
 ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
 {
     if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "%s is NULL", name);
-    if (!kv->k_data || !kv->v_data)
-        return ak_set_error(AK_ERR_INVALID_ARG, "%s->%s is NULL", name, kv->k_data ? "v_data" : "k_data");
+    if (!kv->k_data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->k_data is NULL", name);
+    /* v_data NULL: a K-only view, whose values are the first head_dim_vo of each K row */
+    const int has_v = kv->v_data != NULL;
     const size_t esz = ak_dtype_size(kv->dtype);
     if (esz == 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->dtype = %d is not a dtype", name, (int)kv->dtype);
     char prefix[64];
     snprintf(prefix, sizeof prefix, "%s->", name);
-    AK_TRY(ak_kv_scales_validate(kv->dtype, kv->num_kv_heads, kv->scale_kind, kv->k_scale, kv->v_scale, prefix,
-                                 "scale_kind"));
+    AK_TRY(ak_kv_scales_validate(kv->dtype, kv->num_kv_heads, kv->scale_kind, kv->k_scale, kv->v_scale, has_v,
+                                 prefix, "scale_kind"));
     if (kv->layout != AK_LAYOUT_NHD && kv->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->layout = %d is not a layout", name, kv->layout);
     if (kv->device.kind != AK_DEVICE_CPU && kv->device.kind != AK_DEVICE_CUDA)
@@ -450,10 +481,18 @@ ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
     AK_POSITIVE_(head_dim_qk)
     AK_POSITIVE_(head_dim_vo)
 #undef AK_POSITIVE_
+    if (!has_v && kv->head_dim_vo > kv->head_dim_qk)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "%s->head_dim_vo = %d is above head_dim_qk = %d, but v_data is NULL (a K-only view: "
+                            "the value is the first head_dim_vo values of each K row)",
+                            name, kv->head_dim_vo, kv->head_dim_qk);
+    if (!has_v && kv->v_block_stride != 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->v_block_stride = %lld, but v_data is NULL (a K-only view has no "
+                            "V pool: 0)", name, (long long)kv->v_block_stride);
     /* a block's elements, and the pool's bytes (num_blocks blocks at the block
      * stride), must be int64: every address is block * stride + offset */
     const int64_t max_elems = INT64_MAX / (int64_t)esz;
-    for (int is_v = 0; is_v < 2; is_v++) {
+    for (int is_v = 0; is_v < 1 + has_v; is_v++) {
         const char *field = is_v ? "v_block_stride" : "k_block_stride";
         const int64_t stride = is_v ? kv->v_block_stride : kv->k_block_stride;
         const int head_dim = is_v ? kv->head_dim_vo : kv->head_dim_qk;
@@ -480,6 +519,23 @@ static ak_status check_paged_kv(const ak_attn_config *cfg, const ak_limits *lim,
                                 const ak_paged_kv *kv)
 {
     if (!kv) return ak_set_error(AK_ERR_INVALID_ARG, "args.kv is NULL (paged storage)");
+    if (cfg->mla && kv->v_data && kv->v_data != kv->k_data)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.kv->v_data is given (and is not k_data), but cfg.mla = 1 reads the value from "
+                            "the K rows: pass a K-only view (v_data NULL)");
+    if (!cfg->mla && !kv->v_data)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.kv->v_data is NULL: a K-only view serves cfg.mla = 1 only (multi-head latent "
+                            "attention)");
+    /* cfg.mla with v_data == k_data is a K-only view too: V's fields are not read */
+    ak_paged_kv k_only;
+    if (cfg->mla && kv->v_data) {
+        k_only = *kv;
+        k_only.v_data = NULL;
+        k_only.v_block_stride = 0;
+        k_only.v_scale = NULL;
+        kv = &k_only;
+    }
     AK_TRY(ak_paged_kv_validate(kv, "args.kv"));
     if (kv->dtype != cfg->kv_dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "args.kv->dtype = %s, expected cfg.kv_dtype = %s",
@@ -532,7 +588,10 @@ ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim, 
     const int64_t k_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_qk};
     const int64_t v_shape[3] = {num_kv_tokens, cfg->num_kv_heads, cfg->head_dim_vo};
     AK_TRY(check_tensor(args->k, "args.k", cfg->kv_dtype, 3, k_shape));
-    AK_TRY(check_tensor(args->v, "args.v", cfg->kv_dtype, 3, v_shape));
+    if (cfg->mla && args->v)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "args.v is given, but cfg.mla = 1 reads the value from the K rows: pass NULL");
+    if (!cfg->mla) AK_TRY(check_tensor(args->v, "args.v", cfg->kv_dtype, 3, v_shape));
     return ak_kv_scales_validate(cfg->kv_dtype, cfg->num_kv_heads, args->kv_scale_kind, args->k_scale,
-                                 args->v_scale, "args.", "kv_scale_kind");
+                                 args->v_scale, !cfg->mla, "args.", "kv_scale_kind");
 }

@@ -67,14 +67,17 @@ ak_status ak_tensor_validate(const ak_tensor *t, const char *name);
 
 /* Checks one paged K/V view on its own (ak_kv_update and run() both call
  * it): data, dtype, layout, positive sizes, block strides 0 (packed) or at
- * least a block, and a pool that int64 addresses. `name` is the field in
- * messages ("args.kv", "kv"). */
+ * least a block, and a pool that int64 addresses. A K-only view (v_data
+ * NULL, MLA) has v_block_stride 0, no v_scale and head_dim_vo <=
+ * head_dim_qk. `name` is the field in messages ("args.kv", "kv"). */
 ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name);
 /* The scales of fp8 K/V (attnkit.h, ak_kv_scale_kind): a known kind, none
  * unless dtype is fp8, both pointers given (float-aligned) exactly when the
- * kind says. Messages name prefix + kind_field / k_scale / v_scale. */
+ * kind says; has_v 0 (MLA: the value is read from the K rows) wants
+ * v_scale NULL whatever the kind. Messages name prefix + kind_field /
+ * k_scale / v_scale. */
 ak_status ak_kv_scales_validate(ak_dtype dtype, int num_kv_heads, ak_kv_scale_kind kind, const float *k_scale,
-                                const float *v_scale, const char *prefix, const char *kind_field);
+                                const float *v_scale, int has_v, const char *prefix, const char *kind_field);
 
 /* Checks the tensors of one run against cfg, the plan's token count and the
  * limits; names the field on failure. */

@@ -1,6 +1,7 @@
 /*
  * kv_cache.c - the paged KV cache: per-layer K and V pools and one block
- * allocator (free stack + reference counts) shared by all layers.
+ * allocator (free stack + reference counts) shared by all layers. An MLA
+ * cache (cfg.mla) has K pools only: the value is part of each K row.
  *
  * The allocator may be called from several threads at once (an engine's
  * scheduler and its workers): one mutex guards the free stack and the counts.
@@ -17,7 +18,7 @@
 struct ak_kv_cache {
     ak_kv_cache_config cfg;
     void **k_pools;     /* [num_layers] each [num_blocks, block elements] */
-    void **v_pools;     /* [num_layers] */
+    void **v_pools;     /* [num_layers]; NULLs for an MLA cache */
     int32_t *refcount;  /* [num_blocks]; 0 = free */
     int32_t *free_ids;  /* [num_blocks] stack of free block ids */
     int num_free;
@@ -64,18 +65,25 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.dtype = %d is not a dtype", (int)c->dtype);
     if (c->layout != AK_LAYOUT_NHD && c->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.layout = %d is not a layout", c->layout);
+    if (c->mla != 0 && c->mla != 1) return ak_set_error(AK_ERR_INVALID_ARG, "cfg.mla = %d must be 0 or 1", c->mla);
+    if (c->mla && c->head_dim_vo > c->head_dim_qk)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "cfg.head_dim_vo = %d is above cfg.head_dim_qk = %d: with cfg.mla = 1 the value is the "
+                            "first head_dim_vo values of each K row",
+                            c->head_dim_vo, c->head_dim_qk);
     /* one pool's bytes, and all layers' K and V pools together, must be a size_t */
     size_t bytes = ak_dtype_size(c->dtype), all;
     const int dim = c->head_dim_qk > c->head_dim_vo ? c->head_dim_qk : c->head_dim_vo;
     const int dims[] = {c->num_blocks, c->page_size, c->num_kv_heads, dim};
     int over = 0;
     for (int i = 0; i < 4; i++) over |= __builtin_mul_overflow(bytes, (size_t)dims[i], &bytes);
-    over |= __builtin_mul_overflow(bytes, (size_t)c->num_layers * 2, &all);
+    const int pools = c->mla ? 1 : 2;
+    over |= __builtin_mul_overflow(bytes, (size_t)c->num_layers * pools, &all);
     if (over)
         return ak_set_error(AK_ERR_INVALID_ARG,
-                            "cfg: num_layers %d x 2 pools of num_blocks %d x page_size %d x num_kv_heads %d x "
+                            "cfg: num_layers %d x %d pools of num_blocks %d x page_size %d x num_kv_heads %d x "
                             "head dim %d elements overflow a size_t",
-                            c->num_layers, c->num_blocks, c->page_size, c->num_kv_heads, dim);
+                            c->num_layers, pools, c->num_blocks, c->page_size, c->num_kv_heads, dim);
     return AK_OK;
 }
 
@@ -110,7 +118,7 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
     const size_t rows = (size_t)cfg->num_blocks * cfg->page_size * cfg->num_kv_heads;
     for (int l = 0; l < cfg->num_layers; l++) {
         ak_status s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_qk * esz, &c->k_pools[l]);
-        if (s == AK_OK) s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_vo * esz, &c->v_pools[l]);
+        if (s == AK_OK && !cfg->mla) s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_vo * esz, &c->v_pools[l]);
         if (s != AK_OK) {
             ak_kv_cache_destroy(c);
             return s;
@@ -149,7 +157,7 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
                             c->cfg.num_layers);
     memset(view, 0, sizeof *view);
     view->k_data = c->k_pools[layer];
-    view->v_data = c->v_pools[layer];
+    view->v_data = c->v_pools[layer]; /* NULL for MLA: a K-only view */
     view->dtype = c->cfg.dtype;
     view->layout = c->cfg.layout;
     view->device = c->cfg.device;

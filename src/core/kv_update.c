@@ -2,7 +2,9 @@
  * kv_update.c - ak_kv_update: writes a step's new K/V rows at their slots.
  * The CPU path validates every slot before writing anything, then copies
  * rows (or, into fp8 pools, quantizes them with the view's scales); the CUDA
- * path is a kernel (src/cuda/service/kv_update.cu).
+ * path is a kernel (src/cuda/service/kv_update.cu). A K-only view (v_data
+ * NULL: multi-head latent attention, whose value is part of the K row)
+ * takes no v and writes K alone.
  */
 #include "dtype.h"
 #include "internal.h"
@@ -51,8 +53,17 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
     if (num_tokens < 0) return ak_set_error(AK_ERR_INVALID_ARG, "num_tokens = %d is negative", num_tokens);
     AK_TRY(ak_paged_kv_validate(kv, "kv"));
     AK_TRY(check_rows(k, "k", kv, num_tokens, kv->head_dim_qk));
-    AK_TRY(check_rows(v, "v", kv, num_tokens, kv->head_dim_vo));
-    if (k->dtype != v->dtype)
+    const int has_v = kv->v_data != NULL;
+    if (!has_v && v)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "v is given, but kv->v_data is NULL: a K-only view (MLA) holds the value in the K "
+                            "rows, so v must be NULL");
+    if (has_v && !v)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "v is NULL, but kv->v_data is given: pass v (only a K-only view, v_data NULL, "
+                            "takes no v)");
+    if (has_v) AK_TRY(check_rows(v, "v", kv, num_tokens, kv->head_dim_vo));
+    if (has_v && k->dtype != v->dtype)
         return ak_set_error(AK_ERR_INVALID_ARG, "k->dtype = %s but v->dtype = %s: one dtype for both",
                             ak_dtype_name(k->dtype), ak_dtype_name(v->dtype));
     if (num_tokens > 0 && !slot_mapping)
@@ -85,18 +96,20 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
         const int off = (int)(slot % kv->page_size);
         for (int h = 0; h < kv->num_kv_heads; h++) {
             const char *ks = (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz;
-            const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz;
             char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz;
-            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz;
-            if (quantize) {
+            if (quantize)
                 quantize_row((uint8_t *)kd, ks, k->dtype, ak_kv_scale_at(kv->scale_kind, kv->k_scale, h),
                              kv->head_dim_qk);
+            else
+                memcpy(kd, ks, dst_esz * (size_t)kv->head_dim_qk);
+            if (!has_v) continue;
+            const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz;
+            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz;
+            if (quantize)
                 quantize_row((uint8_t *)vd, vs, v->dtype, ak_kv_scale_at(kv->scale_kind, kv->v_scale, h),
                              kv->head_dim_vo);
-            } else {
-                memcpy(kd, ks, dst_esz * (size_t)kv->head_dim_qk);
+            else
                 memcpy(vd, vs, dst_esz * (size_t)kv->head_dim_vo);
-            }
         }
     }
     return AK_OK;

@@ -147,6 +147,7 @@ static void describe_config(textbuf *tb, const ak_attn_config *c)
     else
         tb_printf(tb, "ragged K/V, ");
     tb_printf(tb, "workload %s, ", c->workload == AK_WORKLOAD_DECODE ? "decode" : "any");
+    if (c->mla) tb_printf(tb, "MLA (V = the first %d values of each K row), ", c->head_dim_vo);
     tb_printf(tb, "device %s:%d\n", device_kind_name(c->device.kind), c->device.index);
 }
 
@@ -394,32 +395,34 @@ typedef struct matrix_row {
     int head_dim_qk, head_dim_vo; /* 0: the base's (128) */
     int dtype;                    /* -1: the device's (CPU f32, CUDA bf16) */
     int sinks, window, soft_cap, non_causal, ragged, decode, invariant;
+    int mla;                      /* cfg.mla, with one KV head */
 } matrix_row;
 
 static const matrix_row matrix_rows[] = {
-    {"head dim 64", 64, 64, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 80", 80, 80, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 96", 96, 96, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 112", 112, 112, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 128", 128, 128, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 192", 192, 192, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 256", 256, 256, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dim 512", 512, 512, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dims 192/128", 192, 128, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dims 128/64", 128, 64, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dims 72/40 (any other up to 512)", 72, 40, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"head dims 576/512", 576, 512, -1, 0, 0, 0, 0, 0, 0, 0},
-    {"f32", 0, 0, AK_F32, 0, 0, 0, 0, 0, 0, 0},
-    {"f16", 0, 0, AK_F16, 0, 0, 0, 0, 0, 0, 0},
-    {"bf16", 0, 0, AK_BF16, 0, 0, 0, 0, 0, 0, 0},
-    {"fp8_e4m3 KV (q, o bf16; scales per layer or head)", 0, 0, AK_FP8_E4M3, 0, 0, 0, 0, 0, 0, 0},
-    {"attention sinks", 0, 0, -1, 1, 0, 0, 0, 0, 0, 0},
-    {"sliding window", 0, 0, -1, 0, 1, 0, 0, 0, 0, 0},
-    {"soft-cap", 0, 0, -1, 0, 0, 1, 0, 0, 0, 0},
-    {"non-causal", 0, 0, -1, 0, 0, 0, 1, 0, 0, 0},
-    {"ragged (contiguous) K/V", 0, 0, -1, 0, 0, 0, 0, 1, 0, 0},
-    {"decode-only instance", 0, 0, -1, 0, 0, 0, 0, 0, 1, 0},
-    {"batch invariance", 0, 0, -1, 0, 0, 0, 0, 0, 0, 1},
+    {"head dim 64", 64, 64, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 80", 80, 80, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 96", 96, 96, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 112", 112, 112, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 128", 128, 128, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 192", 192, 192, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 256", 256, 256, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dim 512", 512, 512, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 192/128", 192, 128, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 128/64", 128, 64, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 72/40 (any other up to 512)", 72, 40, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"head dims 576/512", 576, 512, -1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"f32", 0, 0, AK_F32, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"f16", 0, 0, AK_F16, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"bf16", 0, 0, AK_BF16, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"fp8_e4m3 KV (q, o bf16; scales per layer or head)", 0, 0, AK_FP8_E4M3, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"attention sinks", 0, 0, -1, 1, 0, 0, 0, 0, 0, 0, 0},
+    {"sliding window", 0, 0, -1, 0, 1, 0, 0, 0, 0, 0, 0},
+    {"soft-cap", 0, 0, -1, 0, 0, 1, 0, 0, 0, 0, 0},
+    {"non-causal", 0, 0, -1, 0, 0, 0, 1, 0, 0, 0, 0},
+    {"ragged (contiguous) K/V", 0, 0, -1, 0, 0, 0, 0, 1, 0, 0, 0},
+    {"decode-only instance", 0, 0, -1, 0, 0, 0, 0, 0, 1, 0, 0},
+    {"batch invariance", 0, 0, -1, 0, 0, 0, 0, 0, 0, 1, 0},
+    {"MLA (latent K = V rows)", 576, 512, -1, 0, 0, 0, 0, 0, 0, 0, 1},
 };
 
 /* The device a matrix cell asks about: this CPU, or a CUDA device of compute
@@ -490,6 +493,10 @@ ak_status ak_support_matrix(char *buf, size_t cap)
             if (row->ragged) c.kv_storage = AK_KV_RAGGED;
             if (row->decode) c.workload = AK_WORKLOAD_DECODE;
             c.batch_invariant = row->invariant;
+            if (row->mla) {
+                c.mla = 1;
+                c.num_kv_heads = 1;
+            }
             const ak_device_info dev = matrix_device(vt->device);
             char note[512];
             const ak_status st = ak_backend_describe(vt->name, &c, &dev, note, sizeof note);

@@ -677,12 +677,21 @@ static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
     } else {
         c->page_size = 0;
         c->k_base = a->k->data;
-        c->v_base = a->v->data;
+        c->v_base = cfg->mla ? NULL : a->v->data;
         c->k_addr = ak_ragged_strides(a->k);
-        c->v_addr = ak_ragged_strides(a->v);
+        c->v_addr = cfg->mla ? c->k_addr : ak_ragged_strides(a->v);
         c->kv_scale_kind = a->kv_scale_kind;
         c->k_scale = a->k_scale;
         c->v_scale = a->v_scale;
+    }
+    /* MLA: a key's value is the first head_dim_vo values of its K row, so V
+     * is addressed as K (same base, same strides, same scale) and every
+     * kernel path reads it unchanged */
+    c->v_in_k = cfg->mla;
+    if (cfg->mla) {
+        c->v_base = c->k_base;
+        c->v_addr = c->k_addr;
+        c->v_scale = c->k_scale;
     }
 
     c->q = a->q->data;

@@ -89,6 +89,7 @@ typedef struct ak_cpu_ctx {
     int page_size;
     const char *k_base, *v_base;
     ak_kv_strides k_addr, v_addr;
+    int v_in_k;                   /* MLA: v_base, v_addr are K's (a value is the start of its K row) */
     /* fp8 K/V: the kernels read the unscaled values and fold the scales in
      * (KV head g's k scale into its q rows, its v scale into its o rows) */
     ak_kv_scale_kind kv_scale_kind;

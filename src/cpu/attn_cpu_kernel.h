@@ -193,7 +193,8 @@ static int prefetch_lines(const ak_cpu_ctx *c, int g0, int nh, const int64_t *ko
 {
     const int64_t esz = (int64_t)ak_dtype_size(c->kv_dtype);
     int count = 0;
-    for (int is_v = 0; is_v < 2; is_v++) {
+    /* MLA's V rows are the K rows' first lines, fetched with them */
+    for (int is_v = 0; is_v < 2 - c->v_in_k; is_v++) {
         const int64_t bytes = (is_v ? c->head_dim_vo : c->head_dim_qk) * esz;
         const char *base = is_v ? c->v_base : c->k_base;
         const int64_t head_stride = is_v ? c->v_addr.head : c->k_addr.head;

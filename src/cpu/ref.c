@@ -16,6 +16,8 @@
  * fp8 K/V are dequantized first, the definition: k = x * k_scale[g] and
  * v = x * v_scale[g] in fp64 (exact: 4 significant bits times 24), then the
  * same formulas; a NaN or infinite scale thus counts as a bad element.
+ * Multi-head latent attention (cfg.mla): v_j is the first head_dim_vo values
+ * of K row j (scaled, for fp8, by k_scale); no V pool or tensor is read.
  */
 #include "backend.h"
 #include "dtype.h"
@@ -89,6 +91,8 @@ static ak_status ref_plan(void *state, const ak_batch *batch, const ak_batch_met
 /* Address of key/value j (0-based in the request) of KV head g. */
 static const void *kv_row(const ref_state *s, const ak_run_args *a, int r, int j, int g, int is_v)
 {
+    /* MLA: a key's value is the start of its K row */
+    if (s->cfg.mla) is_v = 0;
     const size_t esz = ak_dtype_size(s->cfg.kv_dtype);
     if (s->cfg.kv_storage == AK_KV_RAGGED) {
         const ak_tensor *t = is_v ? a->v : a->k;
@@ -114,6 +118,7 @@ static double kv_scale(const ref_state *s, const ak_run_args *a, int g, int is_v
 {
     const int ragged = s->cfg.kv_storage == AK_KV_RAGGED;
     const ak_kv_scale_kind kind = ragged ? a->kv_scale_kind : a->kv->scale_kind;
+    if (s->cfg.mla) is_v = 0; /* the value is part of the K row, and so is its scale */
     const float *scale = ragged ? (is_v ? a->v_scale : a->k_scale) : (is_v ? a->kv->v_scale : a->kv->k_scale);
     if (kind == AK_KV_SCALE_NONE) return 1.0;
     return scale[kind == AK_KV_SCALE_PER_HEAD ? g : 0];

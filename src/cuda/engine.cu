@@ -191,6 +191,8 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
     if (cfg->head_dim_qk > AK_PORTABLE_MAX_DIM || cfg->head_dim_vo > AK_PORTABLE_MAX_DIM)
         ak_reason_add(why, "head dims %d/%d: the CUDA kernels serve head dims up to %d", cfg->head_dim_qk,
                       cfg->head_dim_vo, AK_PORTABLE_MAX_DIM);
+    if (cfg->mla)
+        ak_reason_add(why, "cfg.mla = 1: MLA is not yet served on CUDA (cpu and cpu_ref serve it)");
     return why->count;
 }
 

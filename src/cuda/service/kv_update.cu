@@ -7,6 +7,7 @@
  * the host's own rule (ak_e4m3_quantize, dtype.h), so both devices store the
  * same bits. One thread block per token; capturable (no sync, no
  * allocation; the scales are read on the device when the kernel runs).
+ * A K-only view (v_pool NULL, multi-head latent attention) has K rows only.
  */
 #include "../common.cuh"
 #include "dtype.h"
@@ -16,11 +17,13 @@
 struct kv_update_params {
     const char *k_src, *v_src;     /* [num_tokens, num_kv_heads, head_dim] */
     int64_t k_tok_stride, k_head_stride, v_tok_stride, v_head_stride;
-    char *k_pool, *v_pool;
+    char *k_pool, *v_pool;         /* v_pool NULL: a K-only view (no v_src) */
     ak_kv_strides k_addr, v_addr;  /* a row's place in the pools (kv_addr.h) */
     const int64_t *slot_mapping;   /* [num_tokens] */
     int64_t num_slots;             /* num_blocks * page_size */
     int page_size, num_kv_heads, head_dim_qk, head_dim_vo;
+    int rows;                      /* rows of a token: num_kv_heads K rows, then as many V rows
+                                      (none for a K-only view) */
     int elem_bytes;                /* of the pool's dtype */
     int src_bytes;                 /* of k and v's dtype (= elem_bytes unless quantizing) */
     int scale_kind;                /* fp8: ak_kv_scale_kind */
@@ -66,7 +69,7 @@ __global__ void kv_update_kernel(kv_update_params p)
     const int off = (int)(slot % p.page_size);
     /* one warp per (head, K or V) row */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int row = warp; row < 2 * p.num_kv_heads; row += warps) {
+    for (int row = warp; row < p.rows; row += warps) {
         const kv_row r = row_at(p, token, block, off, row);
         char *dst = (r.is_v ? p.v_pool : p.k_pool) + r.dst_el * p.elem_bytes;
         const char *src = (r.is_v ? p.v_src : p.k_src) + r.src_el * p.elem_bytes;
@@ -93,7 +96,7 @@ __global__ void kv_quantize_kernel(kv_update_params p)
     const int64_t block = slot / p.page_size;
     const int off = (int)(slot % p.page_size);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int row = warp; row < 2 * p.num_kv_heads; row += warps) {
+    for (int row = warp; row < p.rows; row += warps) {
         const kv_row r = row_at(p, token, block, off, row);
         const float scale = ak_kv_scale_at(p.scale_kind, r.is_v ? p.v_scale : p.k_scale, r.head);
         uint8_t *dst = reinterpret_cast<uint8_t *>(r.is_v ? p.v_pool : p.k_pool) + r.dst_el;
@@ -108,12 +111,14 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
                                        const int64_t *slot_mapping, int num_tokens, ak_stream stream)
 {
     kv_update_params p;
+    /* a K-only view (the core checked that v is NULL then): V's fields stay 0 */
+    const int has_v = kv->v_data != NULL;
     p.k_src = (const char *)k->data;
-    p.v_src = (const char *)v->data;
+    p.v_src = has_v ? (const char *)v->data : NULL;
     p.k_tok_stride = k->stride[0];
     p.k_head_stride = k->stride[1];
-    p.v_tok_stride = v->stride[0];
-    p.v_head_stride = v->stride[1];
+    p.v_tok_stride = has_v ? v->stride[0] : 0;
+    p.v_head_stride = has_v ? v->stride[1] : 0;
     p.k_pool = (char *)kv->k_data;
     p.v_pool = (char *)kv->v_data;
     p.k_addr = ak_paged_k_strides(kv);
@@ -124,6 +129,7 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.num_kv_heads = kv->num_kv_heads;
     p.head_dim_qk = kv->head_dim_qk;
     p.head_dim_vo = kv->head_dim_vo;
+    p.rows = (1 + has_v) * kv->num_kv_heads;
     p.elem_bytes = (int)ak_dtype_size(kv->dtype);
     p.src_bytes = (int)ak_dtype_size(k->dtype);
     p.scale_kind = (int)kv->scale_kind;
@@ -131,7 +137,7 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.v_scale = kv->v_scale;
 
     /* enough warps to cover the rows of a token, at most 8 */
-    const int warps = 2 * kv->num_kv_heads < 8 ? 2 * kv->num_kv_heads : 8;
+    const int warps = p.rows < 8 ? p.rows : 8;
     cudaStream_t s = ak_cuda_stream(stream);
     if (k->dtype != kv->dtype) {
         /* the core allows f32 / f16 / bf16 rows into fp8 pools only */

@@ -1,0 +1,308 @@
+/*
+ * test_mla.c - multi-head latent attention means what DeepSeek-V2/V3 mean.
+ * The case table (test_attn.c) checks every backend against cpu_ref on MLA
+ * configs; this checks the definition itself: a model's attention in the
+ * EXPANDED form, computed here in fp64 from its up-projections,
+ *     k_h = [W_UK_h c ; k_pe]  (nope + rope dims)   v_h = W_UV_h^T c  (v dims)
+ *     q_h = [q_nope_h ; q_pe_h]                     scale 1/sqrt(nope + rope)
+ * against attnkit's ABSORBED form through the public API: q'_h = [W_UK_h^T
+ * q_nope_h ; q_pe_h] over the latent rows [c ; k_pe] of an MLA cache written
+ * by ak_kv_update, o'_h of latent width, then o_h = W_UV_h^T o'_h. Shapes:
+ * W_UK [H][nope][latent], W_UV [H][latent][v], c [keys][latent], k_pe
+ * [keys][rope], q_nope [tokens][H][nope], q_pe [tokens][H][rope].
+ */
+#include "harness.h"
+
+#include "dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct mla_case {
+    const char *name;
+    int heads, nope, latent, rope, vdim;
+    ak_dtype dtype;  /* q and the cache; o is f32 */
+    int page_size;
+    int num_reqs;
+    req_spec reqs[4];
+} mla_case;
+
+static const mla_case mla_cases[] = {
+    {"mla = expanded: small f32", 4, 16, 32, 8, 16, AK_F32, 16, 3, {{1, 40}, {4, 70}, {1, 1}}},
+    {"mla = expanded: small bf16 page 1", 4, 16, 32, 8, 16, AK_BF16, 1, 2, {{3, 33}, {1, 90}}},
+    {"mla = expanded: deepseek 16 heads f32", 16, 128, 512, 64, 128, AK_F32, 64, 2, {{1, 300}, {2, 129}}},
+    {"mla = expanded: deepseek 16 heads bf16", 16, 128, 512, 64, 128, AK_BF16, 64, 2, {{1, 200}, {3, 65}}},
+};
+
+/* The model's tensors, f32, already rounded to the dtype where attnkit reads them. */
+typedef struct mla_model {
+    float *w_uk;   /* [H][nope][latent] */
+    float *w_uv;   /* [H][latent][v] */
+    float *c;      /* [keys][latent] latent rows, every request's keys in turn */
+    float *k_pe;   /* [keys][rope] */
+    float *q_nope; /* [tokens][H][nope] */
+    float *q_pe;   /* [tokens][H][rope] */
+} mla_model;
+
+/* x rounded to 16-bit dtype t (f32: x) */
+static float round_dt(ak_dtype t, float x)
+{
+    if (t == AK_F32) return x;
+    uint16_t h;
+    ak_convert(&x, AK_F32, &h, t, 1);
+    ak_convert(&h, t, &x, AK_F32, 1);
+    return x;
+}
+
+static float *rand_floats(int64_t n, float amp, ak_dtype round, uint64_t *rng)
+{
+    float *p = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) p[i] = round_dt(round, amp * scn_uniform(rng));
+    return p;
+}
+
+/* The expanded form in fp64: out [tokens][H][v], lse [tokens][H]. */
+static void expanded(const mla_case *mc, const mla_model *m, const scn_batch *b, double *out, double *lse)
+{
+    const int H = mc->heads, N = mc->nope, L = mc->latent, R = mc->rope, V = mc->vdim;
+    const double scale = 1.0 / sqrt((double)(N + R));
+    const int64_t keys = b->num_kv_tokens;
+    double *k = malloc(sizeof(double) * (size_t)(keys * N + 1)); /* one head's k_nope */
+    double *v = malloc(sizeof(double) * (size_t)(keys * V + 1)); /* one head's v */
+    double *s = malloc(sizeof(double) * (size_t)(keys + 1));
+    for (int h = 0; h < H; h++) {
+        for (int64_t j = 0; j < keys; j++) {
+            for (int i = 0; i < N; i++) {
+                double acc = 0;
+                for (int l = 0; l < L; l++) acc += (double)m->w_uk[((int64_t)h * N + i) * L + l] * m->c[j * L + l];
+                k[j * N + i] = acc;
+            }
+            for (int i = 0; i < V; i++) {
+                double acc = 0;
+                for (int l = 0; l < L; l++) acc += (double)m->w_uv[((int64_t)h * L + l) * V + i] * m->c[j * L + l];
+                v[j * V + i] = acc;
+            }
+        }
+        int64_t key0 = 0;
+        for (int r = 0; r < b->num_reqs; key0 += b->kv_lens[r], r++) {
+            const int kv_len = b->kv_lens[r], q_len = b->qo_indptr[r + 1] - b->qo_indptr[r];
+            for (int qi = 0; qi < q_len; qi++) {
+                const int64_t t = b->qo_indptr[r] + qi;
+                const int pos = kv_len - q_len + qi; /* causal: keys 0 .. pos */
+                const float *qn = m->q_nope + (t * H + h) * N, *qp = m->q_pe + (t * H + h) * R;
+                double mx = -INFINITY;
+                for (int j = 0; j <= pos; j++) {
+                    double dot = 0;
+                    for (int i = 0; i < N; i++) dot += qn[i] * k[(key0 + j) * N + i];
+                    for (int i = 0; i < R; i++) dot += (double)qp[i] * m->k_pe[(key0 + j) * R + i];
+                    s[j] = dot * scale;
+                    if (s[j] > mx) mx = s[j];
+                }
+                double sum = 0;
+                for (int j = 0; j <= pos; j++) sum += exp(s[j] - mx);
+                double *o = out + (t * H + h) * V;
+                for (int i = 0; i < V; i++) o[i] = 0;
+                for (int j = 0; j <= pos; j++)
+                    for (int i = 0; i < V; i++) o[i] += exp(s[j] - mx) / sum * v[(key0 + j) * V + i];
+                lse[t * H + h] = mx + log(sum);
+            }
+        }
+    }
+    free(k);
+    free(v);
+    free(s);
+}
+
+/* The absorbed form on backend `name`: the latent rows written into an MLA
+ * cache by ak_kv_update, q' built from q_nope through W_UK, run(), then
+ * W_UV applied to o'. Returns AK_ERR_UNSUPPORTED when the backend refuses. */
+static ak_status absorbed(const test_ctx *t, const char *name, const mla_case *mc, const mla_model *m,
+                          const scn_batch *b, double *out, float *lse)
+{
+    const int H = mc->heads, N = mc->nope, L = mc->latent, R = mc->rope, V = mc->vdim, D = L + R;
+    const int T = b->num_tokens;
+    const int64_t keys = b->num_kv_tokens;
+    const size_t esz = ak_dtype_size(mc->dtype);
+
+    ak_attn_config cfg;
+    ak_mla_config_init(&cfg, H, L, R, (float)(1.0 / sqrt((double)(N + R))));
+    cfg.q_dtype = cfg.kv_dtype = mc->dtype;
+    cfg.o_dtype = AK_F32;
+    cfg.page_size = mc->page_size;
+    cfg.device = t->device;
+    ak_backend *be = NULL;
+    ak_status st = ak_backend_create(&cfg, &b->lim, name, &be);
+    if (st != AK_OK) return st;
+
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = b->num_blocks;
+    kc.page_size = mc->page_size;
+    kc.num_kv_heads = 1;
+    kc.head_dim_qk = D;
+    kc.head_dim_vo = L;
+    kc.dtype = mc->dtype;
+    kc.device = t->device;
+    kc.mla = 1;
+    ak_kv_cache *cache = NULL;
+    ak_paged_kv kv;
+    tbuf rows, slots, qb, ob, lb;
+    memset(&rows, 0, sizeof rows);
+    memset(&slots, 0, sizeof slots);
+    memset(&qb, 0, sizeof qb);
+    memset(&ob, 0, sizeof ob);
+    memset(&lb, 0, sizeof lb);
+    st = ak_kv_cache_create(&kc, &cache);
+    if (st == AK_OK) st = ak_kv_cache_layer(cache, 0, &kv);
+    if (st != AK_OK) goto done;
+
+    /* every key's latent row [c ; k_pe] at its slot, through the block table */
+    if (tbuf_alloc(&rows, t->device, esz * (size_t)(keys * D + 1)) ||
+        tbuf_alloc(&slots, t->device, sizeof(int64_t) * (size_t)(keys + 1)) ||
+        tbuf_alloc(&qb, t->device, esz * (size_t)T * H * D + 1) ||
+        tbuf_alloc(&ob, t->device, sizeof(float) * (size_t)T * H * L + 1) ||
+        tbuf_alloc(&lb, t->device, sizeof(float) * (size_t)T * H + 1)) {
+        st = AK_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    int64_t *slot = tbuf_host(&slots);
+    for (int64_t j = 0, r = 0, key0 = 0; j < keys; j++) {
+        while (j - key0 >= b->kv_lens[r]) key0 += b->kv_lens[r++];
+        const int64_t jj = j - key0;
+        slot[j] = (int64_t)b->block_table[r * b->bt_stride + jj / mc->page_size] * mc->page_size + jj % mc->page_size;
+        for (int l = 0; l < L; l++) ak_store_from_f32(tbuf_host(&rows), mc->dtype, j * D + l, m->c[j * L + l]);
+        for (int i = 0; i < R; i++) ak_store_from_f32(tbuf_host(&rows), mc->dtype, j * D + L + i, m->k_pe[j * R + i]);
+    }
+    tbuf_upload(&rows);
+    tbuf_upload(&slots);
+    const ak_tensor k = ak_tensor_3d(tbuf_data(&rows), mc->dtype, keys, 1, D);
+    st = ak_kv_update(&kv, &k, NULL, tbuf_data(&slots), (int)keys, NULL);
+    if (st != AK_OK) goto done;
+
+    /* q'_h = [q_nope_h W_UK_h (latent) ; q_pe_h (rope)] */
+    for (int64_t tk = 0; tk < T; tk++)
+        for (int h = 0; h < H; h++) {
+            const int64_t row = (tk * H + h) * D;
+            for (int l = 0; l < L; l++) {
+                double acc = 0;
+                for (int i = 0; i < N; i++)
+                    acc += (double)m->q_nope[(tk * H + h) * N + i] * m->w_uk[((int64_t)h * N + i) * L + l];
+                ak_store_from_f32(tbuf_host(&qb), mc->dtype, row + l, (float)acc);
+            }
+            for (int i = 0; i < R; i++)
+                ak_store_from_f32(tbuf_host(&qb), mc->dtype, row + L + i, m->q_pe[(tk * H + h) * R + i]);
+        }
+    tbuf_upload(&qb);
+    tbuf_poison(&ob);
+    tbuf_poison(&lb);
+    const ak_tensor q = ak_tensor_3d(tbuf_data(&qb), mc->dtype, T, H, D);
+    ak_tensor o = ak_tensor_3d(tbuf_data(&ob), AK_F32, T, H, L);
+    ak_tensor l = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, H);
+    ak_run_args args;
+    ak_run_args_init(&args);
+    args.q = &q;
+    args.kv = &kv;
+    args.o = &o;
+    args.lse = &l;
+    st = ak_backend_plan(be, &b->batch, NULL);
+    if (st == AK_OK) st = ak_backend_run(be, &args, NULL);
+    dev_sync(t->device);
+    if (st != AK_OK) goto done;
+    tbuf_download(&ob);
+    tbuf_download(&lb);
+
+    /* o_h = W_UV_h^T o'_h */
+    const float *op = tbuf_host(&ob);
+    for (int64_t tk = 0; tk < T; tk++)
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < V; i++) {
+                double acc = 0;
+                for (int l2 = 0; l2 < L; l2++)
+                    acc += (double)m->w_uv[((int64_t)h * L + l2) * V + i] * op[(tk * H + h) * L + l2];
+                out[(tk * H + h) * V + i] = acc;
+            }
+            lse[tk * H + h] = ((const float *)tbuf_host(&lb))[tk * H + h];
+        }
+done:
+    tbuf_free(&rows);
+    tbuf_free(&slots);
+    tbuf_free(&qb);
+    tbuf_free(&ob);
+    tbuf_free(&lb);
+    ak_kv_cache_destroy(cache);
+    ak_backend_destroy(be);
+    return st;
+}
+
+static void run_mla_case(test_ctx *t, const mla_case *mc)
+{
+    if (!t_selected(t, mc->name) || !t_storage_selected(t, AK_KV_PAGED)) return;
+    uint64_t rng = t->seed ^ scn_name_hash(mc->name);
+    int32_t q_lens[4], kv_lens[4];
+    for (int r = 0; r < mc->num_reqs; r++) {
+        q_lens[r] = mc->reqs[r].q_len;
+        kv_lens[r] = mc->reqs[r].kv_len;
+    }
+    scn_batch b;
+    if (scn_batch_build(&b, mc->num_reqs, q_lens, kv_lens, mc->page_size, 0, 0, &rng)) {
+        t_fail(t, NULL, mc->name, "cannot build the batch");
+        return;
+    }
+    const int H = mc->heads, N = mc->nope, L = mc->latent, R = mc->rope, V = mc->vdim, T = b.num_tokens;
+    /* W scaled so that k_nope and v stay O(1); q large enough for a peaked softmax */
+    mla_model m;
+    m.w_uk = rand_floats((int64_t)H * N * L, 2.0f / sqrtf((float)L), AK_F32, &rng);
+    m.w_uv = rand_floats((int64_t)H * L * V, 2.0f / sqrtf((float)L), AK_F32, &rng);
+    m.c = rand_floats(b.num_kv_tokens * L, 1.0f, mc->dtype, &rng);
+    m.k_pe = rand_floats(b.num_kv_tokens * R, 1.0f, mc->dtype, &rng);
+    m.q_nope = rand_floats((int64_t)T * H * N, 4.0f, AK_F32, &rng);
+    m.q_pe = rand_floats((int64_t)T * H * R, 4.0f, mc->dtype, &rng);
+    const int64_t n_o = (int64_t)T * H * V, n_l = (int64_t)T * H;
+    double *ref_o = malloc(sizeof(double) * (size_t)(n_o + 1)), *ref_l = malloc(sizeof(double) * (size_t)(n_l + 1));
+    double *o = malloc(sizeof(double) * (size_t)(n_o + 1));
+    float *of = malloc(sizeof(float) * (size_t)(n_o + 1)), *l = malloc(sizeof(float) * (size_t)(n_l + 1));
+    expanded(mc, &m, &b, ref_o, ref_l);
+
+    /* f32: the absorbed form reassociates sums only; bf16: q' and the rows
+     * are rounded to 8 mantissa bits */
+    const double tol = mc->dtype == AK_F32 ? 2e-5 : 1e-2, lse_tol = mc->dtype == AK_F32 ? 1e-4 : 2e-2;
+    const char *names[16];
+    const int nb = t_backends(t, names, 16);
+    for (int i = 0; i < nb; i++) {
+        const ak_status st = absorbed(t, names[i], mc, &m, &b, o, l);
+        if (st == AK_ERR_UNSUPPORTED) {
+            t_skip(t, names[i], mc->name, "unsupported");
+            continue;
+        }
+        if (st != AK_OK) {
+            t_fail(t, names[i], mc->name, "status %s: %s", ak_status_str(st), ak_last_error());
+            continue;
+        }
+        for (int64_t j = 0; j < n_o; j++) of[j] = (float)o[j];
+        const double e = rel_err_f(of, ref_o, n_o), le = max_lse_err(l, ref_l, n_l);
+        if (e <= tol && le <= lse_tol)
+            t_pass(t, names[i], mc->name, "vs expanded fp64: rel err %.2e (tol %.0e), lse err %.2e", e, tol, le);
+        else
+            t_fail(t, names[i], mc->name, "vs expanded fp64: rel err %.2e (tol %.0e), lse err %.2e (tol %.0e)", e,
+                   tol, le, lse_tol);
+    }
+    free(ref_o);
+    free(ref_l);
+    free(o);
+    free(of);
+    free(l);
+    free(m.w_uk);
+    free(m.w_uv);
+    free(m.c);
+    free(m.k_pe);
+    free(m.q_nope);
+    free(m.q_pe);
+    scn_batch_free(&b);
+}
+
+void test_mla(test_ctx *t)
+{
+    for (size_t i = 0; i < sizeof mla_cases / sizeof *mla_cases; i++) run_mla_case(t, &mla_cases[i]);
+}
