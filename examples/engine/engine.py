@@ -132,6 +132,12 @@ def _attention_layers(model):
     return [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
 
 
+def head_dims(m):
+    """(q/k, v) head dims of an attention module (DeepSeek's MLA, expanded: 192, 128)."""
+    qk = getattr(m, "qk_head_dim", None) or m.head_dim
+    return qk, getattr(m, "v_head_dim", None) or qk
+
+
 class Engine:
     def __init__(self, model, device="cuda", num_blocks=2048, page_size=16, max_reqs=64,
                  max_tokens=512, chunk=None, max_model_len=4096, graphs="off",
@@ -146,7 +152,7 @@ class Engine:
         first = self.layers[0]
         self.num_qo_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
-        self.head_dim = first.head_dim
+        self.head_dim, self.head_dim_vo = head_dims(first)
         self.num_layers = len(self.layers)
         self.max_blocks_per_req = -(-max_model_len // page_size)
         # attnkit backends: one per distinct (window, scale) of the layers
@@ -168,10 +174,10 @@ class Engine:
                 m = next(m for m in self.layers if self._key(m) == key)
                 self.ragged[key] = attnkit.Backend(self._config(m, "ragged"), limits, name=prompt_backend)
         # the paged cache: the engine's tensors, attnkit's block allocator
-        shape = (num_blocks, page_size, self.num_kv_heads, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        shape = (num_blocks, page_size, self.num_kv_heads)
+        self.k_cache = [torch.zeros(shape + (self.head_dim,), dtype=self.dtype, device=self.device)
                         for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = [torch.zeros(shape + (self.head_dim_vo,), dtype=self.dtype, device=self.device)
                         for _ in range(self.num_layers)]
         self.alloc = attnkit.KVCache(num_blocks, page_size, self.num_kv_heads, self.head_dim,
                                      num_layers=0, dtype=self.dtype, device=str(self.device))
@@ -193,7 +199,7 @@ class Engine:
     def _config(self, m, storage):
         window = getattr(m, "sliding_window", None)
         return attnkit.Config(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
-                              head_dim=self.head_dim, dtype=self.dtype, device=str(self.device),
+                              head_dim_qk=self.head_dim, head_dim_vo=self.head_dim_vo, dtype=self.dtype, device=str(self.device),
                               page_size=self.page, sm_scale=float(m.scaling),
                               # transformers' window of W tokens holds the token itself
                               window_left=window - 1 if window else -1,

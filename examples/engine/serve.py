@@ -13,7 +13,9 @@ Weights are random (seeded): no checkpoint ships with a PyPI package that
 runs offline. --size real keeps the architecture's published shapes (heads,
 head dim, hidden and MLP sizes) with --layers layers and a 32000-token
 vocabulary; --size small shrinks them for a CPU. gpt-oss keeps its sinks,
-its alternating 128-token window and full layers, with 4 experts (2 active).
+its alternating 128-token window and full layers, with 4 experts (2 active);
+DeepSeek-V3 keeps its MLA attention (q/k 192, v 128 in the expanded form)
+with 4 routed experts (2 active) after one dense layer.
 """
 import argparse
 import json
@@ -39,6 +41,17 @@ SHAPES = {
                    num_key_value_heads=4, rope_theta=1000000.0),
               dict(hidden_size=224, intermediate_size=448, num_attention_heads=7,
                    num_key_value_heads=1)),
+    "deepseek-v3": ("DeepseekV3Config",  # MLA in transformers' expanded form: 128 heads, q/k 192, v 128
+                    dict(hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                         num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536,
+                         kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         first_k_dense_replace=1),
+                    dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                         num_attention_heads=8, num_key_value_heads=8, q_lora_rank=None,
+                         kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+                         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+                         first_k_dense_replace=1)),
     "gpt-oss": ("GptOssConfig",  # gpt-oss-20b's attention: sinks, window 128 / full
                 dict(hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
                      num_key_value_heads=8, head_dim=64, sliding_window=128,
@@ -208,7 +221,8 @@ def main(argv=None):
     cfg = model.config
     print(f"{args.model} ({args.size} shapes, random weights): {args.layers} layers, "
           f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads of "
-          f"{eng._attention_layers(model)[0].head_dim}, {args.dtype} on {args.device}")
+          f"{'/'.join(map(str, sorted(set(eng.head_dims(eng._attention_layers(model)[0])), reverse=True)))}, "
+          f"{args.dtype} on {args.device}")
     results = dict(args={k: v for k, v in vars(args).items()}, runs=[])
     status = 0
     modes = ("off", "decode", "all") if args.compare_graphs else (args.graphs,)

@@ -7,11 +7,14 @@ transformers.
 
 - CPU (the cpu backend): Llama in f32 with too few blocks (eviction and
   recompute), Qwen2 (q/k/v biases) in bf16, gpt-oss (sinks, window 16 and
-  full layers alternating) in f32 over prompts longer than the window.
+  full layers alternating) in f32 over prompts longer than the window,
+  DeepSeek-V3 (MLA in transformers' expanded form: q/k and v head dims
+  differ) in f32.
 - CUDA (a GPU and a library with cuda_paged): Llama's real shapes in bf16
   under every graph mode (off, decode buckets, one graph for every step),
   and gpt-oss's real attention shapes (one expert, so that bf16 rounding
-  cannot flip a router's choice).
+  cannot flip a router's choice), DeepSeek-V3's real attention shapes
+  (128 heads, q/k 192, v 128) in bf16.
 """
 import json
 import os
@@ -66,6 +69,13 @@ class TestEngineCpu(unittest.TestCase):
         self.assertEqual(status, 0)
         self.check(res)
 
+    def test_deepseek_v3_expanded_mla(self):
+        status, res = serve("--device", "cpu", "--model", "deepseek-v3", "--dtype", "f32", "--max-new", "8",
+                            "--requests", "16")
+        self.assertEqual(status, 0)
+        self.check(res)
+        self.assertLess(res["runs"][0]["check"]["worst_rel_err"], 1e-4)
+
     def test_gpt_oss_sinks_window(self):
         status, res = serve("--device", "cpu", "--model", "gpt-oss", "--dtype", "f32", "--prompt-len", "20,60",
                             "--max-new", "10", "--requests", "16")
@@ -95,6 +105,11 @@ class TestEngineCuda(unittest.TestCase):
     def test_gpt_oss_bf16(self):
         status, res = serve("--device", "cuda", "--model", "gpt-oss", "--graphs", "off", "--experts", "1",
                             "--layers", "2", "--prompt-len", "100,400", "--max-new", "16")
+        self.assertEqual(status, 0)
+
+    def test_deepseek_v3_bf16(self):
+        status, res = serve("--device", "cuda", "--model", "deepseek-v3", "--graphs", "decode", "--layers", "2",
+                            "--prompt-len", "100,400", "--max-new", "16")
         self.assertEqual(status, 0)
 
 
