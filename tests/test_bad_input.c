@@ -318,9 +318,15 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
             if (st == AK_OK) st = ak_backend_plan(b, &in.batch, NULL);
             if (st != AK_OK) {
                 snprintf(msg, sizeof msg, "%s", ak_last_error());
-                /* a failed plan leaves no plan: run must refuse and write nothing */
+                /* a failed plan leaves no plan: run must refuse, say why without
+                 * repeating its status text, and write nothing */
                 const ak_status st2 = ak_backend_run(b, &in.args, NULL);
-                if (st2 != AK_ERR_NOT_PLANNED) st = AK_ERR_INTERNAL;
+                if (st2 != AK_ERR_NOT_PLANNED || !strstr(ak_last_error(), "its last plan() failed") ||
+                    strstr(ak_last_error(), "before a successful plan")) {
+                    snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "; run() after it: %s: %s",
+                             ak_status_str(st2), ak_last_error());
+                    st = AK_ERR_INTERNAL;
+                }
             }
         }
     } else if (bc->at == AT_RUN) {

@@ -306,6 +306,14 @@ static void core_selector(test_ctx *t)
     st = ak_backend_create(&cfg, &lim, NULL, &b);
     CHECK(t, "AK_BACKEND=cpu_ref is obeyed", st == AK_OK && !strcmp(ak_backend_name(b), "cpu_ref"), "got %s",
           b ? ak_backend_name(b) : ak_last_error());
+    /* run() before any plan(): the message says which case, not the status text again */
+    ak_run_args no_args;
+    ak_run_args_init(&no_args);
+    st = b ? ak_backend_run(b, &no_args, NULL) : AK_OK;
+    CHECK(t, "run() with no plan says plan() was not called",
+          st == AK_ERR_NOT_PLANNED && strstr(ak_last_error(), "plan() has not been called") &&
+              !strstr(ak_last_error(), ak_status_str(AK_ERR_NOT_PLANNED)),
+          "status %s: %s", ak_status_str(st), ak_last_error());
     ak_backend_destroy(b);
     b = NULL;
     setenv("AK_BACKEND", "nope", 1);

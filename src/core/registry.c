@@ -305,10 +305,8 @@ void ak_backend_destroy(ak_backend *b)
 
 /* Validation and metadata happen here, once, for every backend: a backend's
  * plan() sees only batches that passed ak_batch_build_meta (backend.h). */
-ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
+static ak_status plan_batch(ak_backend *b, const ak_batch *batch, ak_stream stream)
 {
-    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
-    b->planned = 0; /* a failed plan leaves no plan: run() then says so */
     ak_batch_meta meta = b->meta;
     if (b->vt->meta_buffers) AK_TRY(b->vt->meta_buffers(b->state, &meta));
     AK_TRY(ak_batch_build_meta(batch, &b->cfg, &b->lim, &meta));
@@ -317,14 +315,28 @@ ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream
     for (int r = 0; r < batch->num_reqs; r++) kv_total += batch->kv_lens[r];
     b->num_tokens = meta.qo_indptr[batch->num_reqs];
     b->num_kv_tokens = kv_total;
-    b->planned = 1;
     return AK_OK;
+}
+
+ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
+{
+    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
+    b->planned = 0; /* a failed plan leaves no plan: run() then says so */
+    const ak_status st = plan_batch(b, batch, stream);
+    b->planned = st == AK_OK;
+    b->failed_plan = st;
+    return st;
 }
 
 ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream)
 {
     if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
-    if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "run() before a successful plan()");
+    /* the status text says "run() called before a successful plan()": the
+     * message says which case this is */
+    if (!b->planned && b->failed_plan != AK_OK)
+        return ak_set_error(AK_ERR_NOT_PLANNED, "backend %s: its last plan() failed (%s)", b->vt->name,
+                            ak_status_str(b->failed_plan));
+    if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "backend %s: plan() has not been called", b->vt->name);
     AK_TRY(ak_run_args_validate(&b->cfg, &b->lim, b->num_tokens, b->num_kv_tokens, args));
     return b->vt->run(b->state, args, stream);
 }
