@@ -554,7 +554,9 @@ AK_API void ak_run_args_init(ak_run_args *args /* OUT */);
  * matches cfg (device, kv_storage, workload) and picks the first backend of
  * that row whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
  * backend that cannot serve cfg (AK_ERR_UNSUPPORTED) is an error whose message
- * lists every backend with its reasons; a bad override is never ignored. */
+ * lists every backend with its reasons; a bad override is never ignored. The
+ * message of an unknown name suggests the closest known one ("did you mean
+ * cuda_paged?"), also where that one is left out of this build. */
 AK_API ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim,
                                    const char *name, ak_backend **out /* OUT */);
 AK_API void ak_backend_destroy(ak_backend *b); /* accepts NULL */
@@ -606,7 +608,9 @@ AK_API const char *ak_backend_name_at(int i); /* NULL if i is out of range */
  * with the evidence it cites). Returns the status of the selection that
  * ak_backend_create(cfg, lim, NULL, ...) makes (failures inside the chosen
  * backend's create() itself, e.g. out of memory, are not included).
- * buf is always NUL-terminated (truncated if cap is too small). */
+ * buf is always NUL-terminated (truncated if cap is too small). On failure
+ * ak_last_error() says why in one line; the backends and their reasons are in
+ * buf alone, so a program prints each once. */
 AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 
 /* Whether backend `name` serves cfg on a device described by dev: a real one

@@ -321,6 +321,26 @@ static void core_selector(test_ctx *t)
     int lists = st == AK_ERR_BACKEND_NOT_FOUND && b == NULL && strstr(ak_last_error(), "AK_BACKEND=nope");
     for (int i = 0; i < ak_backend_count(); i++) lists = lists && strstr(ak_last_error(), ak_backend_name_at(i));
     CHECK(t, "AK_BACKEND=nope fails and lists every backend", lists, "status %s: %s", ak_status_str(st), ak_last_error());
+    /* a name a few edits from a backend's: the message suggests it; one far
+     * from every name suggests nothing */
+    CHECK(t, "AK_BACKEND=nope suggests nothing", !strstr(ak_last_error(), "did you mean"), "%s", ak_last_error());
+    static const struct { const char *typed, *meant; } typos[] = {
+        {"cpu_rf", "cpu_ref"}, {"CPU", "cpu"}, {"cpuref", "cpu_ref"}, {"cuda_page", "cuda_paged"}};
+    for (size_t i = 0; i < sizeof typos / sizeof *typos; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "did you mean %s?", typos[i].meant);
+        setenv("AK_BACKEND", typos[i].typed, 1);
+        st = ak_backend_create(&cfg, &lim, NULL, &b);
+        CHECK(t, "a misspelt AK_BACKEND suggests the closest name",
+              st == AK_ERR_BACKEND_NOT_FOUND && strstr(ak_last_error(), want), "AK_BACKEND=%s: status %s: %s",
+              typos[i].typed, ak_status_str(st), ak_last_error());
+    }
+    /* ak_explain prints the backends in its text: its message does not repeat them */
+    setenv("AK_BACKEND", "nope", 1);
+    st = ak_explain(&cfg, buf, sizeof buf);
+    CHECK(t, "a failed ak_explain's message is one line",
+          st == AK_ERR_BACKEND_NOT_FOUND && !strchr(ak_last_error(), '\n') && strstr(buf, "cpu_ref"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
     unsetenv("AK_BACKEND");
     core_cpu_isa(t, &cfg, &lim);
     /* a CUDA config on a machine without CUDA is an error with reasons */
