@@ -286,6 +286,32 @@ static void core_cpu_isa(test_ctx *t, const ak_attn_config *base, const ak_limit
         ak_backend_destroy(b);
     }
     unsetenv("AK_CPU_ISA");
+    /* the kernel ak_cpu_kernel_describe names (the tools' device line) is
+     * the one the backend says it runs, for each dtype and AK_CPU_ISA */
+    const char *isas[] = {NULL, "scalar", "avx2"};
+    const ak_dtype dtypes[] = {AK_F32, AK_BF16};
+    const ak_device cpu = {AK_DEVICE_CPU, 0};
+    ak_device_info info;
+    ak_device_get_info(cpu, &info);
+    for (int i = 0; i < 3; i++)
+        for (int d = 0; d < 2; d++) {
+            if (isas[i]) setenv("AK_CPU_ISA", isas[i], 1);
+            cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = dtypes[d];
+            char kernel[256], note[512];
+            const ak_status ks = ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+            const ak_status ns = ak_backend_describe("cpu", &cfg, &info, note, sizeof note);
+            const size_t isa_len = strcspn(kernel, " ");
+            char name[96];
+            snprintf(name, sizeof name, "cpu kernel named alike (%s, AK_CPU_ISA=%s)", ak_dtype_name(dtypes[d]),
+                     isas[i] ? isas[i] : "");
+            /* a CPU without AVX2 refuses AK_CPU_ISA=avx2 in both, for the same reason */
+            CHECK(t, name,
+                  ks == AK_OK ? ns == AK_OK && !strncmp(kernel, note, isa_len) && !strncmp(note + isa_len, " kernels", 8)
+                              : !strcmp(kernel, note),
+                  "ak_cpu_kernel_describe: %s \"%s\"; cpu's note: %s \"%s\"", ak_status_str(ks), kernel,
+                  ak_status_str(ns), note);
+            unsetenv("AK_CPU_ISA");
+        }
 }
 
 static void core_selector(test_ctx *t)

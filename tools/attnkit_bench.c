@@ -865,6 +865,19 @@ typedef struct bench_state {
     int header_printed;
 } bench_state;
 
+/* q's and o's dtype, and K/V's (kv_dtype_for) */
+static ak_dtype dtype_for(const options *o, ak_device_kind kind)
+{
+    if (o->dtype_set) return o->dtype;
+    if (o->kv_dtype_set && o->kv_dtype == AK_FP8_E4M3) return AK_BF16;
+    return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+}
+
+static ak_dtype kv_dtype_for(const options *o, ak_device_kind kind)
+{
+    return o->kv_dtype_set ? o->kv_dtype : dtype_for(o, kind);
+}
+
 static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
 {
     if (st->opened[kind] == 0) {
@@ -872,11 +885,17 @@ static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
         st->opened[kind] = bd_open(&st->ctx[kind], dev) == 0 ? 1 : -1;
         if (st->opened[kind] == 1) {
             const bd_ctx *c = &st->ctx[kind];
-            if (kind == AK_DEVICE_CPU)
-                note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, AVX2+FMA+F16C %s\n", c->info.name,
-                     ak_cpu_num_threads(), (double)c->cache_bytes / (1 << 20),
-                     c->info.cpu_has_avx2_fma_f16c ? "yes" : "no");
-            else
+            if (kind == AK_DEVICE_CPU) {
+                /* the kernel the cpu backend runs for the run's dtypes */
+                ak_attn_config cfg;
+                ak_attn_config_init(&cfg);
+                cfg.q_dtype = cfg.o_dtype = dtype_for(&st->opt, AK_DEVICE_CPU);
+                cfg.kv_dtype = kv_dtype_for(&st->opt, AK_DEVICE_CPU);
+                char kernel[256];
+                ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+                note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, cpu kernel: %s\n", c->info.name,
+                     ak_cpu_num_threads(), (double)c->cache_bytes / (1 << 20), kernel);
+            } else
                 note(&st->opt, "# device cuda:0 %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", c->info.name,
                      c->info.cc_major, c->info.cc_minor, c->info.num_sms, (double)c->info.memory_bytes / (1 << 30),
                      (double)c->cache_bytes / (1 << 20));
@@ -929,19 +948,6 @@ static void backend_reason(const char *msg, const char *name, char *out, size_t 
 }
 
 /* ---- one shape ------------------------------------------------------------------------------- */
-
-/* q's and o's dtype, and K/V's (kv_dtype_for) */
-static ak_dtype dtype_for(const options *o, ak_device_kind kind)
-{
-    if (o->dtype_set) return o->dtype;
-    if (o->kv_dtype_set && o->kv_dtype == AK_FP8_E4M3) return AK_BF16;
-    return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
-}
-
-static ak_dtype kv_dtype_for(const options *o, ak_device_kind kind)
-{
-    return o->kv_dtype_set ? o->kv_dtype : dtype_for(o, kind);
-}
 
 /* Result of trying a shape on a device. */
 enum { SHAPE_DONE = 0, SHAPE_NO_BACKEND = 1 };

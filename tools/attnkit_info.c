@@ -109,6 +109,16 @@ int main(int argc, char **argv)
         }
     }
 
+    /* default device: the GPU where one is found */
+    if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
+        cfg.device.kind = AK_DEVICE_CUDA;
+        if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    }
+    if ((int)kv_dtype >= 0) {
+        if (kv_dtype == AK_FP8_E4M3 && !dtype_given) cfg.q_dtype = cfg.o_dtype = AK_BF16;
+        cfg.kv_dtype = kv_dtype;
+    }
+
     printf("devices:\n");
     for (int k = 0; k < 2; k++) {
         const ak_device_kind kind = k ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
@@ -118,22 +128,15 @@ int main(int argc, char **argv)
             ak_device_info info;
             const ak_device d = {kind, i};
             if (ak_device_get_info(d, &info) != AK_OK) continue;
-            if (kind == AK_DEVICE_CPU)
-                printf("  cpu:0  %s, %d logical cores, AVX2+FMA+F16C %s\n", info.name, info.num_sms,
-                       info.cpu_has_avx2_fma_f16c ? "yes" : "no");
-            else
+            if (kind == AK_DEVICE_CPU) {
+                /* the kernel the cpu backend would run for this config's dtypes */
+                char kernel[256];
+                ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+                printf("  cpu:0  %s, %d logical cores, cpu kernel: %s\n", info.name, info.num_sms, kernel);
+            } else
                 printf("  cuda:%d %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", i, info.name, info.cc_major,
                        info.cc_minor, info.num_sms, info.memory_bytes / 1073741824.0, info.l2_bytes / 1048576.0);
         }
-    }
-    /* default device: the GPU where one is found */
-    if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
-        cfg.device.kind = AK_DEVICE_CUDA;
-        if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
-    }
-    if ((int)kv_dtype >= 0) {
-        if (kv_dtype == AK_FP8_E4M3 && !dtype_given) cfg.q_dtype = cfg.o_dtype = AK_BF16;
-        cfg.kv_dtype = kv_dtype;
     }
     static char buf[16384];
     const ak_status st = ak_explain(&cfg, buf, sizeof buf);

@@ -120,7 +120,7 @@ def _parse(argv, cfg):
     return device_given, None, (dtype_given, kv_dtype)
 
 
-def _print_devices():
+def _print_devices(cfg):
     print("devices:")
     for kind, label in ((_capi.AK_DEVICE_CPU, "cpu"), (_capi.AK_DEVICE_CUDA, "cuda")):
         n = _lib.ak_device_count(kind)
@@ -133,8 +133,11 @@ def _print_devices():
                 continue
             name = info.name.decode(errors="replace")
             if kind == _capi.AK_DEVICE_CPU:
-                print(f"  cpu:0  {name}, {info.num_sms} logical cores, AVX2+FMA+F16C "
-                      f"{'yes' if info.cpu_has_avx2_fma_f16c else 'no'}")
+                # the kernel the cpu backend would run for this config's dtypes
+                kernel = ctypes.create_string_buffer(256)
+                _lib.ak_cpu_kernel_describe(ctypes.byref(cfg), kernel, len(kernel))
+                print(f"  cpu:0  {name}, {info.num_sms} logical cores, "
+                      f"cpu kernel: {kernel.value.decode(errors='replace')}")
             else:
                 print(f"  cuda:{i} {name}, sm_{info.cc_major}{info.cc_minor}, {info.num_sms} SMs, "
                       f"{info.memory_bytes / 1073741824.0:.1f} GiB, "
@@ -160,7 +163,6 @@ def main(argv=None, prog="python -m attnkit"):
         sys.stdout.write(buf.value.decode(errors="replace"))
         return 0 if status == _capi.AK_OK else 1
 
-    _print_devices()
     # default device: the GPU where one is found
     if not device_given and _lib.ak_device_count(_capi.AK_DEVICE_CUDA) > 0:
         cfg.device.kind = _capi.AK_DEVICE_CUDA
@@ -172,6 +174,7 @@ def main(argv=None, prog="python -m attnkit"):
         if kv_dtype == _capi.AK_FP8_E4M3 and not dtype_given:
             cfg.q_dtype = cfg.o_dtype = _capi.AK_BF16
         cfg.kv_dtype = kv_dtype
+    _print_devices(cfg)
     buf = ctypes.create_string_buffer(EXPLAIN_CAP)
     status = _lib.ak_explain(ctypes.byref(cfg), buf, EXPLAIN_CAP)
     sys.stdout.write("\n" + buf.value.decode(errors="replace"))

@@ -5,6 +5,7 @@ ATTNKIT_INFO naming an attnkit-info binary built with the library under test
 form of the output is checked.
 """
 import os
+import re
 import subprocess
 import sys
 import unittest
@@ -27,8 +28,15 @@ def _env():
     return env
 
 
-def run(cmd):
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=60)
+def run(cmd, **env):
+    """cmd's exit status and output, with env's variables set (None: unset)."""
+    full = _env()
+    for k, v in env.items():
+        if v is None:
+            full.pop(k, None)
+        else:
+            full[k] = v
+    return subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=60)
 
 
 class TestMain(unittest.TestCase):
@@ -49,6 +57,20 @@ class TestMain(unittest.TestCase):
         p = run([sys.executable, "-m", "attnkit", "--heads", "3"])
         self.assertEqual(p.returncode, 2)
         self.assertIn("usage: python -m attnkit", p.stderr)
+
+    def test_cpu_kernel_line(self):
+        """The device line names the kernel the cpu backend says it runs."""
+        for isa in (None, "scalar"):
+            for dtype in ("f32", "bf16"):
+                with self.subTest(isa=isa, dtype=dtype):
+                    p = run([sys.executable, "-m", "attnkit", "--device", "cpu", "--dtype", dtype],
+                            AK_CPU_ISA=isa, AK_BACKEND=None)
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    m = re.search(r"\n  cpu:0  .*, cpu kernel: (\S+) \(", p.stdout)
+                    self.assertTrue(m, p.stdout)
+                    self.assertRegex(p.stdout, rf"\n  cpu +chosen - {re.escape(m.group(1))} kernels")
+                    if isa:
+                        self.assertEqual(m.group(1), isa)
 
     @unittest.skipUnless(os.environ.get("ATTNKIT_INFO"), "ATTNKIT_INFO names no attnkit-info")
     def test_same_as_attnkit_info(self):
