@@ -183,23 +183,38 @@ static void usage(FILE *f)
         "                   the L2 / LLC, as far as memory allows; up to 4096)\n"
         "  --seed N\n"
         "  --version        print the library's version and exit\n"
+        "  --help, -h       this text\n"
         "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
         "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
         "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
         "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling;\n"
         "plan_us = median host time of plan().\n"
-        "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage.\n",
+        "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage\n"
+        "(one line on stderr names the argument).\n",
         DEFAULT_MAX_ITERS, SAMPLE_BUDGET_S, MIN_ITERS, COMPARE_MAX_TOKENS);
+}
+
+/* A usage error: one line on stderr naming the bad argument, and where the
+ * options are listed. Returns -1. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("attnkit-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (attnkit-bench --help lists the options)\n", stderr);
+    return -1;
 }
 
 static int parse_int(const char *opt, const char *s, int lo, int *out)
 {
     char *end = NULL;
     const long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || *end || v < lo || v > 1000000000L) {
-        fprintf(stderr, "attnkit-bench: %s needs an integer >= %d, not '%s'\n", opt, lo, s ? s : "");
-        return -1;
-    }
+    if (!s) return usage_error("%s needs an integer >= %d", opt, lo);
+    if (!*s || *end || v < lo || v > 1000000000L)
+        return usage_error("%s needs an integer >= %d, not '%s'", opt, lo, s);
     *out = (int)v;
     return 0;
 }
@@ -272,40 +287,39 @@ static int parse_options(int argc, char **argv, options *o)
         int takes_value = 1;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
         if (!strcmp(a, "--version")) return 2;
+        /* "--workload 'x'", or "--workload" alone when the value is missing */
+        char given[96];
+        if (v) snprintf(given, sizeof given, "%.30s '%.60s'", a, v);
+        else snprintf(given, sizeof given, "%.30s", a);
         if (!strcmp(a, "--workload")) {
-            if (!v || bench_workload_parse(v, &o->workload)) {
-                fprintf(stderr, "attnkit-bench: --workload: decode, prefill, extend, mixed or verify\n");
-                return -1;
-            }
+            if (!v || bench_workload_parse(v, &o->workload))
+                return usage_error("%s: expected decode, prefill, extend, mixed or verify", given);
             o->workload_set = 1;
         } else if (!strcmp(a, "--model")) {
             if (parse_models(v, o)) {
-                fprintf(stderr, "attnkit-bench: --model: one of");
-                for (int m = 0; m < bench_num_models; m++) fprintf(stderr, " %s", bench_models[m].name);
-                fprintf(stderr, " (with --compare: a comma list of them, or all)\n");
-                return -1;
+                char names[512] = "";
+                for (int m = 0; m < bench_num_models; m++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", m ? ", " : "",
+                             bench_models[m].name);
+                return usage_error("%s: expected one of %s (with --compare: a comma list of them, or all)", given,
+                                   names);
             }
             o->model = &o->models[0];
         } else if (!strcmp(a, "--compare")) {
-            if (parse_variants(v, &o->compare)) {
-                fprintf(stderr, "attnkit-bench: --compare: a comma list of paged, ragged, varlen\n");
-                return -1;
-            }
+            if (parse_variants(v, &o->compare))
+                return usage_error("%s: expected a comma list of paged, ragged, varlen", given);
         } else if (!strcmp(a, "--csv")) {
-            if (!v) return -1;
+            if (!v) return usage_error("--csv needs a file name");
             o->csv_path = v;
         } else if (!strcmp(a, "--max-tokens")) {
             if (parse_int(a, v, 1, &o->max_tokens)) return -1;
         } else if (!strcmp(a, "--backend")) {
-            if (!v) return -1;
+            if (!v) return usage_error("--backend needs a backend name, or all");
             o->backend = v;
         } else if (!strcmp(a, "--device")) {
             if (v && !strcmp(v, "cpu")) o->device = AK_DEVICE_CPU;
             else if (v && !strcmp(v, "cuda")) o->device = AK_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "attnkit-bench: --device: cpu or cuda\n");
-                return -1;
-            }
+            else return usage_error("%s: expected cpu or cuda", given);
             o->device_set = 1;
         } else if (!strcmp(a, "--batch")) {
             if (parse_int(a, v, 1, &o->batch)) return -1;
@@ -319,48 +333,37 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
         } else if (!strcmp(a, "--heads")) {
             if (!v || sscanf(v, "%d/%d", &o->custom.num_qo_heads, &o->custom.num_kv_heads) != 2 ||
-                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0) {
-                fprintf(stderr, "attnkit-bench: --heads: QO/KV, e.g. 32/8\n");
-                return -1;
-            }
+                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0)
+                return usage_error("%s: expected QO/KV, e.g. 32/8", given);
         } else if (!strcmp(a, "--head-dim")) {
             /* D, or QK/VO */
             const int n = v ? sscanf(v, "%d/%d", &o->custom.head_dim_qk, &o->custom.head_dim_vo) : 0;
             if (n == 1) o->custom.head_dim_vo = o->custom.head_dim_qk;
-            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0) {
-                fprintf(stderr, "attnkit-bench: --head-dim: D or QK/VO, e.g. 128 or 192/128\n");
-                return -1;
-            }
+            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0)
+                return usage_error("%s: expected D or QK/VO, e.g. 128 or 192/128", given);
         } else if (!strcmp(a, "--window")) {
             if (parse_int(a, v, -1, &o->window)) return -1;
             o->window_set = 1;
         } else if (!strcmp(a, "--layout")) {
-            if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) {
-                fprintf(stderr, "attnkit-bench: --layout: nhd or hnd\n");
-                return -1;
-            }
+            if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) return usage_error("%s: expected nhd or hnd", given);
             o->layout = strcmp(v, "hnd") ? AK_LAYOUT_NHD : AK_LAYOUT_HND;
         } else if (!strcmp(a, "--page-size")) {
             if (parse_int(a, v, 1, &o->page_size)) return -1;
         } else if (!strcmp(a, "--dtype")) {
-            if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3) {
-                fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16 (fp8_e4m3: --kv-dtype)\n");
-                return -1;
-            }
+            if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3)
+                return usage_error("%s: expected f32, f16 or bf16 (fp8_e4m3: --kv-dtype)", given);
             o->dtype_set = 1;
         } else if (!strcmp(a, "--kv-dtype")) {
-            if (parse_dtype(v, &o->kv_dtype)) {
-                fprintf(stderr, "attnkit-bench: --kv-dtype: f32, f16, bf16 or fp8_e4m3\n");
-                return -1;
-            }
+            if (parse_dtype(v, &o->kv_dtype)) return usage_error("%s: expected f32, f16, bf16 or fp8_e4m3", given);
             o->kv_dtype_set = 1;
         } else if (!strcmp(a, "--iters")) {
             if (parse_int(a, v, 1, &o->iters)) return -1;
         } else if (!strcmp(a, "--layers")) {
             if (parse_int(a, v, 1, &o->layers)) return -1;
         } else if (!strcmp(a, "--seed")) {
-            if (!v) return -1;
-            o->seed = strtoull(v, NULL, 10);
+            char *end = NULL;
+            if (v) o->seed = strtoull(v, &end, 10);
+            if (!v || !*v || *end) return usage_error("%s: expected a non-negative integer", given);
         } else {
             takes_value = 0;
             if (!strcmp(a, "--check")) o->check = 1;
@@ -369,18 +372,14 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--sweep")) o->sweep = 1;
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
-            else {
-                fprintf(stderr, "attnkit-bench: unknown option '%s' (--help lists them)\n", a);
-                return -1;
-            }
+            else return usage_error("unknown option '%s'", a);
         }
         i += takes_value;
     }
     /* --heads / --head-dim: applied to the copies of the presets */
-    if (o->custom.num_qo_heads && o->custom.num_qo_heads % o->custom.num_kv_heads) {
-        fprintf(stderr, "attnkit-bench: --heads: QO must be a multiple of KV\n");
-        return -1;
-    }
+    if (o->custom.num_qo_heads && o->custom.num_qo_heads % o->custom.num_kv_heads)
+        return usage_error("--heads %d/%d: QO must be a multiple of KV", o->custom.num_qo_heads,
+                           o->custom.num_kv_heads);
     for (int i = 0; i < o->num_models; i++) {
         bench_model *m = &o->models[i];
         if (o->custom.num_qo_heads) {
@@ -394,23 +393,15 @@ static int parse_options(int argc, char **argv, options *o)
         if (o->window_set) m->window_left = o->window;
     }
     o->model = &o->models[0];
-    if (o->num_models > 1 && !o->compare) {
-        fprintf(stderr, "attnkit-bench: --model takes one preset (a list only with --compare)\n");
-        return -1;
-    }
-    if (o->csv_path && !o->compare) {
-        fprintf(stderr, "attnkit-bench: --csv goes with --compare (--json for the other modes)\n");
-        return -1;
-    }
+    if (o->num_models > 1 && !o->compare)
+        return usage_error("--model takes one preset (a list only with --compare)");
+    if (o->csv_path && !o->compare) return usage_error("--csv goes with --compare (--json for the other modes)");
     if (o->compare) {
         const char *clash = o->json ? "--json (use --csv)" : o->backend ? "--backend" : o->kv_update ? "--kv-update"
                           : o->workload_set && o->workload != BW_PREFILL ? "--workload other than prefill"
                           : o->device_set && o->device != AK_DEVICE_CUDA ? "--device cpu" : NULL;
-        if (clash) {
-            fprintf(stderr, "attnkit-bench: --compare times its own CUDA backends on prompt prefills; %s does not "
-                            "apply\n", clash);
-            return -1;
-        }
+        if (clash)
+            return usage_error("--compare times its own CUDA backends on prompt prefills; %s does not apply", clash);
         o->workload = BW_PREFILL;
     }
     return 0;
@@ -425,28 +416,24 @@ static int single_shape(const options *o, bench_shape *s)
     if (o->kv_len) s->kv_len = o->kv_len;
     switch (o->workload) {
     case BW_DECODE:
-        if (o->q_len > 1) {
-            fprintf(stderr, "attnkit-bench: decode has q_len 1 (--workload verify or extend for more)\n");
-            return -1;
-        }
+        if (o->q_len > 1)
+            return usage_error("--q-len %d: decode has q_len 1 (--workload verify or extend for more)", o->q_len);
         break;
     case BW_PREFILL:
         /* a prefill sees its whole prompt: one length sets both */
-        if (o->q_len && o->kv_len && o->q_len != o->kv_len) {
-            fprintf(stderr, "attnkit-bench: prefill has q_len = kv_len (--workload extend for a chunk on a "
-                            "prefix)\n");
-            return -1;
-        }
+        if (o->q_len && o->kv_len && o->q_len != o->kv_len)
+            return usage_error("--q-len %d --kv-len %d: prefill has q_len = kv_len (--workload extend for a chunk "
+                               "on a prefix)", o->q_len, o->kv_len);
         if (o->q_len) s->q_len = s->kv_len = o->q_len;
         if (o->kv_len) s->q_len = s->kv_len = o->kv_len;
         break;
     default:
         if (o->q_len) s->q_len = o->q_len;
         if (s->q_len > s->kv_len) {
-            if (o->kv_len) {
-                fprintf(stderr, "attnkit-bench: q_len %d > kv_len %d\n", s->q_len, s->kv_len);
-                return -1;
-            }
+            if (o->kv_len && o->q_len) return usage_error("--q-len %d > --kv-len %d", s->q_len, s->kv_len);
+            if (o->kv_len)
+                return usage_error("--kv-len %d is below the workload's q_len %d (--q-len sets it)", s->kv_len,
+                                   s->q_len);
             s->kv_len = s->q_len; /* only --q-len was given: a chunk with no prefix */
         }
         break;
@@ -455,10 +442,7 @@ static int single_shape(const options *o, bench_shape *s)
         if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
         s->decode_kv_len = o->decode_kv_len;
         if (s->num_prefills > s->batch) {
-            if (o->num_prefills >= 0) {
-                fprintf(stderr, "attnkit-bench: --prefills %d > --batch %d\n", s->num_prefills, s->batch);
-                return -1;
-            }
+            if (o->num_prefills >= 0) return usage_error("--prefills %d > batch %d", s->num_prefills, s->batch);
             s->num_prefills = s->batch;
         }
     }
@@ -1364,10 +1348,11 @@ int main(int argc, char **argv)
         printf("attnkit %s\n", ak_version_string());
         return 0;
     }
-    if (p != 0) {
-        usage(p > 0 ? stdout : stderr);
-        return p > 0 ? 0 : 2;
+    if (p > 0) {
+        usage(stdout);
+        return 0;
     }
+    if (p < 0) return 2;
     const options *o = &st.opt;
     if (o->compare) return run_compare(&st);
 
@@ -1386,7 +1371,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (o->graph && kind != AK_DEVICE_CUDA) {
-        fprintf(stderr, "attnkit-bench: --graph needs a CUDA device\n");
+        usage_error("--graph needs a CUDA device");
         return 2;
     }
 

@@ -8,10 +8,11 @@
  *                [--sinks] [--invariant]
  *   attnkit-info --matrix       the support matrix (every backend's check(), Markdown)
  *   attnkit-info --version      the library's version
+ *   attnkit-info --help, -h     this usage (on stdout; exit 0)
  * --dtype sets q, K/V and o; --kv-dtype then sets K/V alone (fp8_e4m3: q and
  * o stay as --dtype says, bf16 if it says nothing).
- * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
- * backend that cannot).
+ * Exits 1 when no backend can serve the config (or AK_BACKEND names a
+ * backend that cannot), 2 on bad usage (the usage on stderr).
  */
 #include "attnkit.h"
 
@@ -29,15 +30,16 @@ static int parse_dtype(const char *s, ak_dtype *t)
     return 0;
 }
 
-static void usage(const char *argv0)
+static void usage(FILE *f, const char *argv0)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]\n"
             "          [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
             "          [--workload any|decode] [--sinks] [--invariant]\n"
             "       %s --matrix\n"
-            "       %s --version\n",
-            argv0, argv0, argv0);
+            "       %s --version\n"
+            "       %s --help\n",
+            argv0, argv0, argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -51,20 +53,20 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--heads") && v) {
-            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(argv[0]); return 2; }
+            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--head-dim") && v) {
             const int n = sscanf(v, "%d/%d", &cfg.head_dim_qk, &cfg.head_dim_vo);
             if (n == 1) cfg.head_dim_vo = cfg.head_dim_qk;
-            if (n < 1) { usage(argv[0]); return 2; }
+            if (n < 1) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
-            if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(argv[0]); return 2; }
+            if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(stderr, argv[0]); return 2; }
             cfg.kv_dtype = cfg.o_dtype = cfg.q_dtype;
             dtype_given = 1;
             i++;
         } else if (!strcmp(a, "--kv-dtype") && v) {
-            if (parse_dtype(v, &kv_dtype)) { usage(argv[0]); return 2; }
+            if (parse_dtype(v, &kv_dtype)) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--device") && v) {
             cfg.device.kind = !strcmp(v, "cuda") ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
@@ -84,6 +86,9 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--ragged")) {
             cfg.kv_storage = AK_KV_RAGGED;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout, argv[0]);
+            return 0;
         } else if (!strcmp(a, "--version")) {
             printf("attnkit %s\n", ak_version_string());
             return 0;
@@ -101,10 +106,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--workload") && v) {
             if (!strcmp(v, "decode")) cfg.workload = AK_WORKLOAD_DECODE;
             else if (!strcmp(v, "any")) cfg.workload = AK_WORKLOAD_ANY;
-            else { usage(argv[0]); return 2; }
+            else { usage(stderr, argv[0]); return 2; }
             i++;
         } else {
-            usage(argv[0]);
+            usage(stderr, argv[0]);
             return 2;
         }
     }

@@ -10,8 +10,10 @@ reasons (ak_explain). The same options and output as tools/attnkit_info.c:
                       [--non-causal] [--workload any|decode] [--sinks] [--invariant]
     python -m attnkit --matrix
     python -m attnkit --version
+    python -m attnkit --help
 
-Exits 1 when no backend can serve the config, 2 on bad usage.
+Exits 1 when no backend can serve the config, 2 on bad usage (the usage on
+stderr); --help prints it on stdout and exits 0.
 """
 import ctypes
 import re
@@ -26,6 +28,7 @@ USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16
           [--workload any|decode] [--sinks] [--invariant]
        {0} --matrix
        {0} --version
+       {0} --help
 """
 DTYPES = {"f32": _capi.AK_F32, "f16": _capi.AK_F16, "bf16": _capi.AK_BF16}
 KV_DTYPES = dict(DTYPES, fp8_e4m3=_capi.AK_FP8_E4M3)
@@ -56,7 +59,7 @@ def _atof(s):
 
 def _parse(argv, cfg):
     """Fills cfg from the options; returns (device_given, what, kv): what is
-    "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
+    "help", "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
     main to apply after the device's default dtype."""
     device_given = False
     dtype_given, kv_dtype = False, None  # --kv-dtype, applied after --dtype
@@ -104,6 +107,8 @@ def _parse(argv, cfg):
             takes_value = False
             if a == "--ragged":
                 cfg.kv_storage = _capi.AK_KV_RAGGED
+            elif a in ("--help", "-h"):
+                return device_given, "help", None
             elif a == "--version":
                 return device_given, "version", None
             elif a == "--matrix":
@@ -154,6 +159,9 @@ def main(argv=None, prog="python -m attnkit"):
     except _Usage:
         sys.stderr.write(USAGE.format(prog))
         return 2
+    if what == "help":
+        sys.stdout.write(USAGE.format(prog))
+        return 0
     if what == "version":
         print("attnkit " + _lib.ak_version_string().decode())
         return 0

@@ -2,7 +2,8 @@
 test_cli.py - `python -m attnkit`, attnkit-info through the binding. With
 ATTNKIT_INFO naming an attnkit-info binary built with the library under test
 (ctest sets it), both must print the same and exit the same; without it, the
-form of the output is checked.
+form of the output is checked. With ATTNKIT_BENCH naming attnkit-bench (ctest
+sets it), its command line too: --help, usage errors.
 """
 import os
 import re
@@ -72,6 +73,41 @@ class TestMain(unittest.TestCase):
                     if isa:
                         self.assertEqual(m.group(1), isa)
 
+    def info_commands(self):
+        """python -m attnkit, and attnkit-info where ATTNKIT_INFO names it."""
+        cmds = [[sys.executable, "-m", "attnkit"]]
+        if os.environ.get("ATTNKIT_INFO"):
+            cmds.append([os.environ["ATTNKIT_INFO"]])
+        return cmds
+
+    def test_help(self):
+        for cmd in self.info_commands():
+            for flag in ("--help", "-h"):
+                with self.subTest(cmd=cmd[-1], flag=flag):
+                    p = run([*cmd, flag])
+                    self.assertEqual((p.returncode, p.stderr), (0, ""))
+                    self.assertTrue(p.stdout.startswith("usage: "), p.stdout)
+                    self.assertIn("--matrix", p.stdout)
+            with self.subTest(cmd=cmd[-1], usage_error="--bogus"):
+                p = run([*cmd, "--bogus"])
+                self.assertEqual((p.returncode, p.stdout), (2, ""))
+                self.assertTrue(p.stderr.startswith("usage: "), p.stderr)
+
+    def test_bad_override(self):
+        """AK_BACKEND=nope: the backends listed once (in the explanation), the
+        error in one line; a misspelt name gets the closest one."""
+        for cmd in self.info_commands():
+            with self.subTest(cmd=cmd[-1]):
+                p = run([*cmd, "--device", "cpu"], AK_BACKEND="nope")
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertEqual(len(re.findall(r"^  cpu_ref +available", p.stdout + p.stderr, re.M)), 1,
+                                 p.stdout + p.stderr)
+                self.assertRegex(p.stderr, r"^\n[^\n]*: no such backend: AK_BACKEND=nope names no backend\n$")
+                self.assertNotIn("did you mean", p.stderr)
+                p = run([*cmd, "--device", "cpu"], AK_BACKEND="cpu_rf")
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn("AK_BACKEND=cpu_rf names no backend (did you mean cpu_ref?)", p.stderr)
+
     @unittest.skipUnless(os.environ.get("ATTNKIT_INFO"), "ATTNKIT_INFO names no attnkit-info")
     def test_same_as_attnkit_info(self):
         for args in CASES:
@@ -79,6 +115,37 @@ class TestMain(unittest.TestCase):
                 c = run([os.environ["ATTNKIT_INFO"], *args])
                 p = run([sys.executable, "-m", "attnkit", *args])
                 self.assertEqual((p.returncode, p.stdout), (c.returncode, c.stdout))
+
+
+@unittest.skipUnless(os.environ.get("ATTNKIT_BENCH"), "ATTNKIT_BENCH names no attnkit-bench")
+class TestBench(unittest.TestCase):
+    """attnkit-bench's command line (nothing here runs a benchmark)."""
+
+    def bench(self, *args, **env):
+        return run([os.environ["ATTNKIT_BENCH"], *args], **env)
+
+    def test_help(self):
+        for flag in ("--help", "-h"):
+            with self.subTest(flag=flag):
+                p = self.bench(flag)
+                self.assertEqual((p.returncode, p.stderr), (0, ""))
+                self.assertTrue(p.stdout.startswith("usage: attnkit-bench"), p.stdout)
+                self.assertIn("--workload", p.stdout)
+
+    def test_usage_errors(self):
+        """One line on stderr naming the bad argument, nothing on stdout, exit 2."""
+        cases = {("--bogus",): "'--bogus'", ("--batch",): "--batch", ("--batch", "x"): "'x'",
+                 ("--workload", "foo"): "'foo'", ("--device", "gpu"): "'gpu'", ("--seed", "1x"): "'1x'",
+                 ("--heads", "6/4"): "6/4", ("--workload", "decode", "--q-len", "4"): "--q-len 4",
+                 ("--compare", "paged,nope"): "paged,nope", ("--backend",): "--backend"}
+        for args, named in cases.items():
+            with self.subTest(args=args):
+                p = self.bench(*args)
+                self.assertEqual((p.returncode, p.stdout), (2, ""), p.stderr)
+                self.assertEqual(len(p.stderr.splitlines()), 1, p.stderr)
+                self.assertTrue(p.stderr.startswith("attnkit-bench: "), p.stderr)
+                self.assertIn(named, p.stderr)
+                self.assertTrue(p.stderr.endswith(" (attnkit-bench --help lists the options)\n"), p.stderr)
 
 
 if __name__ == "__main__":
