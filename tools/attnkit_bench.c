@@ -407,6 +407,14 @@ static int parse_options(int argc, char **argv, options *o)
     return 0;
 }
 
+/* The backend asked for by name: --backend, else AK_BACKEND (which
+ * ak_backend_create obeys when given no name); NULL: the selector's choice. */
+static const char *asked_backend(const options *o)
+{
+    const char *env = getenv("AK_BACKEND");
+    return o->backend ? o->backend : env && *env ? env : NULL;
+}
+
 /* The shape of a single (non-sweep) run: the workload's defaults with the
  * options' overrides. Returns 0 or -1. */
 static int single_shape(const options *o, bench_shape *s)
@@ -1007,7 +1015,10 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         r.backend = names[i] ? names[i] : "(selector)";
         r.status = "skipped";
         if (s == AK_ERR_BACKEND_NOT_FOUND) {
-            int len = snprintf(r.reason, sizeof r.reason, "no such backend; the backends are");
+            /* "no backend is named X (did you mean Y?)", then this build's */
+            char said[REASON_LEN];
+            ak_backend_describe(names[i] ? names[i] : asked_backend(o), &sc.cfg, &ctx->info, said, sizeof said);
+            int len = snprintf(r.reason, sizeof r.reason, "%s; the backends are", said);
             for (int k = 0; k < ak_backend_count() && len > 0 && (size_t)len < sizeof r.reason; k++)
                 len += snprintf(r.reason + len, sizeof r.reason - (size_t)len, "%s %s", k ? "," : "",
                                 ak_backend_name_at(k));
@@ -1356,15 +1367,20 @@ int main(int argc, char **argv)
     const options *o = &st.opt;
     if (o->compare) return run_compare(&st);
 
-    /* the device: as asked; else the one a named backend runs on; else the GPU if present */
+    /* the device: as asked; else the one a named backend runs on (CUDA
+     * backends are named cuda_*, as the test harness assumes); else the GPU
+     * if present, and a CUDA build that finds none says it runs on the CPU */
+    const char *asked = asked_backend(o);
     ak_device_kind kind = AK_DEVICE_CPU;
-    int allow_fallback = 0;
+    int allow_fallback = 0, say_no_gpu = 0;
     if (o->device_set) kind = o->device;
-    else if (o->backend && strcmp(o->backend, "all") != 0) kind = strncmp(o->backend, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
+    else if (asked && strcmp(asked, "all") != 0) kind = strncmp(asked, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
     else if (ak_device_count(AK_DEVICE_CUDA) > 0) {
         kind = AK_DEVICE_CUDA;
         /* the selector's single run may move to the CPU; a sweep skips instead */
-        allow_fallback = !o->backend && !o->sweep;
+        allow_fallback = !asked && !o->sweep;
+    } else {
+        for (int i = 0; i < ak_backend_count(); i++) say_no_gpu |= strncmp(ak_backend_name_at(i), "cuda", 4) == 0;
     }
     if (kind == AK_DEVICE_CUDA && ak_device_count(AK_DEVICE_CUDA) == 0) {
         fprintf(stderr, "attnkit-bench: no CUDA device found (or this build has no CUDA)\n");
@@ -1387,6 +1403,8 @@ int main(int argc, char **argv)
         nshapes = 1;
     }
 
+    /* said once the options are known to be good */
+    if (say_no_gpu) fprintf(stderr, "attnkit-bench: no CUDA device; running on the CPU\n");
     for (int i = 0; i < nshapes; i++) {
         const bench_shape *s = &shapes[i];
         if (o->sweep)

@@ -5,6 +5,7 @@ ATTNKIT_INFO naming an attnkit-info binary built with the library under test
 form of the output is checked. With ATTNKIT_BENCH naming attnkit-bench (ctest
 sets it), its command line too: --help, usage errors.
 """
+import json
 import os
 import re
 import subprocess
@@ -146,6 +147,29 @@ class TestBench(unittest.TestCase):
                 self.assertTrue(p.stderr.startswith("attnkit-bench: "), p.stderr)
                 self.assertIn(named, p.stderr)
                 self.assertTrue(p.stderr.endswith(" (attnkit-bench --help lists the options)\n"), p.stderr)
+
+    def test_misspelt_backend(self):
+        p = self.bench("--backend", "cpu_rf", "--device", "cpu", "--workload", "decode", "--batch", "2",
+                       "--kv-len", "64")
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("skipped: no backend is named cpu_rf (did you mean cpu_ref?); the backends are cpu, cpu_ref",
+                      p.stdout)
+
+    # a tiny decode: ~2 s, most of it the ceiling's streaming read
+    TINY = ("--workload", "decode", "--batch", "2", "--kv-len", "64", "--layers", "2", "--iters", "3")
+
+    def test_default_device(self):
+        """Without --device: the GPU if found; a CUDA build without one says it runs on the CPU."""
+        p = self.bench(*self.TINY, AK_BACKEND=None)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        says = "attnkit-bench: no CUDA device; running on the CPU\n"
+        cuda_build = any(name.startswith("cuda") for name in attnkit.backends())
+        if cuda_build and attnkit.device_count("cuda") == 0:
+            self.assertIn(says, p.stderr)
+        else:
+            self.assertNotIn(says, p.stderr)
+        p = self.bench(*self.TINY, "--device", "cpu")
+        self.assertNotIn(says, p.stderr)
 
 
 if __name__ == "__main__":
