@@ -36,6 +36,9 @@
  * ramping up; on the CPU one call pages in the buffers and starts the threads. */
 #define WARMUP_GPU 3
 #define WARMUP_CPU 1
+/* A timed sample longer than this gets a note saying how long the rest will
+ * take (cpu_ref on a large shape: minutes, otherwise silent). */
+#define SLOW_SAMPLE_S 2.0
 /* plan() calls timed for the plan-time median. */
 #define PLAN_REPS 21
 /* Byte written over o before the checked run: all-ones is NaN in f32, f16 and
@@ -57,6 +60,21 @@ static const bench_shape default_shapes[BW_COUNT] = {
     [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0, 0},
     [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2, 0},
     [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0, 0},
+};
+
+/* The defaults when cpu_ref is timed (--backend cpu_ref, AK_BACKEND=cpu_ref,
+ * or --backend all on the CPU) and no shape option is given. cpu_ref, the
+ * fp64 oracle, runs ~0.2-0.4 GFLOP/s (2-core VM: 0.4 on decode 8 x 1024,
+ * 0.3 on these), so the mixed default's 18.2 GFLOP would take 1-1.5 min a
+ * call and 5 min or more in all. These are ~0.3 GFLOP a call of llama3-8b
+ * (16384 FLOP per query-key pair; the pairs of each below): about a second a
+ * call, the whole run in seconds. */
+static const bench_shape cpu_ref_shapes[BW_COUNT] = {
+    [BW_DECODE] = {BW_DECODE, 16, 1, 1024, 0, 0},    /* 16384 pairs */
+    [BW_PREFILL] = {BW_PREFILL, 1, 192, 192, 0, 0},  /* 18528 */
+    [BW_EXTEND] = {BW_EXTEND, 1, 32, 512, 0, 0},     /* 15888 */
+    [BW_MIXED] = {BW_MIXED, 16, 16, 512, 2, 0},      /* 14 x 512 + 2 x 8072 = 23312 */
+    [BW_VERIFY] = {BW_VERIFY, 4, 4, 1024, 0, 0},     /* 16360 */
 };
 
 /* --sweep on a GPU: decode across batch and context (B=1 L=4096 is the
@@ -150,9 +168,12 @@ static void usage(FILE *f)
         "                   | phi3-mini (head dim 96) | gpt-oss-20b (64/8, head dim 64, sinks, window 128)\n"
         "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
         "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
-        "                   cannot serve the config are listed as skipped); default: the selector\n"
-        "  --device D       cpu | cuda (default: cuda when a GPU is found, else cpu; the default\n"
-        "                   job moves to the CPU when no CUDA backend accepts its batch)\n"
+        "                   cannot serve the config are listed as skipped); default: AK_BACKEND, else\n"
+        "                   the selector. Timing cpu_ref (the slow fp64 reference) with no shape option\n"
+        "                   cuts the workload's default to ~0.3 GFLOP a call (the output says so)\n"
+        "  --device D       cpu | cuda (default: the named backend's; else cuda when a GPU is found,\n"
+        "                   else cpu; the default job moves to the CPU when no CUDA backend accepts\n"
+        "                   its batch)\n"
         "  --batch N --q-len N --kv-len N --prefills N (mixed) --page-size N (16)\n"
         "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
         "  --window W       override the preset's window_left (-1: full context)\n"
@@ -413,6 +434,12 @@ static const char *asked_backend(const options *o)
 {
     const char *env = getenv("AK_BACKEND");
     return o->backend ? o->backend : env && *env ? env : NULL;
+}
+
+/* Whether a shape option was given (else the workload's default shape). */
+static int shape_given(const options *o)
+{
+    return o->batch || o->q_len || o->kv_len || o->num_prefills >= 0 || o->decode_kv_len;
 }
 
 /* The shape of a single (non-sweep) run: the workload's defaults with the
@@ -681,8 +708,8 @@ static const char *graph_obstacle(const bench_scene *sc, ak_backend *b)
  * --iters of them, or MIN_ITERS once SAMPLE_BUDGET_S has passed; the median
  * and least time per call. Returns the number of samples, or -1 when the work
  * (or the device) fails. */
-static int sample_work(const options *o, const bd_ctx *ctx, bd_work_fn work, void *arg, double calls,
-                       double *median_ms, double *min_ms)
+static int sample_work(const options *o, const bd_ctx *ctx, const char *what, bd_work_fn work, void *arg,
+                       double calls, double *median_ms, double *min_ms)
 {
     const int max_samples = o->iters ? o->iters : DEFAULT_MAX_ITERS;
     double *samples = malloc(sizeof(double) * (size_t)max_samples);
@@ -695,6 +722,12 @@ static int sample_work(const options *o, const bd_ctx *ctx, bd_work_fn work, voi
     int n = 0;
     for (int i = 0; i < warmup; i++)
         if (bd_time(ctx, work, arg, &ms)) goto failed;
+    if (ms > SLOW_SAMPLE_S * 1e3) {
+        /* past the budget after the first sample: MIN_ITERS of them, or --iters */
+        const int left = o->iters ? o->iters : MIN_ITERS;
+        note(o, "# %s: %.1f s a sample (the warm-up's); %d to time, ~%.0f s\n", what, ms * 1e-3, left,
+             left * ms * 1e-3);
+    }
     const double t_start = bd_now();
     while (n < max_samples) {
         if (bd_time(ctx, work, arg, &ms)) goto failed;
@@ -794,7 +827,7 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
     }
 
     int rc = -1;
-    const int n = sample_work(o, ctx, work, work_arg, (double)lr.per_sample, &r->median_ms, &r->min_ms);
+    const int n = sample_work(o, ctx, r->backend, work, work_arg, (double)lr.per_sample, &r->median_ms, &r->min_ms);
     if (n < 0) goto run_failed;
     r->samples = n;
     r->gbps = sc->bytes / (r->median_ms * 1e-3) / 1e9;
@@ -1224,7 +1257,7 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
             if (!have_ref) st->failures++;
         }
         scatter_runner sr = {&sc, ctx->stream};
-        if (sample_work(o, ctx, run_scatter, &sr, (double)sc.num_layers, &scatter_ms, &scatter_min) < 0) {
+        if (sample_work(o, ctx, "scatter", run_scatter, &sr, (double)sc.num_layers, &scatter_ms, &scatter_min) < 0) {
             scatter_ms = NAN;
             st->failures++;
         }
@@ -1401,6 +1434,16 @@ int main(int argc, char **argv)
     } else {
         if (single_shape(o, &shapes[0])) return 2;
         nshapes = 1;
+        /* cpu_ref among the backends timed and no shape asked for: the
+         * workload's default would take minutes a call */
+        const int times_cpu_ref = asked && (!strcmp(asked, "cpu_ref") || (!strcmp(asked, "all") && kind == AK_DEVICE_CPU));
+        if (times_cpu_ref && !shape_given(o)) {
+            const bench_shape *c = &cpu_ref_shapes[o->workload];
+            shapes[0] = *c;
+            note(o, "# cpu_ref, the fp64 reference, runs ~0.3 GFLOP/s: the %s default is cut to batch %d, q_len %d, "
+                    "kv_len %d, to take seconds (--batch, --q-len, --kv-len set a shape)\n",
+                 bench_workload_name(o->workload), c->batch, c->workload == BW_DECODE ? 1 : c->q_len, c->kv_len);
+        }
     }
 
     /* said once the options are known to be good */

@@ -171,6 +171,18 @@ class TestBench(unittest.TestCase):
         p = self.bench(*self.TINY, "--device", "cpu")
         self.assertNotIn(says, p.stderr)
 
+    def test_cpu_ref_default_shape(self):
+        """cpu_ref with no shape options: the workload's default is cut, and a note says so."""
+        p = self.bench("--workload", "decode", "--json", "--iters", "1", "--layers", "1", AK_BACKEND="cpu_ref")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        row = json.loads(p.stdout.splitlines()[-1])
+        self.assertEqual((row["backend"], row["batch"], row["kv_len"]), ("cpu_ref", 16, 1024))
+        self.assertIn("# cpu_ref, the fp64 reference, runs ~0.3 GFLOP/s: the decode default is cut to", p.stderr)
+        p = self.bench(*self.TINY, "--json", AK_BACKEND="cpu_ref")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout.splitlines()[-1])["batch"], 2)
+        self.assertNotIn("default is cut", p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
