@@ -208,7 +208,8 @@ static void usage(FILE *f)
         "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
         "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
         "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
-        "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling;\n"
+        "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling (a row\n"
+        "above 1 gets a warning line: the ceiling run was slow, or the K/V came from cache);\n"
         "plan_us = median host time of plan().\n"
         "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage\n"
         "(one line on stderr names the argument).\n",
@@ -981,13 +982,19 @@ static void emit(bench_state *st, const bench_scene *sc, const bd_ceiling *ceil_
 {
     if (st->opt.json) {
         print_json(&st->opt, sc, ceil_, r);
-        return;
+    } else {
+        if (!st->header_printed) {
+            print_table_header();
+            st->header_printed = 1;
+        }
+        print_row(sc, ceil_, r);
     }
-    if (!st->header_printed) {
-        print_table_header();
-        st->header_printed = 1;
-    }
-    print_row(sc, ceil_, r);
+    /* a row above its ceiling: the ceiling is no bound, so frac means little */
+    const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
+    if (ran && isfinite(r->frac) && r->frac > 1)
+        note(&st->opt, "# %s: frac %.2f > 1, faster than the %s ceiling of %.1f GB/s: the ceiling run was slow (a "
+                       "noisy machine?) or this shape's K/V came from cache\n",
+             r->backend, r->frac, ceil_->name, ceil_->gbps);
 }
 
 /* Runs one shape on one device. With allow_fallback (the default run on a

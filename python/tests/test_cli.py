@@ -183,6 +183,16 @@ class TestBench(unittest.TestCase):
         self.assertEqual(json.loads(p.stdout.splitlines()[-1])["batch"], 2)
         self.assertNotIn("default is cut", p.stderr)
 
+    def test_ceiling_warning(self):
+        """A row above its bandwidth ceiling (frac > 1) gets a warning, and only such a row. The
+        shape's 17 MB of K/V fit this VM's last-level cache, so that frac is likely above 1 here."""
+        p = self.bench("--workload", "decode", "--batch", "8", "--kv-len", "256", "--layers", "1", "--iters", "5",
+                       "--backend", "cpu", "--device", "cpu", "--json", AK_NUM_THREADS="1")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        row = json.loads(p.stdout.splitlines()[-1])
+        warned = re.search(r"^# cpu: frac [0-9.]+ > 1, faster than the stream_read ceiling", p.stderr, re.M)
+        self.assertEqual(bool(warned), row["ceiling_fraction"] > 1, p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
