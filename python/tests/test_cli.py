@@ -8,6 +8,7 @@ sets it), its command line too: --help, usage errors.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import unittest
@@ -192,6 +193,35 @@ class TestBench(unittest.TestCase):
         row = json.loads(p.stdout.splitlines()[-1])
         warned = re.search(r"^# cpu: frac [0-9.]+ > 1, faster than the stream_read ceiling", p.stderr, re.M)
         self.assertEqual(bool(warned), row["ceiling_fraction"] > 1, p.stderr)
+
+
+GPU_CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "gpu-check.sh")
+
+
+@unittest.skipUnless(os.path.isfile(GPU_CHECK) and shutil.which("bash"), "no scripts/gpu-check.sh or no bash")
+class TestGpuCheck(unittest.TestCase):
+    """scripts/gpu-check.sh's command line: --help and a bad stage build nothing and write no logs."""
+
+    def gpu_check(self, *args):
+        logs = os.path.join(os.path.dirname(GPU_CHECK), "..", "gpu-check-logs")
+        had_logs = os.path.exists(logs)
+        p = run(["bash", GPU_CHECK, *args], OUT=None)
+        self.assertEqual(os.path.exists(logs), had_logs, "gpu-check-logs/ appeared")
+        return p
+
+    def test_help(self):
+        for flag in ("--help", "-h"):
+            with self.subTest(flag=flag):
+                p = self.gpu_check(flag)
+                self.assertEqual((p.returncode, p.stderr), (0, ""))
+                self.assertIn("scripts/gpu-check.sh [all|STAGE[,STAGE...]]", p.stdout)
+                self.assertIn("stages: test sanitize", p.stdout)
+                self.assertFalse(p.stdout.startswith("#!"), p.stdout)
+
+    def test_unknown_stage(self):
+        p = self.gpu_check("nope")
+        self.assertEqual((p.returncode, p.stdout), (2, ""))
+        self.assertIn("unknown stage 'nope'", p.stderr)
 
 
 if __name__ == "__main__":
