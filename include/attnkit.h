@@ -184,7 +184,8 @@ typedef struct ak_device_info {
     size_t memory_bytes;     /* CUDA: global memory; CPU: 0 (not queried) */
     size_t l2_bytes;         /* CUDA: L2 size; CPU: 0 */
     int max_smem_per_block;  /* CUDA: opt-in shared memory per block, bytes */
-    int cpu_has_avx2_fma_f16c; /* CPU: 1 if AVX2 + FMA + F16C are usable */
+    int cpu_has_avx2_fma_f16c; /* CPU: 1 if AVX2 + FMA + F16C are usable (the kernel the cpu
+                                  backend runs: ak_cpu_kernel_describe) */
 } ak_device_info;
 
 /* Number of devices of a kind (the CPU counts as 1; CUDA is 0 when the library
@@ -607,7 +608,9 @@ AK_API void ak_run_args_init(ak_run_args *args /* OUT */);
  * matches cfg (device, kv_storage, workload) and picks the first backend of
  * that row whose check() accepts cfg. An unknown name (AK_ERR_BACKEND_NOT_FOUND) or a
  * backend that cannot serve cfg (AK_ERR_UNSUPPORTED) is an error whose message
- * lists every backend with its reasons; a bad override is never ignored. */
+ * lists every backend with its reasons; a bad override is never ignored. The
+ * message of an unknown name suggests the closest known one ("did you mean
+ * cuda_paged?"), also where that one is left out of this build. */
 AK_API ak_status ak_backend_create(const ak_attn_config *cfg, const ak_limits *lim,
                                    const char *name, ak_backend **out /* OUT */);
 AK_API void ak_backend_destroy(ak_backend *b); /* accepts NULL */
@@ -659,7 +662,9 @@ AK_API const char *ak_backend_name_at(int i); /* NULL if i is out of range */
  * with the evidence it cites). Returns the status of the selection that
  * ak_backend_create(cfg, lim, NULL, ...) makes (failures inside the chosen
  * backend's create() itself, e.g. out of memory, are not included).
- * buf is always NUL-terminated (truncated if cap is too small). */
+ * buf is always NUL-terminated (truncated if cap is too small). On failure
+ * ak_last_error() says why in one line; the backends and their reasons are in
+ * buf alone, so a program prints each once. */
 AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 
 /* Whether backend `name` serves cfg on a device described by dev: a real one
@@ -670,6 +675,15 @@ AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size
  * NUL-terminated. */
 AK_API ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const ak_device_info *dev,
                                      char *buf /* OUT */, size_t cap);
+
+/* The kernel the cpu backend runs for cfg on this CPU, as its create() picks
+ * it (AK_CPU_ISA included; only the dtypes of cfg matter, NULL: f32): its
+ * instruction set, "avx512+amx" (bf16 q and K/V on a CPU with AMX),
+ * "avx512", "avx2" or "scalar", then what the CPU offers, e.g. "avx512
+ * (AVX2+FMA+F16C yes, AVX-512F yes, AMX-BF16 no)". AK_ERR_INVALID_ARG, the
+ * reason in buf, when AK_CPU_ISA asks for a kernel that cannot run. buf is
+ * always NUL-terminated. */
+AK_API ak_status ak_cpu_kernel_describe(const ak_attn_config *cfg, char *buf /* OUT */, size_t cap);
 
 /* The graph support a backend declares (AK_GRAPH_NEVER for an unknown name). */
 AK_API ak_graph_support ak_backend_graph_support_of(const char *name);

@@ -3,19 +3,25 @@
 # (memcheck + racecheck) on them, then the decode and prefill benchmarks; a
 # short table last.
 #   scripts/gpu-check.sh [all|STAGE[,STAGE...]]
+#   scripts/gpu-check.sh --help       this text (builds and runs nothing)
 #   stages: test sanitize bench prefill coverage cpu (all), compare peers (named only)
 # `all` is every stage but compare (the paged/ragged/varlen sweep, ~5 min)
 # and peers (bench/peers.py --quick with FlashInfer, ~4 min): name them on
 # their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
 # the device tool.
 set -uo pipefail
+if [[ ${1:-} == --help || ${1:-} == -h ]]; then
+    # the comment block above, without its '# '
+    sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p}' "$0"
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
 stages=" test sanitize bench prefill coverage cpu compare peers all "
 for st in ${what//,/ }; do
     if [[ $stages != *" $st "* ]]; then
-        echo "gpu-check: unknown stage '$st'; stages:$stages" >&2
+        echo "gpu-check: unknown stage '$st'; stages:$stages(--help says more)" >&2
         exit 2
     fi
 done

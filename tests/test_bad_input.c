@@ -63,6 +63,7 @@ static void heads_dont_divide(inputs *in) { in->cfg.num_qo_heads = 6; in->cfg.nu
 static void head_dim_zero(inputs *in) { in->cfg.head_dim_qk = 0; }
 static void head_dim_huge(inputs *in) { in->cfg.head_dim_vo = 4096; }
 static void unknown_backend(inputs *in) { in->name = "nope"; }
+static void misspelt_backend(inputs *in) { in->name = "cpu_rf"; }
 static void page_size_zero(inputs *in) { in->cfg.page_size = 0; }
 static void limits_zero(inputs *in) { in->lim.max_reqs = 0; }
 static void q_wrong_tokens(inputs *in) { in->q.shape[0] += 1; }
@@ -126,6 +127,8 @@ static const bad_case cases[] = {
     {"head dim 0", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_qk", head_dim_zero, KV_EITHER, NULL},
     {"head dim 4096", AT_CREATE, AK_ERR_UNSUPPORTED, "head_dim_vo", head_dim_huge, KV_EITHER, NULL},
     {"unknown backend name", AT_CREATE, AK_ERR_BACKEND_NOT_FOUND, "cpu_ref", unknown_backend, KV_EITHER, NULL},
+    {"misspelt backend name", AT_CREATE, AK_ERR_BACKEND_NOT_FOUND, "names no backend (did you mean cpu_ref?)",
+     misspelt_backend, KV_EITHER, NULL},
     {"page size 0", AT_CREATE, AK_ERR_INVALID_ARG, "page_size", page_size_zero, KV_PAGED, NULL},
     {"limits.max_reqs 0", AT_CREATE, AK_ERR_INVALID_ARG, "max_reqs", limits_zero, KV_EITHER, NULL},
     {"q has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[0]", q_wrong_tokens, KV_EITHER, NULL},
@@ -356,9 +359,15 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
             if (st == AK_OK) st = ak_backend_plan(b, &in.batch, NULL);
             if (st != AK_OK) {
                 snprintf(msg, sizeof msg, "%s", ak_last_error());
-                /* a failed plan leaves no plan: run must refuse and write nothing */
+                /* a failed plan leaves no plan: run must refuse, say why without
+                 * repeating its status text, and write nothing */
                 const ak_status st2 = ak_backend_run(b, &in.args, NULL);
-                if (st2 != AK_ERR_NOT_PLANNED) st = AK_ERR_INTERNAL;
+                if (st2 != AK_ERR_NOT_PLANNED || !strstr(ak_last_error(), "its last plan() failed") ||
+                    strstr(ak_last_error(), "before a successful plan")) {
+                    snprintf(msg + strlen(msg), sizeof msg - strlen(msg), "; run() after it: %s: %s",
+                             ak_status_str(st2), ak_last_error());
+                    st = AK_ERR_INTERNAL;
+                }
             }
         }
     } else if (bc->at == AT_RUN) {

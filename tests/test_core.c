@@ -286,6 +286,32 @@ static void core_cpu_isa(test_ctx *t, const ak_attn_config *base, const ak_limit
         ak_backend_destroy(b);
     }
     unsetenv("AK_CPU_ISA");
+    /* the kernel ak_cpu_kernel_describe names (the tools' device line) is
+     * the one the backend says it runs, for each dtype and AK_CPU_ISA */
+    const char *isas[] = {NULL, "scalar", "avx2"};
+    const ak_dtype dtypes[] = {AK_F32, AK_BF16};
+    const ak_device cpu = {AK_DEVICE_CPU, 0};
+    ak_device_info info;
+    ak_device_get_info(cpu, &info);
+    for (int i = 0; i < 3; i++)
+        for (int d = 0; d < 2; d++) {
+            if (isas[i]) setenv("AK_CPU_ISA", isas[i], 1);
+            cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = dtypes[d];
+            char kernel[256], note[512];
+            const ak_status ks = ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+            const ak_status ns = ak_backend_describe("cpu", &cfg, &info, note, sizeof note);
+            const size_t isa_len = strcspn(kernel, " ");
+            char name[96];
+            snprintf(name, sizeof name, "cpu kernel named alike (%s, AK_CPU_ISA=%s)", ak_dtype_name(dtypes[d]),
+                     isas[i] ? isas[i] : "");
+            /* a CPU without AVX2 refuses AK_CPU_ISA=avx2 in both, for the same reason */
+            CHECK(t, name,
+                  ks == AK_OK ? ns == AK_OK && !strncmp(kernel, note, isa_len) && !strncmp(note + isa_len, " kernels", 8)
+                              : !strcmp(kernel, note),
+                  "ak_cpu_kernel_describe: %s \"%s\"; cpu's note: %s \"%s\"", ak_status_str(ks), kernel,
+                  ak_status_str(ns), note);
+            unsetenv("AK_CPU_ISA");
+        }
 }
 
 static void core_selector(test_ctx *t)
@@ -306,6 +332,14 @@ static void core_selector(test_ctx *t)
     st = ak_backend_create(&cfg, &lim, NULL, &b);
     CHECK(t, "AK_BACKEND=cpu_ref is obeyed", st == AK_OK && !strcmp(ak_backend_name(b), "cpu_ref"), "got %s",
           b ? ak_backend_name(b) : ak_last_error());
+    /* run() before any plan(): the message says which case, not the status text again */
+    ak_run_args no_args;
+    ak_run_args_init(&no_args);
+    st = b ? ak_backend_run(b, &no_args, NULL) : AK_OK;
+    CHECK(t, "run() with no plan says plan() was not called",
+          st == AK_ERR_NOT_PLANNED && strstr(ak_last_error(), "plan() has not been called") &&
+              !strstr(ak_last_error(), ak_status_str(AK_ERR_NOT_PLANNED)),
+          "status %s: %s", ak_status_str(st), ak_last_error());
     ak_backend_destroy(b);
     b = NULL;
     setenv("AK_BACKEND", "nope", 1);
@@ -313,6 +347,26 @@ static void core_selector(test_ctx *t)
     int lists = st == AK_ERR_BACKEND_NOT_FOUND && b == NULL && strstr(ak_last_error(), "AK_BACKEND=nope");
     for (int i = 0; i < ak_backend_count(); i++) lists = lists && strstr(ak_last_error(), ak_backend_name_at(i));
     CHECK(t, "AK_BACKEND=nope fails and lists every backend", lists, "status %s: %s", ak_status_str(st), ak_last_error());
+    /* a name a few edits from a backend's: the message suggests it; one far
+     * from every name suggests nothing */
+    CHECK(t, "AK_BACKEND=nope suggests nothing", !strstr(ak_last_error(), "did you mean"), "%s", ak_last_error());
+    static const struct { const char *typed, *meant; } typos[] = {
+        {"cpu_rf", "cpu_ref"}, {"CPU", "cpu"}, {"cpuref", "cpu_ref"}, {"cuda_page", "cuda_paged"}};
+    for (size_t i = 0; i < sizeof typos / sizeof *typos; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "did you mean %s?", typos[i].meant);
+        setenv("AK_BACKEND", typos[i].typed, 1);
+        st = ak_backend_create(&cfg, &lim, NULL, &b);
+        CHECK(t, "a misspelt AK_BACKEND suggests the closest name",
+              st == AK_ERR_BACKEND_NOT_FOUND && strstr(ak_last_error(), want), "AK_BACKEND=%s: status %s: %s",
+              typos[i].typed, ak_status_str(st), ak_last_error());
+    }
+    /* ak_explain prints the backends in its text: its message does not repeat them */
+    setenv("AK_BACKEND", "nope", 1);
+    st = ak_explain(&cfg, buf, sizeof buf);
+    CHECK(t, "a failed ak_explain's message is one line",
+          st == AK_ERR_BACKEND_NOT_FOUND && !strchr(ak_last_error(), '\n') && strstr(buf, "cpu_ref"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
     unsetenv("AK_BACKEND");
     core_cpu_isa(t, &cfg, &lim);
     /* a CUDA config on a machine without CUDA is an error with reasons */

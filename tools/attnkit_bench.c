@@ -36,6 +36,9 @@
  * ramping up; on the CPU one call pages in the buffers and starts the threads. */
 #define WARMUP_GPU 3
 #define WARMUP_CPU 1
+/* A timed sample longer than this gets a note saying how long the rest will
+ * take (cpu_ref on a large shape: minutes, otherwise silent). */
+#define SLOW_SAMPLE_S 2.0
 /* plan() calls timed for the plan-time median. */
 #define PLAN_REPS 21
 /* Byte written over o before the checked run: all-ones is NaN in f32, f16 and
@@ -57,6 +60,21 @@ static const bench_shape default_shapes[BW_COUNT] = {
     [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0, 0},
     [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2, 0},
     [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0, 0},
+};
+
+/* The defaults when cpu_ref is timed (--backend cpu_ref, AK_BACKEND=cpu_ref,
+ * or --backend all on the CPU) and no shape option is given. cpu_ref, the
+ * fp64 oracle, runs ~0.2-0.4 GFLOP/s (2-core VM: 0.4 on decode 8 x 1024,
+ * 0.3 on these), so the mixed default's 18.2 GFLOP would take 1-1.5 min a
+ * call and 5 min or more in all. These are ~0.3 GFLOP a call of llama3-8b
+ * (16384 FLOP per query-key pair; the pairs of each below): about a second a
+ * call, the whole run in seconds. */
+static const bench_shape cpu_ref_shapes[BW_COUNT] = {
+    [BW_DECODE] = {BW_DECODE, 16, 1, 1024, 0, 0},    /* 16384 pairs */
+    [BW_PREFILL] = {BW_PREFILL, 1, 192, 192, 0, 0},  /* 18528 */
+    [BW_EXTEND] = {BW_EXTEND, 1, 32, 512, 0, 0},     /* 15888 */
+    [BW_MIXED] = {BW_MIXED, 16, 16, 512, 2, 0},      /* 14 x 512 + 2 x 8072 = 23312 */
+    [BW_VERIFY] = {BW_VERIFY, 4, 4, 1024, 0, 0},     /* 16360 */
 };
 
 /* --sweep on a GPU: decode across batch and context (B=1 L=4096 is the
@@ -151,9 +169,12 @@ static void usage(FILE *f)
         "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
         "                   | deepseek-v3, deepseek-v3-tp8 (MLA: 128/1 or 16/1 heads, 576/512, page 64)\n"
         "  --backend NAME   a backend name, or all (every backend of the device; the ones that\n"
-        "                   cannot serve the config are listed as skipped); default: the selector\n"
-        "  --device D       cpu | cuda (default: cuda when a GPU is found, else cpu; the default\n"
-        "                   job moves to the CPU when no CUDA backend accepts its batch)\n"
+        "                   cannot serve the config are listed as skipped); default: AK_BACKEND, else\n"
+        "                   the selector. Timing cpu_ref (the slow fp64 reference) with no shape option\n"
+        "                   cuts the workload's default to ~0.3 GFLOP a call (the output says so)\n"
+        "  --device D       cpu | cuda (default: the named backend's; else cuda when a GPU is found,\n"
+        "                   else cpu; the default job moves to the CPU when no CUDA backend accepts\n"
+        "                   its batch)\n"
         "  --batch N --q-len N --kv-len N --prefills N (mixed) --page-size N (16)\n"
         "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
         "  --window W       override the preset's window_left (-1: full context)\n"
@@ -184,23 +205,39 @@ static void usage(FILE *f)
         "                   the L2 / LLC, as far as memory allows; up to 4096)\n"
         "  --seed N\n"
         "  --version        print the library's version and exit\n"
+        "  --help, -h       this text\n"
         "Columns: median time of one layer call; GB/s = (KV rows read once + q + o) / time;\n"
         "GFLOP/s = 2 (dqk + dvo) Hq (sum over query tokens of the keys visible after masking) / time;\n"
         "ceiling = bandwidth measured in this run (CPU: OpenMP streaming read of >= 1 GiB; GPU:\n"
-        "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling;\n"
+        "device-to-device copy of >= 1 GiB, bytes read + written); frac = GB/s / ceiling (a row\n"
+        "above 1 gets a warning line: the ceiling run was slow, or the K/V came from cache);\n"
         "plan_us = median host time of plan().\n"
-        "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage.\n",
+        "Exit status: 0, 1 when a check fails or a run errs (or --compare finds no GPU), 2 on bad usage\n"
+        "(one line on stderr names the argument).\n",
         DEFAULT_MAX_ITERS, SAMPLE_BUDGET_S, MIN_ITERS, COMPARE_MAX_TOKENS);
+}
+
+/* A usage error: one line on stderr naming the bad argument, and where the
+ * options are listed. Returns -1. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("attnkit-bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (attnkit-bench --help lists the options)\n", stderr);
+    return -1;
 }
 
 static int parse_int(const char *opt, const char *s, int lo, int *out)
 {
     char *end = NULL;
     const long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || *end || v < lo || v > 1000000000L) {
-        fprintf(stderr, "attnkit-bench: %s needs an integer >= %d, not '%s'\n", opt, lo, s ? s : "");
-        return -1;
-    }
+    if (!s) return usage_error("%s needs an integer >= %d", opt, lo);
+    if (!*s || *end || v < lo || v > 1000000000L)
+        return usage_error("%s needs an integer >= %d, not '%s'", opt, lo, s);
     *out = (int)v;
     return 0;
 }
@@ -273,40 +310,39 @@ static int parse_options(int argc, char **argv, options *o)
         int takes_value = 1;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
         if (!strcmp(a, "--version")) return 2;
+        /* "--workload 'x'", or "--workload" alone when the value is missing */
+        char given[96];
+        if (v) snprintf(given, sizeof given, "%.30s '%.60s'", a, v);
+        else snprintf(given, sizeof given, "%.30s", a);
         if (!strcmp(a, "--workload")) {
-            if (!v || bench_workload_parse(v, &o->workload)) {
-                fprintf(stderr, "attnkit-bench: --workload: decode, prefill, extend, mixed or verify\n");
-                return -1;
-            }
+            if (!v || bench_workload_parse(v, &o->workload))
+                return usage_error("%s: expected decode, prefill, extend, mixed or verify", given);
             o->workload_set = 1;
         } else if (!strcmp(a, "--model")) {
             if (parse_models(v, o)) {
-                fprintf(stderr, "attnkit-bench: --model: one of");
-                for (int m = 0; m < bench_num_models; m++) fprintf(stderr, " %s", bench_models[m].name);
-                fprintf(stderr, " (with --compare: a comma list of them, or all)\n");
-                return -1;
+                char names[512] = "";
+                for (int m = 0; m < bench_num_models; m++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", m ? ", " : "",
+                             bench_models[m].name);
+                return usage_error("%s: expected one of %s (with --compare: a comma list of them, or all)", given,
+                                   names);
             }
             o->model = &o->models[0];
         } else if (!strcmp(a, "--compare")) {
-            if (parse_variants(v, &o->compare)) {
-                fprintf(stderr, "attnkit-bench: --compare: a comma list of paged, ragged, varlen\n");
-                return -1;
-            }
+            if (parse_variants(v, &o->compare))
+                return usage_error("%s: expected a comma list of paged, ragged, varlen", given);
         } else if (!strcmp(a, "--csv")) {
-            if (!v) return -1;
+            if (!v) return usage_error("--csv needs a file name");
             o->csv_path = v;
         } else if (!strcmp(a, "--max-tokens")) {
             if (parse_int(a, v, 1, &o->max_tokens)) return -1;
         } else if (!strcmp(a, "--backend")) {
-            if (!v) return -1;
+            if (!v) return usage_error("--backend needs a backend name, or all");
             o->backend = v;
         } else if (!strcmp(a, "--device")) {
             if (v && !strcmp(v, "cpu")) o->device = AK_DEVICE_CPU;
             else if (v && !strcmp(v, "cuda")) o->device = AK_DEVICE_CUDA;
-            else {
-                fprintf(stderr, "attnkit-bench: --device: cpu or cuda\n");
-                return -1;
-            }
+            else return usage_error("%s: expected cpu or cuda", given);
             o->device_set = 1;
         } else if (!strcmp(a, "--batch")) {
             if (parse_int(a, v, 1, &o->batch)) return -1;
@@ -320,49 +356,38 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
         } else if (!strcmp(a, "--heads")) {
             if (!v || sscanf(v, "%d/%d", &o->custom.num_qo_heads, &o->custom.num_kv_heads) != 2 ||
-                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0) {
-                fprintf(stderr, "attnkit-bench: --heads: QO/KV, e.g. 32/8\n");
-                return -1;
-            }
+                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0)
+                return usage_error("%s: expected QO/KV, e.g. 32/8", given);
         } else if (!strcmp(a, "--head-dim")) {
             /* D, or QK/VO */
             const int n = v ? sscanf(v, "%d/%d", &o->custom.head_dim_qk, &o->custom.head_dim_vo) : 0;
             if (n == 1) o->custom.head_dim_vo = o->custom.head_dim_qk;
-            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0) {
-                fprintf(stderr, "attnkit-bench: --head-dim: D or QK/VO, e.g. 128 or 192/128\n");
-                return -1;
-            }
+            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0)
+                return usage_error("%s: expected D or QK/VO, e.g. 128 or 192/128", given);
         } else if (!strcmp(a, "--window")) {
             if (parse_int(a, v, -1, &o->window)) return -1;
             o->window_set = 1;
         } else if (!strcmp(a, "--layout")) {
-            if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) {
-                fprintf(stderr, "attnkit-bench: --layout: nhd or hnd\n");
-                return -1;
-            }
+            if (!v || (strcmp(v, "nhd") && strcmp(v, "hnd"))) return usage_error("%s: expected nhd or hnd", given);
             o->layout = strcmp(v, "hnd") ? AK_LAYOUT_NHD : AK_LAYOUT_HND;
         } else if (!strcmp(a, "--page-size")) {
             if (parse_int(a, v, 1, &o->page_size)) return -1;
             o->page_size_set = 1;
         } else if (!strcmp(a, "--dtype")) {
-            if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3) {
-                fprintf(stderr, "attnkit-bench: --dtype: f32, f16 or bf16 (fp8_e4m3: --kv-dtype)\n");
-                return -1;
-            }
+            if (parse_dtype(v, &o->dtype) || o->dtype == AK_FP8_E4M3)
+                return usage_error("%s: expected f32, f16 or bf16 (fp8_e4m3: --kv-dtype)", given);
             o->dtype_set = 1;
         } else if (!strcmp(a, "--kv-dtype")) {
-            if (parse_dtype(v, &o->kv_dtype)) {
-                fprintf(stderr, "attnkit-bench: --kv-dtype: f32, f16, bf16 or fp8_e4m3\n");
-                return -1;
-            }
+            if (parse_dtype(v, &o->kv_dtype)) return usage_error("%s: expected f32, f16, bf16 or fp8_e4m3", given);
             o->kv_dtype_set = 1;
         } else if (!strcmp(a, "--iters")) {
             if (parse_int(a, v, 1, &o->iters)) return -1;
         } else if (!strcmp(a, "--layers")) {
             if (parse_int(a, v, 1, &o->layers)) return -1;
         } else if (!strcmp(a, "--seed")) {
-            if (!v) return -1;
-            o->seed = strtoull(v, NULL, 10);
+            char *end = NULL;
+            if (v) o->seed = strtoull(v, &end, 10);
+            if (!v || !*v || *end) return usage_error("%s: expected a non-negative integer", given);
         } else {
             takes_value = 0;
             if (!strcmp(a, "--check")) o->check = 1;
@@ -371,18 +396,14 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--sweep")) o->sweep = 1;
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
-            else {
-                fprintf(stderr, "attnkit-bench: unknown option '%s' (--help lists them)\n", a);
-                return -1;
-            }
+            else return usage_error("unknown option '%s'", a);
         }
         i += takes_value;
     }
     /* --heads / --head-dim: applied to the copies of the presets */
-    if (o->custom.num_qo_heads && o->custom.num_qo_heads % o->custom.num_kv_heads) {
-        fprintf(stderr, "attnkit-bench: --heads: QO must be a multiple of KV\n");
-        return -1;
-    }
+    if (o->custom.num_qo_heads && o->custom.num_qo_heads % o->custom.num_kv_heads)
+        return usage_error("--heads %d/%d: QO must be a multiple of KV", o->custom.num_qo_heads,
+                           o->custom.num_kv_heads);
     for (int i = 0; i < o->num_models; i++) {
         bench_model *m = &o->models[i];
         if (o->custom.num_qo_heads) {
@@ -398,26 +419,32 @@ static int parse_options(int argc, char **argv, options *o)
     o->model = &o->models[0];
     /* MLA engines page the latent cache by 64 tokens (FlashMLA's block size) */
     if (o->model->mla && !o->page_size_set) o->page_size = 64;
-    if (o->num_models > 1 && !o->compare) {
-        fprintf(stderr, "attnkit-bench: --model takes one preset (a list only with --compare)\n");
-        return -1;
-    }
-    if (o->csv_path && !o->compare) {
-        fprintf(stderr, "attnkit-bench: --csv goes with --compare (--json for the other modes)\n");
-        return -1;
-    }
+    if (o->num_models > 1 && !o->compare)
+        return usage_error("--model takes one preset (a list only with --compare)");
+    if (o->csv_path && !o->compare) return usage_error("--csv goes with --compare (--json for the other modes)");
     if (o->compare) {
         const char *clash = o->json ? "--json (use --csv)" : o->backend ? "--backend" : o->kv_update ? "--kv-update"
                           : o->workload_set && o->workload != BW_PREFILL ? "--workload other than prefill"
                           : o->device_set && o->device != AK_DEVICE_CUDA ? "--device cpu" : NULL;
-        if (clash) {
-            fprintf(stderr, "attnkit-bench: --compare times its own CUDA backends on prompt prefills; %s does not "
-                            "apply\n", clash);
-            return -1;
-        }
+        if (clash)
+            return usage_error("--compare times its own CUDA backends on prompt prefills; %s does not apply", clash);
         o->workload = BW_PREFILL;
     }
     return 0;
+}
+
+/* The backend asked for by name: --backend, else AK_BACKEND (which
+ * ak_backend_create obeys when given no name); NULL: the selector's choice. */
+static const char *asked_backend(const options *o)
+{
+    const char *env = getenv("AK_BACKEND");
+    return o->backend ? o->backend : env && *env ? env : NULL;
+}
+
+/* Whether a shape option was given (else the workload's default shape). */
+static int shape_given(const options *o)
+{
+    return o->batch || o->q_len || o->kv_len || o->num_prefills >= 0 || o->decode_kv_len;
 }
 
 /* The shape of a single (non-sweep) run: the workload's defaults with the
@@ -429,28 +456,24 @@ static int single_shape(const options *o, bench_shape *s)
     if (o->kv_len) s->kv_len = o->kv_len;
     switch (o->workload) {
     case BW_DECODE:
-        if (o->q_len > 1) {
-            fprintf(stderr, "attnkit-bench: decode has q_len 1 (--workload verify or extend for more)\n");
-            return -1;
-        }
+        if (o->q_len > 1)
+            return usage_error("--q-len %d: decode has q_len 1 (--workload verify or extend for more)", o->q_len);
         break;
     case BW_PREFILL:
         /* a prefill sees its whole prompt: one length sets both */
-        if (o->q_len && o->kv_len && o->q_len != o->kv_len) {
-            fprintf(stderr, "attnkit-bench: prefill has q_len = kv_len (--workload extend for a chunk on a "
-                            "prefix)\n");
-            return -1;
-        }
+        if (o->q_len && o->kv_len && o->q_len != o->kv_len)
+            return usage_error("--q-len %d --kv-len %d: prefill has q_len = kv_len (--workload extend for a chunk "
+                               "on a prefix)", o->q_len, o->kv_len);
         if (o->q_len) s->q_len = s->kv_len = o->q_len;
         if (o->kv_len) s->q_len = s->kv_len = o->kv_len;
         break;
     default:
         if (o->q_len) s->q_len = o->q_len;
         if (s->q_len > s->kv_len) {
-            if (o->kv_len) {
-                fprintf(stderr, "attnkit-bench: q_len %d > kv_len %d\n", s->q_len, s->kv_len);
-                return -1;
-            }
+            if (o->kv_len && o->q_len) return usage_error("--q-len %d > --kv-len %d", s->q_len, s->kv_len);
+            if (o->kv_len)
+                return usage_error("--kv-len %d is below the workload's q_len %d (--q-len sets it)", s->kv_len,
+                                   s->q_len);
             s->kv_len = s->q_len; /* only --q-len was given: a chunk with no prefix */
         }
         break;
@@ -459,10 +482,7 @@ static int single_shape(const options *o, bench_shape *s)
         if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
         s->decode_kv_len = o->decode_kv_len;
         if (s->num_prefills > s->batch) {
-            if (o->num_prefills >= 0) {
-                fprintf(stderr, "attnkit-bench: --prefills %d > --batch %d\n", s->num_prefills, s->batch);
-                return -1;
-            }
+            if (o->num_prefills >= 0) return usage_error("--prefills %d > batch %d", s->num_prefills, s->batch);
             s->num_prefills = s->batch;
         }
     }
@@ -694,8 +714,8 @@ static const char *graph_obstacle(const bench_scene *sc, ak_backend *b)
  * --iters of them, or MIN_ITERS once SAMPLE_BUDGET_S has passed; the median
  * and least time per call. Returns the number of samples, or -1 when the work
  * (or the device) fails. */
-static int sample_work(const options *o, const bd_ctx *ctx, bd_work_fn work, void *arg, double calls,
-                       double *median_ms, double *min_ms)
+static int sample_work(const options *o, const bd_ctx *ctx, const char *what, bd_work_fn work, void *arg,
+                       double calls, double *median_ms, double *min_ms)
 {
     const int max_samples = o->iters ? o->iters : DEFAULT_MAX_ITERS;
     double *samples = malloc(sizeof(double) * (size_t)max_samples);
@@ -708,6 +728,12 @@ static int sample_work(const options *o, const bd_ctx *ctx, bd_work_fn work, voi
     int n = 0;
     for (int i = 0; i < warmup; i++)
         if (bd_time(ctx, work, arg, &ms)) goto failed;
+    if (ms > SLOW_SAMPLE_S * 1e3) {
+        /* past the budget after the first sample: MIN_ITERS of them, or --iters */
+        const int left = o->iters ? o->iters : MIN_ITERS;
+        note(o, "# %s: %.1f s a sample (the warm-up's); %d to time, ~%.0f s\n", what, ms * 1e-3, left,
+             left * ms * 1e-3);
+    }
     const double t_start = bd_now();
     while (n < max_samples) {
         if (bd_time(ctx, work, arg, &ms)) goto failed;
@@ -807,7 +833,7 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
     }
 
     int rc = -1;
-    const int n = sample_work(o, ctx, work, work_arg, (double)lr.per_sample, &r->median_ms, &r->min_ms);
+    const int n = sample_work(o, ctx, r->backend, work, work_arg, (double)lr.per_sample, &r->median_ms, &r->min_ms);
     if (n < 0) goto run_failed;
     r->samples = n;
     r->gbps = sc->bytes / (r->median_ms * 1e-3) / 1e9;
@@ -870,6 +896,19 @@ typedef struct bench_state {
     int header_printed;
 } bench_state;
 
+/* q's and o's dtype, and K/V's (kv_dtype_for) */
+static ak_dtype dtype_for(const options *o, ak_device_kind kind)
+{
+    if (o->dtype_set) return o->dtype;
+    if (o->kv_dtype_set && o->kv_dtype == AK_FP8_E4M3) return AK_BF16;
+    return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
+}
+
+static ak_dtype kv_dtype_for(const options *o, ak_device_kind kind)
+{
+    return o->kv_dtype_set ? o->kv_dtype : dtype_for(o, kind);
+}
+
 static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
 {
     if (st->opened[kind] == 0) {
@@ -877,11 +916,17 @@ static const bd_ctx *get_ctx(bench_state *st, ak_device_kind kind)
         st->opened[kind] = bd_open(&st->ctx[kind], dev) == 0 ? 1 : -1;
         if (st->opened[kind] == 1) {
             const bd_ctx *c = &st->ctx[kind];
-            if (kind == AK_DEVICE_CPU)
-                note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, AVX2+FMA+F16C %s\n", c->info.name,
-                     ak_cpu_num_threads(), (double)c->cache_bytes / (1 << 20),
-                     c->info.cpu_has_avx2_fma_f16c ? "yes" : "no");
-            else
+            if (kind == AK_DEVICE_CPU) {
+                /* the kernel the cpu backend runs for the run's dtypes */
+                ak_attn_config cfg;
+                ak_attn_config_init(&cfg);
+                cfg.q_dtype = cfg.o_dtype = dtype_for(&st->opt, AK_DEVICE_CPU);
+                cfg.kv_dtype = kv_dtype_for(&st->opt, AK_DEVICE_CPU);
+                char kernel[256];
+                ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+                note(&st->opt, "# device cpu:0 %s, %d threads, LLC %.0f MiB, cpu kernel: %s\n", c->info.name,
+                     ak_cpu_num_threads(), (double)c->cache_bytes / (1 << 20), kernel);
+            } else
                 note(&st->opt, "# device cuda:0 %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", c->info.name,
                      c->info.cc_major, c->info.cc_minor, c->info.num_sms, (double)c->info.memory_bytes / (1 << 30),
                      (double)c->cache_bytes / (1 << 20));
@@ -935,19 +980,6 @@ static void backend_reason(const char *msg, const char *name, char *out, size_t 
 
 /* ---- one shape ------------------------------------------------------------------------------- */
 
-/* q's and o's dtype, and K/V's (kv_dtype_for) */
-static ak_dtype dtype_for(const options *o, ak_device_kind kind)
-{
-    if (o->dtype_set) return o->dtype;
-    if (o->kv_dtype_set && o->kv_dtype == AK_FP8_E4M3) return AK_BF16;
-    return kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32;
-}
-
-static ak_dtype kv_dtype_for(const options *o, ak_device_kind kind)
-{
-    return o->kv_dtype_set ? o->kv_dtype : dtype_for(o, kind);
-}
-
 /* Result of trying a shape on a device. */
 enum { SHAPE_DONE = 0, SHAPE_NO_BACKEND = 1 };
 
@@ -955,13 +987,19 @@ static void emit(bench_state *st, const bench_scene *sc, const bd_ceiling *ceil_
 {
     if (st->opt.json) {
         print_json(&st->opt, sc, ceil_, r);
-        return;
+    } else {
+        if (!st->header_printed) {
+            print_table_header();
+            st->header_printed = 1;
+        }
+        print_row(sc, ceil_, r);
     }
-    if (!st->header_printed) {
-        print_table_header();
-        st->header_printed = 1;
-    }
-    print_row(sc, ceil_, r);
+    /* a row above its ceiling: the ceiling is no bound, so frac means little */
+    const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
+    if (ran && isfinite(r->frac) && r->frac > 1)
+        note(&st->opt, "# %s: frac %.2f > 1, faster than the %s ceiling of %.1f GB/s: the ceiling run was slow (a "
+                       "noisy machine?) or this shape's K/V came from cache\n",
+             r->backend, r->frac, ceil_->name, ceil_->gbps);
 }
 
 /* Runs one shape on one device. With allow_fallback (the default run on a
@@ -1022,7 +1060,10 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         r.backend = names[i] ? names[i] : "(selector)";
         r.status = "skipped";
         if (s == AK_ERR_BACKEND_NOT_FOUND) {
-            int len = snprintf(r.reason, sizeof r.reason, "no such backend; the backends are");
+            /* "no backend is named X (did you mean Y?)", then this build's */
+            char said[REASON_LEN];
+            ak_backend_describe(names[i] ? names[i] : asked_backend(o), &sc.cfg, &ctx->info, said, sizeof said);
+            int len = snprintf(r.reason, sizeof r.reason, "%s; the backends are", said);
             for (int k = 0; k < ak_backend_count() && len > 0 && (size_t)len < sizeof r.reason; k++)
                 len += snprintf(r.reason + len, sizeof r.reason - (size_t)len, "%s %s", k ? "," : "",
                                 ak_backend_name_at(k));
@@ -1229,7 +1270,7 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
             if (!have_ref) st->failures++;
         }
         scatter_runner sr = {&sc, ctx->stream};
-        if (sample_work(o, ctx, run_scatter, &sr, (double)sc.num_layers, &scatter_ms, &scatter_min) < 0) {
+        if (sample_work(o, ctx, "scatter", run_scatter, &sr, (double)sc.num_layers, &scatter_ms, &scatter_min) < 0) {
             scatter_ms = NAN;
             st->failures++;
         }
@@ -1364,29 +1405,35 @@ int main(int argc, char **argv)
         printf("attnkit %s\n", ak_version_string());
         return 0;
     }
-    if (p != 0) {
-        usage(p > 0 ? stdout : stderr);
-        return p > 0 ? 0 : 2;
+    if (p > 0) {
+        usage(stdout);
+        return 0;
     }
+    if (p < 0) return 2;
     const options *o = &st.opt;
     if (o->compare) return run_compare(&st);
 
-    /* the device: as asked; else the one a named backend runs on; else the GPU if present */
+    /* the device: as asked; else the one a named backend runs on (CUDA
+     * backends are named cuda_*, as the test harness assumes); else the GPU
+     * if present, and a CUDA build that finds none says it runs on the CPU */
+    const char *asked = asked_backend(o);
     ak_device_kind kind = AK_DEVICE_CPU;
-    int allow_fallback = 0;
+    int allow_fallback = 0, say_no_gpu = 0;
     if (o->device_set) kind = o->device;
-    else if (o->backend && strcmp(o->backend, "all") != 0) kind = strncmp(o->backend, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
+    else if (asked && strcmp(asked, "all") != 0) kind = strncmp(asked, "cuda", 4) == 0 ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
     else if (ak_device_count(AK_DEVICE_CUDA) > 0) {
         kind = AK_DEVICE_CUDA;
         /* the selector's single run may move to the CPU; a sweep skips instead */
-        allow_fallback = !o->backend && !o->sweep;
+        allow_fallback = !asked && !o->sweep;
+    } else {
+        for (int i = 0; i < ak_backend_count(); i++) say_no_gpu |= strncmp(ak_backend_name_at(i), "cuda", 4) == 0;
     }
     if (kind == AK_DEVICE_CUDA && ak_device_count(AK_DEVICE_CUDA) == 0) {
         fprintf(stderr, "attnkit-bench: no CUDA device found (or this build has no CUDA)\n");
         return 1;
     }
     if (o->graph && kind != AK_DEVICE_CUDA) {
-        fprintf(stderr, "attnkit-bench: --graph needs a CUDA device\n");
+        usage_error("--graph needs a CUDA device");
         return 2;
     }
 
@@ -1400,8 +1447,20 @@ int main(int argc, char **argv)
     } else {
         if (single_shape(o, &shapes[0])) return 2;
         nshapes = 1;
+        /* cpu_ref among the backends timed and no shape asked for: the
+         * workload's default would take minutes a call */
+        const int times_cpu_ref = asked && (!strcmp(asked, "cpu_ref") || (!strcmp(asked, "all") && kind == AK_DEVICE_CPU));
+        if (times_cpu_ref && !shape_given(o)) {
+            const bench_shape *c = &cpu_ref_shapes[o->workload];
+            shapes[0] = *c;
+            note(o, "# cpu_ref, the fp64 reference, runs ~0.3 GFLOP/s: the %s default is cut to batch %d, q_len %d, "
+                    "kv_len %d, to take seconds (--batch, --q-len, --kv-len set a shape)\n",
+                 bench_workload_name(o->workload), c->batch, c->workload == BW_DECODE ? 1 : c->q_len, c->kv_len);
+        }
     }
 
+    /* said once the options are known to be good */
+    if (say_no_gpu) fprintf(stderr, "attnkit-bench: no CUDA device; running on the CPU\n");
     for (int i = 0; i < nshapes; i++) {
         const bench_shape *s = &shapes[i];
         if (o->sweep)

@@ -8,12 +8,13 @@
  *                [--sinks] [--invariant] [--mla]
  *   attnkit-info --matrix       the support matrix (every backend's check(), Markdown)
  *   attnkit-info --version      the library's version
+ *   attnkit-info --help, -h     this usage (on stdout; exit 0)
  * --dtype sets q, K/V and o; --kv-dtype then sets K/V alone (fp8_e4m3: q and
  * o stay as --dtype says, bf16 if it says nothing). --mla: multi-head latent
  * attention, with 128/1 heads and head dims 576/512 (DeepSeek-V3) unless
  * --heads / --head-dim say otherwise.
- * Exits non-zero when no backend can serve the config (or AK_BACKEND names a
- * backend that cannot).
+ * Exits 1 when no backend can serve the config (or AK_BACKEND names a
+ * backend that cannot), 2 on bad usage (the usage on stderr).
  */
 #include "attnkit.h"
 
@@ -31,15 +32,16 @@ static int parse_dtype(const char *s, ak_dtype *t)
     return 0;
 }
 
-static void usage(const char *argv0)
+static void usage(FILE *f, const char *argv0)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: %s [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16] [--kv-dtype f32|f16|bf16|fp8_e4m3]\n"
             "          [--device cpu|cuda] [--page-size N] [--layout nhd|hnd] [--ragged] [--window N] [--soft-cap C] [--non-causal]\n"
             "          [--workload any|decode] [--sinks] [--invariant] [--mla]\n"
             "       %s --matrix\n"
-            "       %s --version\n",
-            argv0, argv0, argv0);
+            "       %s --version\n"
+            "       %s --help\n",
+            argv0, argv0, argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -53,22 +55,22 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--heads") && v) {
-            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(argv[0]); return 2; }
+            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(stderr, argv[0]); return 2; }
             heads_given = 1;
             i++;
         } else if (!strcmp(a, "--head-dim") && v) {
             const int n = sscanf(v, "%d/%d", &cfg.head_dim_qk, &cfg.head_dim_vo);
             if (n == 1) cfg.head_dim_vo = cfg.head_dim_qk;
-            if (n < 1) { usage(argv[0]); return 2; }
+            if (n < 1) { usage(stderr, argv[0]); return 2; }
             dims_given = 1;
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
-            if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(argv[0]); return 2; }
+            if (parse_dtype(v, &cfg.q_dtype) || cfg.q_dtype == AK_FP8_E4M3) { usage(stderr, argv[0]); return 2; }
             cfg.kv_dtype = cfg.o_dtype = cfg.q_dtype;
             dtype_given = 1;
             i++;
         } else if (!strcmp(a, "--kv-dtype") && v) {
-            if (parse_dtype(v, &kv_dtype)) { usage(argv[0]); return 2; }
+            if (parse_dtype(v, &kv_dtype)) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--device") && v) {
             cfg.device.kind = !strcmp(v, "cuda") ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
@@ -88,6 +90,9 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--ragged")) {
             cfg.kv_storage = AK_KV_RAGGED;
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout, argv[0]);
+            return 0;
         } else if (!strcmp(a, "--version")) {
             printf("attnkit %s\n", ak_version_string());
             return 0;
@@ -107,10 +112,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--workload") && v) {
             if (!strcmp(v, "decode")) cfg.workload = AK_WORKLOAD_DECODE;
             else if (!strcmp(v, "any")) cfg.workload = AK_WORKLOAD_ANY;
-            else { usage(argv[0]); return 2; }
+            else { usage(stderr, argv[0]); return 2; }
             i++;
         } else {
-            usage(argv[0]);
+            usage(stderr, argv[0]);
             return 2;
         }
     }
@@ -123,6 +128,15 @@ int main(int argc, char **argv)
         cfg.head_dim_qk = 576;
         cfg.head_dim_vo = 512;
     }
+    /* default device: the GPU where one is found */
+    if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
+        cfg.device.kind = AK_DEVICE_CUDA;
+        if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    }
+    if ((int)kv_dtype >= 0) {
+        if (kv_dtype == AK_FP8_E4M3 && !dtype_given) cfg.q_dtype = cfg.o_dtype = AK_BF16;
+        cfg.kv_dtype = kv_dtype;
+    }
 
     printf("devices:\n");
     for (int k = 0; k < 2; k++) {
@@ -133,22 +147,15 @@ int main(int argc, char **argv)
             ak_device_info info;
             const ak_device d = {kind, i};
             if (ak_device_get_info(d, &info) != AK_OK) continue;
-            if (kind == AK_DEVICE_CPU)
-                printf("  cpu:0  %s, %d logical cores, AVX2+FMA+F16C %s\n", info.name, info.num_sms,
-                       info.cpu_has_avx2_fma_f16c ? "yes" : "no");
-            else
+            if (kind == AK_DEVICE_CPU) {
+                /* the kernel the cpu backend would run for this config's dtypes */
+                char kernel[256];
+                ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel);
+                printf("  cpu:0  %s, %d logical cores, cpu kernel: %s\n", info.name, info.num_sms, kernel);
+            } else
                 printf("  cuda:%d %s, sm_%d%d, %d SMs, %.1f GiB, L2 %.0f MiB\n", i, info.name, info.cc_major,
                        info.cc_minor, info.num_sms, info.memory_bytes / 1073741824.0, info.l2_bytes / 1048576.0);
         }
-    }
-    /* default device: the GPU where one is found */
-    if (!device_given && ak_device_count(AK_DEVICE_CUDA) > 0) {
-        cfg.device.kind = AK_DEVICE_CUDA;
-        if (cfg.q_dtype == AK_F32) cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
-    }
-    if ((int)kv_dtype >= 0) {
-        if (kv_dtype == AK_FP8_E4M3 && !dtype_given) cfg.q_dtype = cfg.o_dtype = AK_BF16;
-        cfg.kv_dtype = kv_dtype;
     }
     static char buf[16384];
     const ak_status st = ak_explain(&cfg, buf, sizeof buf);

@@ -11,8 +11,10 @@ reasons (ak_explain). The same options and output as tools/attnkit_info.c:
                       [--mla]
     python -m attnkit --matrix
     python -m attnkit --version
+    python -m attnkit --help
 
-Exits 1 when no backend can serve the config, 2 on bad usage.
+Exits 1 when no backend can serve the config, 2 on bad usage (the usage on
+stderr); --help prints it on stdout and exits 0.
 """
 import ctypes
 import re
@@ -27,6 +29,7 @@ USAGE = """usage: {0} [--heads QO/KV] [--head-dim D|QK/VO] [--dtype f32|f16|bf16
           [--workload any|decode] [--sinks] [--invariant] [--mla]
        {0} --matrix
        {0} --version
+       {0} --help
 """
 DTYPES = {"f32": _capi.AK_F32, "f16": _capi.AK_F16, "bf16": _capi.AK_BF16}
 KV_DTYPES = dict(DTYPES, fp8_e4m3=_capi.AK_FP8_E4M3)
@@ -57,7 +60,7 @@ def _atof(s):
 
 def _parse(argv, cfg):
     """Fills cfg from the options; returns (device_given, what, kv): what is
-    "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
+    "help", "version", "matrix" or None; kv (dtype_given, kv_dtype) is --kv-dtype, for
     main to apply after the device's default dtype. --mla without --heads /
     --head-dim: 128/1 heads, 576/512 (DeepSeek-V3), as attnkit-info."""
     device_given = False
@@ -109,6 +112,8 @@ def _parse(argv, cfg):
             takes_value = False
             if a == "--ragged":
                 cfg.kv_storage = _capi.AK_KV_RAGGED
+            elif a in ("--help", "-h"):
+                return device_given, "help", None
             elif a == "--version":
                 return device_given, "version", None
             elif a == "--matrix":
@@ -131,7 +136,7 @@ def _parse(argv, cfg):
     return device_given, None, (dtype_given, kv_dtype)
 
 
-def _print_devices():
+def _print_devices(cfg):
     print("devices:")
     for kind, label in ((_capi.AK_DEVICE_CPU, "cpu"), (_capi.AK_DEVICE_CUDA, "cuda")):
         n = _lib.ak_device_count(kind)
@@ -144,8 +149,11 @@ def _print_devices():
                 continue
             name = info.name.decode(errors="replace")
             if kind == _capi.AK_DEVICE_CPU:
-                print(f"  cpu:0  {name}, {info.num_sms} logical cores, AVX2+FMA+F16C "
-                      f"{'yes' if info.cpu_has_avx2_fma_f16c else 'no'}")
+                # the kernel the cpu backend would run for this config's dtypes
+                kernel = ctypes.create_string_buffer(256)
+                _lib.ak_cpu_kernel_describe(ctypes.byref(cfg), kernel, len(kernel))
+                print(f"  cpu:0  {name}, {info.num_sms} logical cores, "
+                      f"cpu kernel: {kernel.value.decode(errors='replace')}")
             else:
                 print(f"  cuda:{i} {name}, sm_{info.cc_major}{info.cc_minor}, {info.num_sms} SMs, "
                       f"{info.memory_bytes / 1073741824.0:.1f} GiB, "
@@ -162,6 +170,9 @@ def main(argv=None, prog="python -m attnkit"):
     except _Usage:
         sys.stderr.write(USAGE.format(prog))
         return 2
+    if what == "help":
+        sys.stdout.write(USAGE.format(prog))
+        return 0
     if what == "version":
         print("attnkit " + _lib.ak_version_string().decode())
         return 0
@@ -171,7 +182,6 @@ def main(argv=None, prog="python -m attnkit"):
         sys.stdout.write(buf.value.decode(errors="replace"))
         return 0 if status == _capi.AK_OK else 1
 
-    _print_devices()
     # default device: the GPU where one is found
     if not device_given and _lib.ak_device_count(_capi.AK_DEVICE_CUDA) > 0:
         cfg.device.kind = _capi.AK_DEVICE_CUDA
@@ -183,6 +193,7 @@ def main(argv=None, prog="python -m attnkit"):
         if kv_dtype == _capi.AK_FP8_E4M3 and not dtype_given:
             cfg.q_dtype = cfg.o_dtype = _capi.AK_BF16
         cfg.kv_dtype = kv_dtype
+    _print_devices(cfg)
     buf = ctypes.create_string_buffer(EXPLAIN_CAP)
     status = _lib.ak_explain(ctypes.byref(cfg), buf, EXPLAIN_CAP)
     sys.stdout.write("\n" + buf.value.decode(errors="replace"))

@@ -226,6 +226,7 @@ def declare(lib):
     _proto(lib, "ak_dtype_size", ctypes.c_size_t, c_int)
     _proto(lib, "ak_device_count", c_int, c_int)
     _proto(lib, "ak_device_get_info", status, ak_device, P(ak_device_info))
+    _proto(lib, "ak_cpu_kernel_describe", status, P(ak_attn_config), ctypes.c_char_p, ctypes.c_size_t)
     _proto(lib, "ak_tensor_4d", ak_tensor, c_void_p, c_int, c_int64, c_int64, c_int64, c_int64)
     _proto(lib, "ak_attn_config_init", None, P(ak_attn_config))
     _proto(lib, "ak_limits_init", None, P(ak_limits))

@@ -66,6 +66,7 @@ struct ak_backend {
     ak_limits lim;       /* as given: max_splits 0 means the backend's own default */
     ak_batch_meta meta;  /* the core's metadata arrays (backends without meta_buffers) */
     int planned;         /* a plan() has succeeded (and no later one failed) */
+    ak_status failed_plan; /* the status of the last plan() if it failed, else AK_OK */
     int num_tokens;      /* of that plan: sum of q_len */
     int64_t num_kv_tokens; /* sum of kv_len */
 };

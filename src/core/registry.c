@@ -10,6 +10,7 @@
  */
 #include "backend.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,17 @@ static const ak_backend_vtbl *const registry[] = {
 #endif
 };
 #define REGISTRY_SIZE ((int)(sizeof registry / sizeof registry[0]))
+
+/* The project's backends this build leaves out: a name of one is told apart
+ * from a typo, and a typo of one still finds it. */
+static const char *const not_built[] = {
+#ifndef AK_HAVE_CUDA
+    "cuda_paged",
+    "cuda_varlen",
+#endif
+    NULL,
+};
+#define NOT_BUILT_WHY "attnkit was built without CUDA"
 
 /* ---- the selector's rules ------------------------------------------------ */
 
@@ -90,6 +102,66 @@ static const ak_backend_vtbl *find(const char *name)
     for (int i = 0; i < REGISTRY_SIZE; i++)
         if (strcmp(registry[i]->name, name) == 0) return registry[i];
     return NULL;
+}
+
+/* ---- an unknown name: the closest known one ----------------------------------- */
+
+/* A suggestion is at most this many edits (insert, delete, substitute) away,
+ * and fewer than half the name's length: "cuda_page" finds cuda_paged, "CPU"
+ * finds cpu, "nope" finds nothing. */
+#define SUGGEST_MAX_EDITS 3
+#define SUGGEST_MAX_LEN 64
+
+/* Levenshtein distance between a and b, letters compared case-insensitively;
+ * SUGGEST_MAX_EDITS + 1 for names longer than SUGGEST_MAX_LEN. */
+static int edit_distance(const char *a, const char *b)
+{
+    const int na = (int)strlen(a), nb = (int)strlen(b);
+    if (na > SUGGEST_MAX_LEN || nb > SUGGEST_MAX_LEN) return SUGGEST_MAX_EDITS + 1;
+    int row[SUGGEST_MAX_LEN + 1]; /* row[j]: distance of a[0, i) to b[0, j) */
+    for (int j = 0; j <= nb; j++) row[j] = j;
+    for (int i = 1; i <= na; i++) {
+        int diag = row[0]; /* distance of a[0, i-1) to b[0, j-1) */
+        row[0] = i;
+        for (int j = 1; j <= nb; j++) {
+            const int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
+            const int best = diag + !same < row[j] + 1 ? diag + !same : row[j] + 1;
+            diag = row[j];
+            row[j] = best < row[j - 1] + 1 ? best : row[j - 1] + 1;
+        }
+    }
+    return row[nb];
+}
+
+/* The known backend name closest to `name` (this build's first, then
+ * not_built's), or NULL when none is close; *built says which list. */
+static const char *closest_name(const char *name, int *built)
+{
+    const char *best = NULL;
+    int best_d = SUGGEST_MAX_EDITS + 1;
+    for (int i = 0; i < REGISTRY_SIZE + (int)(sizeof not_built / sizeof *not_built); i++) {
+        const char *cand = i < REGISTRY_SIZE ? registry[i]->name : not_built[i - REGISTRY_SIZE];
+        if (!cand) continue;
+        const int d = edit_distance(name, cand);
+        if (d < best_d && 2 * d < (int)strlen(name)) {
+            best = cand;
+            best_d = d;
+            *built = i < REGISTRY_SIZE;
+        }
+    }
+    return best;
+}
+
+/* What to say of an unknown name (after "NAME names no backend"): the
+ * closest known one, or nothing. */
+static void suggest(char *buf, size_t cap, const char *name)
+{
+    int built = 0;
+    const char *near = closest_name(name, &built);
+    if (!near) buf[0] = '\0';
+    else if (!strcmp(near, name)) snprintf(buf, cap, " in this build (%s)", NOT_BUILT_WHY);
+    else if (built) snprintf(buf, cap, " (did you mean %s?)", near);
+    else snprintf(buf, cap, " (did you mean %s? %s)", near, NOT_BUILT_WHY);
 }
 
 static const char *device_kind_name(ak_device_kind k)
@@ -164,7 +236,7 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
     const int have_dev = ak_device_get_info(cfg->device, &info) == AK_OK;
     ak_clear_error();
 
-    const char *rule_src = "argument";
+    const char *rule_src = "name";
     if (!name || !*name) {
         const char *env = getenv("AK_BACKEND");
         name = env && *env ? env : NULL;
@@ -242,14 +314,20 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
     }
     tb_printf(tb, "%s", list);
 
-    if (st == AK_ERR_BACKEND_NOT_FOUND)
-        return ak_set_error(st, "%s=%s names no backend; the backends are:\n%s", rule_src, name, list);
+    /* The message lists the backends unless the explanation in tb holds
+     * them already (ak_explain: its caller prints both). */
+    const char *list_intro = tb->buf ? "" : "; the backends are:\n";
+    if (tb->buf) list[0] = '\0';
+    if (st == AK_ERR_BACKEND_NOT_FOUND) {
+        char hint[128];
+        suggest(hint, sizeof hint, name);
+        return ak_set_error(st, "%s=%s names no backend%s%s%s", rule_src, name, hint, list_intro, list);
+    }
     if (st != AK_OK && name)
-        return ak_set_error(st, "%s=%s cannot serve this config; the backends are:\n%s", rule_src,
-                            name, list);
+        return ak_set_error(st, "%s=%s cannot serve this config%s%s", rule_src, name, list_intro, list);
     if (st != AK_OK)
-        return ak_set_error(st, "no backend can serve this config on %s:%d; the backends are:\n%s",
-                            device_kind_name(cfg->device.kind), cfg->device.index, list);
+        return ak_set_error(st, "no backend can serve this config on %s:%d%s%s", device_kind_name(cfg->device.kind),
+                            cfg->device.index, list_intro, list);
     *chosen = pick;
     return AK_OK;
 }
@@ -306,10 +384,8 @@ void ak_backend_destroy(ak_backend *b)
 
 /* Validation and metadata happen here, once, for every backend: a backend's
  * plan() sees only batches that passed ak_batch_build_meta (backend.h). */
-ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
+static ak_status plan_batch(ak_backend *b, const ak_batch *batch, ak_stream stream)
 {
-    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
-    b->planned = 0; /* a failed plan leaves no plan: run() then says so */
     ak_batch_meta meta = b->meta;
     if (b->vt->meta_buffers) AK_TRY(b->vt->meta_buffers(b->state, &meta));
     AK_TRY(ak_batch_build_meta(batch, &b->cfg, &b->lim, &meta));
@@ -318,14 +394,28 @@ ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream
     for (int r = 0; r < batch->num_reqs; r++) kv_total += batch->kv_lens[r];
     b->num_tokens = meta.qo_indptr[batch->num_reqs];
     b->num_kv_tokens = kv_total;
-    b->planned = 1;
     return AK_OK;
+}
+
+ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream stream)
+{
+    if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
+    b->planned = 0; /* a failed plan leaves no plan: run() then says so */
+    const ak_status st = plan_batch(b, batch, stream);
+    b->planned = st == AK_OK;
+    b->failed_plan = st;
+    return st;
 }
 
 ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream)
 {
     if (!b) return ak_set_error(AK_ERR_INVALID_ARG, "backend is NULL");
-    if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "run() before a successful plan()");
+    /* the status text says "run() called before a successful plan()": the
+     * message says which case this is */
+    if (!b->planned && b->failed_plan != AK_OK)
+        return ak_set_error(AK_ERR_NOT_PLANNED, "backend %s: its last plan() failed (%s)", b->vt->name,
+                            ak_status_str(b->failed_plan));
+    if (!b->planned) return ak_set_error(AK_ERR_NOT_PLANNED, "backend %s: plan() has not been called", b->vt->name);
     AK_TRY(ak_run_args_validate(&b->cfg, &b->lim, b->num_tokens, b->num_kv_tokens, args));
     return b->vt->run(b->state, args, stream);
 }
@@ -361,8 +451,10 @@ ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const
     AK_TRY(ak_config_validate(cfg));
     const ak_backend_vtbl *vt = find(name);
     if (!vt) {
-        tb_printf(&tb, "no backend is named %s", name);
-        return ak_set_error(AK_ERR_BACKEND_NOT_FOUND, "no backend is named %s", name);
+        char hint[128];
+        suggest(hint, sizeof hint, name);
+        tb_printf(&tb, "no backend is named %s%s", name, hint);
+        return ak_set_error(AK_ERR_BACKEND_NOT_FOUND, "no backend is named %s%s", name, hint);
     }
     const ak_attn_config c = ak_config_normalized(cfg);
     ak_device_info d = *dev;

@@ -129,7 +129,9 @@ typedef struct cpu_state {
  * serves configs whose q and K/V are both bf16. AK_CPU_ISA asks for one kernel
  * (for tests and comparisons): scalar, avx2, avx512 (AVX-512 without AMX) or
  * amx. A kernel this CPU, build or config cannot run, or an unknown name, is an
- * error (-1, the reason in why) rather than quietly the automatic choice. */
+ * error (-1, the reason in why) rather than quietly the automatic choice.
+ * create(), explain() and ak_cpu_kernel_describe (the tools' device line) all
+ * ask here, so they name the same kernel. */
 static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, char *why, size_t cap)
 {
     int avx2 = 0, avx512 = 0, amx = 0;
@@ -169,6 +171,36 @@ static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, c
         return -1;
     }
     return 0;
+}
+
+ak_status ak_cpu_kernel_describe(const ak_attn_config *cfg, char *buf, size_t cap)
+{
+    if (buf && cap) buf[0] = '\0';
+    ak_attn_config f32;
+    if (!cfg) {
+        ak_attn_config_init(&f32);
+        cfg = &f32;
+    }
+    char why[AK_REASON_LEN] = "";
+    const ak_cpu_kernels *k;
+    if (pick_kernels(cfg, &k, why, sizeof why)) {
+        if (buf && cap) snprintf(buf, cap, "%s", why);
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s", why);
+    }
+    if (!buf || !cap) return AK_OK;
+#if defined(__x86_64__) || defined(__i386__)
+    const ak_cpu_features f = ak_cpu_features_get();
+    int amx_built = 0;
+#if defined(AK_CPU_HAVE_AMX)
+    amx_built = 1;
+#endif
+    snprintf(buf, cap, "%s (AVX2+FMA+F16C %s, AVX-512F %s, AMX-BF16 %s%s)", k->isa, f.avx2_fma_f16c ? "yes" : "no",
+             f.avx512f ? "yes" : "no", f.amx_bf16 ? "yes" : "no",
+             f.amx_bf16 && !amx_built ? ", its kernel not in this build" : "");
+#else
+    snprintf(buf, cap, "%s", k->isa);
+#endif
+    return AK_OK;
 }
 
 /* ---- phase times (builds with -DAK_CPU_PHASE_TIMES only) ------------------------------- */
