@@ -109,10 +109,10 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* The version of the library linked or loaded, at run time: major * 10000 +
- * minor * 100 + patch (0.2.0 -> 200). The build-time version is the one
+ * minor * 100 + patch (0.3.0 -> 300). The build-time version is the one
  * find_package(attnkit) or pkg-config --modversion reports. */
 AK_API int ak_version(void);
-/* The same as text: "0.2.0". */
+/* The same as text: "0.3.0". */
 AK_API const char *ak_version_string(void);
 
 /* ------------------------------------------------------------------------ */

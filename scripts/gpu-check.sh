@@ -4,7 +4,7 @@
 # short table last.
 #   scripts/gpu-check.sh [all|STAGE[,STAGE...]]
 #   scripts/gpu-check.sh --help       this text (builds and runs nothing)
-#   stages: test sanitize bench prefill coverage cpu (all), compare peers (named only)
+#   stages: test sanitize bench prefill coverage cpu engine (all), compare peers (named only)
 # `all` is every stage but compare (the paged/ragged/varlen sweep, ~5 min)
 # and peers (bench/peers.py --quick with FlashInfer, ~4 min): name them on
 # their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
@@ -18,7 +18,7 @@ fi
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
-stages=" test sanitize bench prefill coverage cpu compare peers all "
+stages=" test sanitize bench prefill coverage cpu engine compare peers all "
 for st in ${what//,/ }; do
     if [[ $stages != *" $st "* ]]; then
         echo "gpu-check: unknown stage '$st'; stages:$stages(--help says more)" >&2
@@ -95,7 +95,7 @@ if want sanitize; then
 fi
 
 if want bench && [[ -x $BUILD/attnkit-bench ]]; then
-    # issue 4's decode shapes: llama3-8b bf16, page 16, then page 1 and 64
+    # the decode shapes: llama3-8b bf16, page 16, then page 1 and 64
     bench() { $BUILD/attnkit-bench --device cuda --backend cuda_paged --workload decode "$@"; }
     : >"$LOG/bench-decode.jsonl"
     for page in 16 1 64; do
@@ -129,7 +129,7 @@ PY
 fi
 
 if want prefill && [[ -x $BUILD/attnkit-bench ]]; then
-    # issue 5: prefill beside PyTorch SDPA flash / cuDNN (same shapes, same
+    # prefill beside PyTorch SDPA flash / cuDNN (same shapes, same
     # run), then the mixed batch against the sum of its parts
     timeout 300 python3 bench/gpu_sdpa.py --bench $BUILD/attnkit-bench --shapes 16x1024,4x4096,1x16384 \
         --head-dims 128 2>&1 | tee "$LOG/prefill-sdpa.txt"
@@ -202,7 +202,7 @@ PY
 fi
 
 if want cpu && [[ -x $BUILD/attnkit-bench ]]; then
-    # issue 3's CPU figures on this machine's CPU, every core: decode vs the
+    # the CPU figures on this machine's CPU, every core: decode vs the
     # streaming-read ceiling and vs cpu_ref; prefill vs PyTorch's CPU SDPA
     lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512f\).*/AVX-512: yes/' | tee "$LOG/cpu.txt"
     export AK_NUM_THREADS=$(nproc)
@@ -218,8 +218,26 @@ if want cpu && [[ -x $BUILD/attnkit-bench ]]; then
     note "cpu bench" "see $LOG/cpu-decode.txt, cpu-sdpa.txt, cpu-scaling.txt, default-run.txt"
 fi
 
+if want engine; then
+    # examples/engine on the GPU: python/tests/test_engine.py (every graph
+    # mode of a Llama-shaped model, gpt-oss and DeepSeek-V3 attention, each
+    # step's logits against transformers), then serve.py --compare-graphs
+    # for the tokens/s table (bench/plot.py draws its JSON)
+    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    export ATTNKIT_LIB=$PWD/$BUILD/libattnkit.so PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+    timeout 400 python3 -m pytest -q -p no:cacheprovider python/tests/test_engine.py >"$LOG/engine-test.txt" 2>&1
+    rc=$?
+    tail -3 "$LOG/engine-test.txt"
+    note engine-test "$(tail -1 "$LOG/engine-test.txt") (rc $rc)"
+    timeout 200 python3 examples/engine/serve.py --device cuda --model llama --compare-graphs --requests 64 \
+        --json "$LOG/engine-llama.json" >"$LOG/engine.txt" 2>&1
+    rc=$?
+    grep -A4 "^graphs  tokens/s" "$LOG/engine.txt"
+    note engine "$(grep -A3 '^graphs  tokens/s' "$LOG/engine.txt" | tail -3 | awk '{printf "%s %s tok/s; ", $1, $2}')(rc $rc)"
+fi
+
 if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
-    # issue 6: prompt prefills three ways (cuda_paged on the paged cache, its
+    # prompt prefills three ways (cuda_paged on the paged cache, its
     # ragged mode, cuda_varlen), attention and the kv_update scatter apart;
     # one checked shape first, then the sweep to CSV and SVG
     $BUILD/attnkit-bench --compare paged,ragged,varlen --batch 4 --q-len 2048 --check 2>>"$LOG/bench.err" |
@@ -233,7 +251,7 @@ if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
 fi
 
 if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then
-    # issue 7: bench/peers.py --quick, attnkit beside FlashInfer, SDPA, Flex
+    # bench/peers.py --quick, attnkit beside FlashInfer, SDPA, Flex
     # and torch's varlen on the same data. FlashInfer comes from the wheels in
     # .whl/ (bench/README.md), installed into /tmp/site; its JIT builds its
     # kernels on first use (~1 min), cached under /tmp/fi
