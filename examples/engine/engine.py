@@ -37,8 +37,11 @@ What an engine does, in small:
     a ragged backend (cuda_varlen) over the step's own K/V, while the paged
     backend's kv_update still fills the cache.
 """
+import contextlib
 import math
+import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -141,7 +144,7 @@ def head_dims(m):
 class Engine:
     def __init__(self, model, device="cuda", num_blocks=2048, page_size=16, max_reqs=64,
                  max_tokens=512, chunk=None, max_model_len=4096, graphs="off",
-                 prompt_backend="auto", backend=None, keep_logits=False):
+                 prompt_backend="auto", backend=None, keep_logits=False, mla="expanded"):
         self.model, self.device = model, torch.device(device)
         self.dtype = next(model.parameters()).dtype
         self.page, self.max_reqs, self.max_tokens = page_size, max_reqs, max_tokens
@@ -153,6 +156,19 @@ class Engine:
         self.num_qo_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim, self.head_dim_vo = head_dims(first)
+        # DeepSeek's MLA: "expanded" lets transformers expand the latent into
+        # per-head K/V (q/k 192, v 128) and attends over those; "absorbed"
+        # caches the latent rows themselves (cfg.mla: one 576-wide row a token,
+        # V its first 512 values) and folds W_UK into q and W_UV into o
+        self.mla = mla if hasattr(first, "kv_b_proj") else None
+        if self.mla == "absorbed":
+            self.num_kv_heads = 1
+            self.head_dim, self.head_dim_vo = first.kv_lora_rank + first.qk_rope_head_dim, first.kv_lora_rank
+            for m in self.layers:
+                m.forward = types.MethodType(_absorbed_mla_forward, m)
+                m._attnkit_engine = self
+        elif mla not in ("expanded", "absorbed"):
+            raise ValueError(f"mla = {mla!r}: expanded or absorbed")
         self.num_layers = len(self.layers)
         self.max_blocks_per_req = -(-max_model_len // page_size)
         # attnkit backends: one per distinct (window, scale) of the layers
@@ -177,7 +193,8 @@ class Engine:
         shape = (num_blocks, page_size, self.num_kv_heads)
         self.k_cache = [torch.zeros(shape + (self.head_dim,), dtype=self.dtype, device=self.device)
                         for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape + (self.head_dim_vo,), dtype=self.dtype, device=self.device)
+        self.v_cache = [None if self.mla == "absorbed" else
+                        torch.zeros(shape + (self.head_dim_vo,), dtype=self.dtype, device=self.device)
                         for _ in range(self.num_layers)]
         self.alloc = attnkit.KVCache(num_blocks, page_size, self.num_kv_heads, self.head_dim,
                                      num_layers=0, dtype=self.dtype, device=str(self.device))
@@ -203,11 +220,14 @@ class Engine:
                               page_size=self.page, sm_scale=float(m.scaling),
                               # transformers' window of W tokens holds the token itself
                               window_left=window - 1 if window else -1,
-                              use_sinks=hasattr(m, "sinks"), kv_storage=storage)
+                              use_sinks=hasattr(m, "sinks"), kv_storage=storage,
+                              mla=self.mla == "absorbed")
 
     def describe(self):
         names = sorted({b.name for b in self.paged.values()})
         text = f"paged backend {', '.join(names)} ({len(self.paged)} configs)"
+        if self.mla:
+            text += f"; MLA {self.mla} ({self.head_dim}/{self.head_dim_vo})"
         if self.ragged:
             text += f"; prompt-only steps: {next(iter(self.ragged.values())).name}"
         return text
@@ -400,10 +420,71 @@ class Engine:
                 self.stats["attn_s"] += time.perf_counter() - t0
         return o[None]
 
+    def latent_attention(self, module, q, rows):
+        """Absorbed MLA: q [T, H, R + rope], this step's latent rows [T, 1, R +
+        rope] -> o [T, H, R], over the layer's latent cache (K only)."""
+        layer = module.layer_idx
+        k_key = (None, float(module.scaling))
+        b = self.paged[k_key]
+        kc = self.k_cache[layer]
+        b.kv_update(kc, None, rows, None)
+        o = q.new_empty((q.shape[0], q.shape[1], self.head_dim_vo))
+        if self.use_ragged:
+            self.ragged[k_key].run(q, rows.contiguous(), None, o)
+        else:
+            b.run(q, kc, None, o)
+        return o
+
     def close(self):
+        for m in self.layers:  # transformers' own forward again
+            if "forward" in vars(m):
+                del m.forward
         for b in list(self.paged.values()) + list(self.ragged.values()):
             b.close()
         self.alloc.close()
+
+
+def _absorbed_mla_forward(self, hidden_states, position_embeddings, attention_mask=None, past_key_values=None,
+                          **kwargs):
+    """DeepseekV3Attention.forward in the absorbed form: the same weights and
+    rotary embedding as transformers' expanded form, with q_nope taken through
+    W_UK (so q meets the latent rows) and the latent output through W_UV."""
+    e = self._attnkit_engine
+    hf = sys.modules[type(self).__module__]
+    T = hidden_states.shape[1]
+    if self.q_lora_rank is None:
+        q = self.q_proj(hidden_states)
+    else:
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q = q.view(1, T, -1, self.qk_head_dim).transpose(1, 2)  # [1, H, T, 192]
+    q_nope, q_rot = torch.split(q, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+    latent, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.qk_rope_head_dim],
+                                dim=-1)
+    latent = self.kv_a_layernorm(latent).view(1, 1, T, self.kv_lora_rank)
+    k_rot = k_rot.view(1, 1, T, self.qk_rope_head_dim)
+    cos, sin = position_embeddings
+    rope = hf.apply_rotary_pos_emb_interleave if self.config.rope_interleave else hf.apply_rotary_pos_emb
+    q_rot, k_rot = rope(q_rot, k_rot, cos, sin)
+    w = self.kv_b_proj.weight.view(-1, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+    w_uk, w_uv = w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]  # [H, 128, 512], [H, 128, 512]
+    q_lat = torch.einsum("hnr,htn->thr", w_uk, q_nope[0])                   # [T, H, 512]
+    q_full = torch.cat((q_lat, q_rot[0].transpose(0, 1)), dim=-1)            # [T, H, 576]
+    rows = torch.cat((latent, k_rot), dim=-1)[0].transpose(0, 1)            # [T, 1, 576]
+    o_lat = e.latent_attention(self, q_full, rows)                          # [T, H, 512]
+    o = torch.einsum("thr,hvr->thv", o_lat, w_uv).reshape(1, T, -1)         # [1, T, H * 128]
+    return self.o_proj(o), None
+
+
+@contextlib.contextmanager
+def _transformers_attention(model):
+    """transformers' own attention forward for the duration (the absorbed MLA
+    forward is an instance attribute the engine sets)."""
+    saved = [(m, vars(m).pop("forward")) for m in _attention_layers(model) if "forward" in vars(m)]
+    try:
+        yield
+    finally:
+        for m, f in saved:
+            m.forward = f
 
 
 # ---------------------------------------------------------------------------
@@ -501,8 +582,9 @@ def reference_logits(model, req, attn_implementation="sdpa"):
     previous = model.config._attn_implementation
     model.set_attn_implementation(attn_implementation)
     try:
-        toks = torch.tensor([req.tokens[:-1]], device=next(model.parameters()).device)
-        logits = model(input_ids=toks, use_cache=False).logits[0]
+        with _transformers_attention(model):
+            toks = torch.tensor([req.tokens[:-1]], device=next(model.parameters()).device)
+            logits = model(input_ids=toks, use_cache=False).logits[0]
     finally:
         model.set_attn_implementation(previous)
     return logits[len(req.prompt) - 1:].float().cpu()

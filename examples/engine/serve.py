@@ -76,6 +76,8 @@ def build_model(arch, size, layers, dtype, device, seed, experts=None):
               max_position_embeddings=8192)
     if arch == "gpt-oss" and experts:
         kw.update(num_local_experts=experts, num_experts_per_tok=min(2, experts))
+    if arch == "deepseek-v3" and experts:
+        kw.update(n_routed_experts=experts, num_experts_per_tok=min(2, experts))
     if arch == "gpt-oss":
         kw["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     cfg = getattr(transformers, name)(**kw)
@@ -111,7 +113,7 @@ def make_engine(args, model, graphs):
                       max_reqs=args.max_reqs, max_tokens=args.max_tokens, chunk=args.chunk,
                       max_model_len=args.max_model_len, graphs=graphs,
                       prompt_backend=None if args.prompt_backend == "off" else args.prompt_backend,
-                      keep_logits=args.check)
+                      keep_logits=args.check, mla=args.mla)
 
 
 def sync(args):
@@ -172,8 +174,12 @@ def main(argv=None):
     p.add_argument("--size", choices=("real", "small"), help="default: real on cuda, small on cpu")
     p.add_argument("--layers", type=int, help="default: 4 (real), 2 (small)")
     p.add_argument("--dtype", choices=("bf16", "f32"), help="default: bf16 on cuda, f32 on cpu")
-    p.add_argument("--experts", type=int, help="gpt-oss: experts per layer (default 4, 2 active); 1 "
-                   "takes the router's discrete choices, which rounding can flip, out of a bf16 --check")
+    p.add_argument("--experts", type=int, help="gpt-oss, deepseek-v3: routed experts per layer (default 4, 2 "
+                   "active); 1 (gpt-oss) or 2 (deepseek-v3, whose expert groups need 2) makes every expert "
+                   "active, so bf16 rounding cannot flip a router's choice under --check")
+    p.add_argument("--mla", choices=("expanded", "absorbed"), default="expanded",
+                   help="deepseek-v3: attend over per-head K/V transformers expands (q/k 192, v 128), or "
+                   "over the latent cache itself (attnkit's cfg.mla: 576-wide rows, V their first 512)")
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--prompt-len", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
                    help="min,max prompt tokens (default: 64,512 real, 12,48 small)")

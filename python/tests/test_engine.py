@@ -8,8 +8,9 @@ transformers.
 - CPU (the cpu backend): Llama in f32 with too few blocks (eviction and
   recompute), Qwen2 (q/k/v biases) in bf16, gpt-oss (sinks, window 16 and
   full layers alternating) in f32 over prompts longer than the window,
-  DeepSeek-V3 (MLA in transformers' expanded form: q/k and v head dims
-  differ) in f32.
+  DeepSeek-V3 in f32, its MLA both in transformers' expanded form (q/k and
+  v head dims differ) and absorbed over a latent cache (cfg.mla), and the
+  absorbed form in bf16.
 - CUDA (a GPU and a library with cuda_paged): Llama's real shapes in bf16
   under every graph mode (off, decode buckets, one graph for every step),
   and gpt-oss's real attention shapes (one expert, so that bf16 rounding
@@ -76,6 +77,21 @@ class TestEngineCpu(unittest.TestCase):
         self.check(res)
         self.assertLess(res["runs"][0]["check"]["worst_rel_err"], 1e-4)
 
+    def test_deepseek_v3_absorbed_mla(self):
+        # the latent cache itself (cfg.mla: K-only 80-wide rows, V their first 64),
+        # W_UK folded into q and W_UV into o, with evictions; then bf16 with
+        # every routed expert active (no router choice for rounding to flip)
+        status, res = serve("--device", "cpu", "--model", "deepseek-v3", "--mla", "absorbed", "--dtype", "f32",
+                            "--num-blocks", "14", "--max-new", "8", "--requests", "16")
+        self.assertEqual(status, 0)
+        self.check(res)
+        self.assertGreater(res["runs"][0]["preemptions"], 0)
+        self.assertLess(res["runs"][0]["check"]["worst_rel_err"], 1e-4)
+        status, res = serve("--device", "cpu", "--model", "deepseek-v3", "--mla", "absorbed", "--dtype", "bf16",
+                            "--experts", "2", "--max-new", "8", "--requests", "16")
+        self.assertEqual(status, 0)
+        self.check(res)
+
     def test_gpt_oss_sinks_window(self):
         status, res = serve("--device", "cpu", "--model", "gpt-oss", "--dtype", "f32", "--prompt-len", "20,60",
                             "--max-new", "10", "--requests", "16")
@@ -108,8 +124,9 @@ class TestEngineCuda(unittest.TestCase):
         self.assertEqual(status, 0)
 
     def test_deepseek_v3_bf16(self):
-        status, res = serve("--device", "cuda", "--model", "deepseek-v3", "--graphs", "decode", "--layers", "2",
-                            "--prompt-len", "100,400", "--max-new", "16")
+        # MoE layers make host decisions: no graphs; every expert active (--experts 2)
+        status, res = serve("--device", "cuda", "--model", "deepseek-v3", "--graphs", "off", "--layers", "2",
+                            "--experts", "2", "--prompt-len", "100,400", "--max-new", "16")
         self.assertEqual(status, 0)
 
 
