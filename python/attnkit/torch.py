@@ -46,10 +46,15 @@ def _innermost_contiguous(t):
     return t if t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
+def _head_dim_vo(handle, v_cache):
+    # an MLA (K-only) cache has no V tensor: the config says how wide o is
+    return v_cache.shape[-1] if v_cache is not None else attnkit.backend_from_handle(handle).config.head_dim_vo
+
+
 def _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale=None, v_scale=None, sinks=None):
     b = attnkit.backend_from_handle(handle)
     q = _innermost_contiguous(q)
-    o = q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
+    o = q.new_empty((q.shape[0], q.shape[1], _head_dim_vo(handle, v_cache)), dtype=o_dtype)
     b.run(q, k_cache, v_cache, o, lse, k_scale=k_scale, v_scale=v_scale, sinks=sinks)
     return o
 
@@ -59,11 +64,12 @@ def _run_into(handle, q, k_cache, v_cache, o_dtype, lse, k_scale=None, v_scale=N
 # ---------------------------------------------------------------------------
 
 @torch.library.custom_op("attnkit::kv_update", mutates_args=("k_cache", "v_cache"))
-def _kv_update_op(handle: int, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
-                  v: torch.Tensor, k_scale: Optional[torch.Tensor] = None,
+def _kv_update_op(handle: int, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor], k: torch.Tensor,
+                  v: Optional[torch.Tensor], k_scale: Optional[torch.Tensor] = None,
                   v_scale: Optional[torch.Tensor] = None) -> None:
     attnkit.backend_from_handle(handle).kv_update(k_cache, v_cache, _innermost_contiguous(k),
-                                                  _innermost_contiguous(v), k_scale=k_scale, v_scale=v_scale)
+                                                  None if v is None else _innermost_contiguous(v),
+                                                  k_scale=k_scale, v_scale=v_scale)
 
 
 @_kv_update_op.register_fake
@@ -72,7 +78,7 @@ def _(handle, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
 
 
 @torch.library.custom_op("attnkit::run", mutates_args=())
-def _run_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _run_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
             o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
             v_scale: Optional[torch.Tensor] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     return _run_into(handle, q, k_cache, v_cache, o_dtype, None, k_scale, v_scale, sinks)
@@ -80,11 +86,11 @@ def _run_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 @_run_op.register_fake
 def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None, sinks=None):
-    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype)
+    return q.new_empty((q.shape[0], q.shape[1], _head_dim_vo(handle, v_cache)), dtype=o_dtype)
 
 
 @torch.library.custom_op("attnkit::run_lse", mutates_args=())
-def _run_lse_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def _run_lse_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: Optional[torch.Tensor],
                 o_dtype: torch.dtype, k_scale: Optional[torch.Tensor] = None,
                 v_scale: Optional[torch.Tensor] = None,
                 sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +100,7 @@ def _run_lse_op(handle: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 @_run_lse_op.register_fake
 def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None, sinks=None):
-    return (q.new_empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=o_dtype),
+    return (q.new_empty((q.shape[0], q.shape[1], _head_dim_vo(handle, v_cache)), dtype=o_dtype),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
 
@@ -105,7 +111,7 @@ def _(handle, q, k_cache, v_cache, o_dtype, k_scale=None, v_scale=None, sinks=No
 def kv_update(backend, k_cache, v_cache, k, v, k_scale=None, v_scale=None):
     """Writes this step's k, v ([planned tokens, num_kv_heads, head_dim]) into
     the paged cache at the slots of backend's plan (Backend.kv_update as an
-    operator). A torch.float8_e4m3fn cache quantizes them with k_scale /
+    operator). An MLA cache is K only: v_cache and v are None. A torch.float8_e4m3fn cache quantizes them with k_scale /
     v_scale (f32, 1 or num_kv_heads elements, on the cache's device)."""
     torch.ops.attnkit.kv_update(backend.handle, k_cache, v_cache, k, v, k_scale, v_scale)
 
@@ -115,7 +121,8 @@ def run(backend, q, k_cache, v_cache, return_lse=False, k_scale=None, v_scale=No
     a new [num_tokens, num_qo_heads, head_dim_vo] tensor in the config's
     o_dtype on q's device; with return_lse, (o, lse) with lse f32
     [num_tokens, num_qo_heads]. fp8 caches: the layer's k_scale / v_scale.
-    config.use_sinks: the layer's sinks, f32 [num_qo_heads]."""
+    config.use_sinks: the layer's sinks, f32 [num_qo_heads]. config.mla: the
+    latent cache is k_cache alone (v_cache None), o is head_dim_vo wide."""
     o_dtype = _TORCH_DTYPES[backend.config.o_dtype]
     if return_lse:
         return torch.ops.attnkit.run_lse(backend.handle, q, k_cache, v_cache, o_dtype, k_scale, v_scale, sinks)

@@ -8,7 +8,7 @@ graph break.
 
 - CPU (torch installed): torch.library.opcheck of the operators; the compiled
   layer equals the eager one over two steps with different plans (outputs and
-  the cache it wrote).
+  the cache it wrote); an MLA backend's K-only form (no V cache, no v).
 - CUDA (torch with a GPU and a library with cuda_paged; skipped otherwise):
   the compiled step captured in a CUDA graph; after a new plan (other
   requests, other context lengths, the same number of tokens), a replay
@@ -117,6 +117,43 @@ class TestCpu(unittest.TestCase):
         self.assertEqual((o.shape, o.dtype, lse.shape), ((n, NUM_QO_HEADS, HEAD_DIM), torch.float32,
                                                          (n, NUM_QO_HEADS)))
         self.assertTrue(torch.equal(o, akt.run(self.backend, q, kc, vc)))
+
+    def test_mla_k_only(self):
+        # an MLA backend: one latent K cache, V its first head_dim_vo values
+        cfg = attnkit.Config(num_qo_heads=4, num_kv_heads=1, head_dim_qk=24, head_dim_vo=16, mla=True,
+                             page_size=PAGE_SIZE)
+        lim = attnkit.Limits(max_reqs=8, max_tokens=64, max_blocks_per_req=MAX_BLOCKS_PER_REQ,
+                             num_cache_blocks=NUM_BLOCKS)
+        with attnkit.Backend(cfg, lim, name="cpu") as b:
+            step = Step([(1, 20), (3, 40)], seed=5)
+            step.plan(b)
+            g = torch.Generator().manual_seed(6)
+            n = step.num_tokens
+            q, k = torch.randn(n, 4, 24, generator=g), torch.randn(n, 1, 24, generator=g)
+            kc = torch.randn((NUM_BLOCKS, PAGE_SIZE, 1, 24), generator=g)
+            h = b.handle
+            torch.library.opcheck(torch.ops.attnkit.kv_update.default, (h, kc, None, k, None))
+            torch.library.opcheck(torch.ops.attnkit.run.default, (h, q, kc, None, torch.float32))
+            torch.library.opcheck(torch.ops.attnkit.run_lse.default, (h, q, kc, None, torch.float32))
+
+            def layer(q, k, kc):
+                akt.kv_update(b, kc, None, k, None)
+                return akt.run(b, q, kc, None)
+
+            k0 = kc.clone()
+            eager = layer(q, k, kc)
+            k_eager = kc.clone()
+            kc.copy_(k0)
+            compiled = torch.compile(layer, fullgraph=True)(q, k, kc)
+            want = torch.empty(n, 4, 16)
+            kc2 = k0.clone()
+            b.kv_update(kc2, None, k, None)
+            b.run(q, kc2, None, want)
+            self.assertEqual(eager.shape, (n, 4, 16))
+            self.assertFalse(torch.equal(k_eager, k0))
+            torch.testing.assert_close(eager, want, atol=0, rtol=0)
+            torch.testing.assert_close(compiled, want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(kc, k_eager, atol=0, rtol=0)
 
     def test_compiled_equals_eager(self):
         model = TinyAttention(self.backend, torch.float32, "cpu")
