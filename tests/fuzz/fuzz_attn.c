@@ -72,6 +72,13 @@ static ak_attn_config fuzz_config(fz *f)
     c.page_size = (int)fz_int(f, 1, MAX_PAGE);
     if (fz_rare(f, 64)) c.page_size = (int)fz_int(f, -2, 0);
     c.workload = fz_rare(f, 4) ? AK_WORKLOAD_DECODE : AK_WORKLOAD_ANY;
+    /* MLA: one latent KV head, V the first head_dim_vo of each K row (now
+     * and then two KV heads, a wider V, or a flag that is not 0 or 1) */
+    if (fz_rare(f, 6)) {
+        c.mla = fz_rare(f, 64) ? 2 : 1;
+        if (!fz_rare(f, 32)) c.num_kv_heads = 1; /* every query head on the one latent head */
+        if (c.head_dim_vo > c.head_dim_qk && !fz_rare(f, 32)) c.head_dim_vo = c.head_dim_qk;
+    }
     return c;
 }
 
@@ -178,6 +185,9 @@ static void run_both(fz *f, const ak_attn_config *cfg, const ak_limits *lim, sid
     rnd_fill(vd, cfg->kv_dtype, v_n, 1.0f, &rng);
     kv.k_data = kd;
     kv.v_data = vd;
+    /* MLA reads V from the K rows: a K-only view, now and then a V pool anyway */
+    const int k_only = cfg->mla && !fz_rare(f, 16);
+    if (k_only) kv.v_data = NULL, kv.v_block_stride = fz_rare(f, 16) ? kv.v_block_stride : 0;
     /* now and then a NaN or an infinity somewhere in q, K or V */
     if (fz_rare(f, 4)) {
         static const float bad[] = {NAN, INFINITY, -INFINITY};
@@ -214,7 +224,7 @@ static void run_both(fz *f, const ak_attn_config *cfg, const ak_limits *lim, sid
         a.o = &ot;
         a.lse = with_lse ? &lt : NULL;
         if (paged) a.kv = &kvs;
-        else a.k = &kt, a.v = &vt;
+        else a.k = &kt, a.v = k_only ? NULL : &vt;
         r_st[s] = ak_backend_run(sd->b, &a, NULL);
     }
     FZ_CHECK(r_st[0] == r_st[1], "run: cpu %s, cpu_ref %s (%s)", ak_status_str(r_st[0]), ak_status_str(r_st[1]),
