@@ -83,7 +83,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const int sizes_ok = kv.page_size > 0 && kv.num_kv_heads > 0;
     const int dtype_ok = kv.dtype == AK_F32 || kv.dtype == AK_F16 || kv.dtype == AK_BF16 || kv.dtype == AK_FP8_E4M3;
     int view_ok = sizes_ok && dtype_ok && (kv.layout == AK_LAYOUT_NHD || kv.layout == AK_LAYOUT_HND);
-    for (int i = 0; i < 2; i++) {
+    /* a K-only view (MLA's latent rows): no V pool, v_block_stride 0, the
+     * value (the first head_dim_vo of each K row) no wider than K; the call
+     * takes no v (now and then one anyway: an error) */
+    const int k_only = fz_rare(&f, 6);
+    const int give_v = !k_only || fz_rare(&f, 16);
+    if (k_only) view_ok &= *strides[1] == 0 && kv.head_dim_vo <= kv.head_dim_qk && !give_v;
+    for (int i = 0; i < 2 - k_only; i++) {
         /* the last block's end, in bytes, must be int64 */
         int64_t span, bytes;
         view_ok &= *strides[i] == 0 || *strides[i] >= blocks[i];
@@ -111,7 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv.v_data = gbuf_alloc(&vp, esz * (size_t)v_elems);
     for (size_t i = 0; i < kp.bytes; i++) ((unsigned char *)kv.k_data)[i] = (unsigned char)rnd_next(&rng);
     for (size_t i = 0; i < vp.bytes; i++) ((unsigned char *)kv.v_data)[i] = (unsigned char)rnd_next(&rng);
-    if (fz_rare(&f, 32)) kv.v_data = NULL, view_ok = 0;
+    if (k_only) kv.v_data = NULL;
+    else if (fz_rare(&f, 32)) kv.v_data = NULL, view_ok = 0;
 
     /* the new rows and their slots */
     const int tokens = (int)fz_int(&f, 0, MAX_TOKENS);
@@ -127,7 +134,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                                                        : fz_int(&f, 0, num_slots - 1);
         slots_ok &= slots[i] >= -1 && slots[i] < num_slots;
     }
-    const int valid = view_ok && k.valid && v.valid && slots_ok;
+    const int valid = view_ok && k.valid && (v.valid || !give_v) && slots_ok;
 
     /* the model: the pools before, and after a valid call */
     const size_t k_all = kp.bytes + 2 * FZ_GUARD, v_all = vp.bytes + 2 * FZ_GUARD;
@@ -145,13 +152,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const int64_t vbase = block * (kv.v_block_stride ? kv.v_block_stride : vb) + row * kv.head_dim_vo;
             memcpy(k_want + FZ_GUARD + kbase * (int64_t)esz,
                    (char *)k.mem + (i * k.t.stride[0] + h * k.t.stride[1]) * (int64_t)esz, esz * (size_t)kv.head_dim_qk);
-            memcpy(v_want + FZ_GUARD + vbase * (int64_t)esz,
-                   (char *)v.mem + (i * v.t.stride[0] + h * v.t.stride[1]) * (int64_t)esz, esz * (size_t)kv.head_dim_vo);
+            if (!k_only)
+                memcpy(v_want + FZ_GUARD + vbase * (int64_t)esz,
+                       (char *)v.mem + (i * v.t.stride[0] + h * v.t.stride[1]) * (int64_t)esz, esz * (size_t)kv.head_dim_vo);
         }
     }
 
     const int null_slots = fz_rare(&f, 64);
-    const ak_status st = ak_kv_update(&kv, &k.t, &v.t, null_slots ? NULL : slots, tokens, NULL);
+    const ak_status st = ak_kv_update(&kv, &k.t, give_v ? &v.t : NULL, null_slots ? NULL : slots, tokens, NULL);
     /* a NULL slot_mapping is an error only when there are tokens to place */
     const int want_ok = valid && !(null_slots && tokens > 0);
     FZ_CHECK((st == AK_OK) == want_ok, "status %s (%s), the model says %s (view %d, k %d, v %d, slots %d)",
