@@ -148,6 +148,7 @@ class Engine:
         self.model, self.device = model, torch.device(device)
         self.dtype = next(model.parameters()).dtype
         self.page, self.max_reqs, self.max_tokens = page_size, max_reqs, max_tokens
+        self.num_blocks = num_blocks
         self.chunk = chunk or max_tokens
         self.keep_logits = keep_logits
         cfg = model.config
@@ -235,9 +236,14 @@ class Engine:
     # -- requests --------------------------------------------------------------
 
     def add(self, req):
-        if len(req.prompt) < 1 or len(req.prompt) + req.max_new > self.max_blocks_per_req * self.page:
+        total = len(req.prompt) + req.max_new
+        if len(req.prompt) < 1 or total > self.max_blocks_per_req * self.page:
             raise ValueError(f"request {req.rid}: prompt {len(req.prompt)} + max_new {req.max_new} "
                              f"must be in [1, max_model_len {self.max_blocks_per_req * self.page}]")
+        usable = self.num_blocks - (len(self.graphs.scratch) if self.graphs else 0)
+        if -(-total // self.page) > usable:
+            raise ValueError(f"request {req.rid}: {total} tokens need {-(-total // self.page)} blocks, "
+                             f"the cache has {usable}")
         self.waiting.append(req)
 
     def _free(self, req):
@@ -323,6 +329,11 @@ class Engine:
             return False
         t0 = time.perf_counter()
         batch = self.schedule()
+        while not batch and self.running:
+            # every running request waits for blocks that only an eviction
+            # frees (prompt chunks of many requests filled the cache)
+            self._preempt(self.running[-1])
+            batch = self.schedule()
         self.step_no += 1
         if not batch:
             return True  # waiting for arrivals

@@ -64,6 +64,14 @@ class TestEngineCpu(unittest.TestCase):
         self.check(res)
         self.assertGreater(res["runs"][0]["preemptions"], 0, "14 blocks should force evictions")
         self.assertLess(res["runs"][0]["check"]["worst_rel_err"], 1e-4)
+        # every request at once, prompt chunks of 8: the chunks fill the cache
+        # with no decode left to evict for; the engine must evict a prefill
+        status, res = serve("--device", "cpu", "--model", "llama", "--dtype", "f32", "--num-blocks", "8",
+                            "--prompt-len", "40,60", "--chunk", "8", "--max-tokens", "64", "--arrive-every", "0",
+                            "--shared-prefix", "0", "--max-new", "4", "--requests", "16")
+        self.assertEqual(status, 0)
+        self.assertGreater(res["runs"][0]["preemptions"], 0)
+        self.assertEqual(res["runs"][0]["check"]["failures"], 0)
 
     def test_qwen2_bf16(self):
         status, res = serve("--device", "cpu", "--model", "qwen2", "--dtype", "bf16", "--requests", "16")
