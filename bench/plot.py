@@ -22,7 +22,6 @@ import os
 import sys
 import tempfile
 
-FORMAT = ["svg"]  # --format
 PEER_ORDER = ("attnkit", "flashinfer", "flashinfer_tc", "flashinfer_ragged", "sdpa_flash", "sdpa_cudnn",
               "sdpa_efficient", "flex", "flash_attn")
 
@@ -49,7 +48,7 @@ def peer_key(p):
     return (PEER_ORDER.index(p) if p in PEER_ORDER else len(PEER_ORDER), p)
 
 
-def plot_decode(plt, rows, out, label):
+def plot_decode(plt, rows, label):
     dec = [r for r in rows if r["workload"] == "decode" and not math.isnan(r["gbps"])]
     if not dec:
         return None
@@ -73,14 +72,10 @@ def plot_decode(plt, rows, out, label):
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle(f"Decode bandwidth, paged KV cache ({label})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "peers-decode." + FORMAT[0])
-    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def plot_prefill(plt, rows, out, label):
+def plot_prefill(plt, rows, label):
     pre = [r for r in rows if r["workload"] in ("prefill", "mixed") and not math.isnan(r["tflops"])]
     if not pre:
         return None
@@ -101,14 +96,10 @@ def plot_prefill(plt, rows, out, label):
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(f"Prefill and mixed steps, TFLOP/s on the real head dims ({label})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "peers-prefill." + FORMAT[0])
-    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def plot_engine(plt, files, out, label):
+def plot_engine(plt, files, label):
     runs = []
     for path in files:
         with open(path) as f:
@@ -130,11 +121,7 @@ def plot_engine(plt, files, out, label):
     ax.set_ylim(0, 1.25 * max(r[1] for r in runs))
     ax.grid(axis="y", alpha=0.3)
     ax.set_title(f"examples/engine: tokens/s per CUDA-graph mode ({label})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "engine-tokens." + FORMAT[0])
-    fig.savefig(path, metadata={"Date": None} if path.endswith(".svg") else None)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def self_test(plt):
@@ -162,15 +149,24 @@ def self_test(plt):
     print("plot.py self-test: ok")
 
 
-def draw(plt, peers, engine_files, out, label):
-    made = []
+def draw(plt, peers, engine_files, out, label, fmt="svg"):
+    """Draws what the inputs hold into out/; returns the paths written."""
+    figs = []
     if peers:
         rows = read_peers(peers)
-        made += [p for p in (plot_decode(plt, rows, out, label), plot_prefill(plt, rows, out, label)) if p]
+        figs += [("peers-decode", plot_decode(plt, rows, label)), ("peers-prefill", plot_prefill(plt, rows, label))]
     if engine_files:
-        p = plot_engine(plt, engine_files, out, label)
-        if p:
-            made.append(p)
+        figs.append(("engine-tokens", plot_engine(plt, engine_files, label)))
+    made = []
+    for name, fig in figs:
+        if fig is None:
+            continue
+        fig.tight_layout()
+        path = os.path.join(out, f"{name}.{fmt}")
+        # no date in an SVG: the same data draws the same file
+        fig.savefig(path, metadata={"Date": None} if fmt == "svg" else None)
+        plt.close(fig)
+        made.append(path)
     return made
 
 
@@ -192,14 +188,13 @@ def main():
         print("plot.py needs matplotlib (pip install matplotlib)", file=sys.stderr)
         return 2
     matplotlib.rcParams["svg.hashsalt"] = "attnkit"  # the same data draws the same file
-    FORMAT[0] = a.format
     if a.self_test:
         self_test(plt)
         return 0
     if not a.peers and not a.engine:
         p.error("give --peers and/or --engine (or --self-test)")
     os.makedirs(a.out, exist_ok=True)
-    for path in draw(plt, a.peers, a.engine, a.out, a.label):
+    for path in draw(plt, a.peers, a.engine, a.out, a.label, a.format):
         print("wrote", path)
     return 0
 

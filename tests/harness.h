@@ -27,6 +27,16 @@ typedef struct test_ctx {
 
 void t_pass(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
 void t_fail(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
+
+/* One named check of a suite without a backend: a pass, or a failure with
+ * the message the format arguments make. */
+#define CHECK(t, name, cond, ...)                                              \
+    do {                                                                       \
+        if (cond)                                                              \
+            t_pass(t, NULL, name, "ok");                                       \
+        else                                                                   \
+            t_fail(t, NULL, name, __VA_ARGS__);                                \
+    } while (0)
 void t_skip(test_ctx *t, const char *backend, const char *name, const char *fmt, ...);
 int t_selected(const test_ctx *t, const char *name);
 /* 0 when --storage excludes cases on K/V storage s. */

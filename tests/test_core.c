@@ -12,14 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(t, name, cond, ...)                                              \
-    do {                                                                       \
-        if (cond)                                                              \
-            t_pass(t, NULL, name, "ok");                                      \
-        else                                                                   \
-            t_fail(t, NULL, name, __VA_ARGS__);                                \
-    } while (0)
-
 static void core_dtypes(test_ctx *t)
 {
     /* exact values */

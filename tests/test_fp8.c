@@ -20,14 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(t, name, cond, ...)                                              \
-    do {                                                                       \
-        if (cond)                                                              \
-            t_pass(t, NULL, name, "ok");                                      \
-        else                                                                   \
-            t_fail(t, NULL, name, __VA_ARGS__);                                \
-    } while (0)
-
 /* ---- the format, written out independently ---------------------------------- */
 
 #define E4M3_NAN 0x7f

@@ -548,14 +548,6 @@ static ak_kv_cache *small_cache(void)
     return ak_kv_cache_create(&kc, &c) == AK_OK ? c : NULL;
 }
 
-#define CHECK(t, name, cond, ...)                                              \
-    do {                                                                       \
-        if (cond)                                                              \
-            t_pass(t, NULL, name, "ok");                                       \
-        else                                                                   \
-            t_fail(t, NULL, name, __VA_ARGS__);                                \
-    } while (0)
-
 /* ak_kv_cache_share added to an int32 count with no check: a block shared
  * 2^31 times had a negative count. A rejected list changes nothing. */
 static void hostile_refcount_overflow(test_ctx *t)

@@ -317,9 +317,8 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=
     scales (see _scales); the view's `keep` attribute holds them. v_cache
     None: a K-only view (MLA), whose values are the first head_dim_vo (None:
     all) of each K row."""
-    if v_cache is None:
-        return _k_only_kv(k_cache, layout, k_scale, v_scale, head_dim_vo)
-    for a in (k_cache, v_cache):
+    caches = (k_cache,) if v_cache is None else (k_cache, v_cache)
+    for a in caches:
         if len(a.shape) != 4:
             raise InvalidArgument(
                 f"{a.name} has shape {list(a.shape)}; a paged cache is 4-D, "
@@ -332,19 +331,20 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=
                 raise InvalidArgument(f"{a.name}.stride[{d}] = {a.stride[d]}, expected "
                                       f"{inner[d - 1]}: a block must be packed (only the "
                                       "block stride may differ)")
-    if k_cache.dtype != v_cache.dtype:
-        raise InvalidArgument(f"v_cache has dtype {v_cache.dtype}, k_cache {k_cache.dtype}")
-    if k_cache.device != v_cache.device:
-        raise InvalidArgument(f"v_cache is on {_device_str(v_cache.device)}, k_cache on "
-                              f"{_device_str(k_cache.device)}")
-    if k_cache.shape[:3] != v_cache.shape[:3]:
-        raise InvalidArgument(f"v_cache shape {list(v_cache.shape)} and k_cache shape "
-                              f"{list(k_cache.shape)} differ before the head dim")
+    if v_cache is not None:
+        if k_cache.dtype != v_cache.dtype:
+            raise InvalidArgument(f"v_cache has dtype {v_cache.dtype}, k_cache {k_cache.dtype}")
+        if k_cache.device != v_cache.device:
+            raise InvalidArgument(f"v_cache is on {_device_str(v_cache.device)}, k_cache on "
+                                  f"{_device_str(k_cache.device)}")
+        if k_cache.shape[:3] != v_cache.shape[:3]:
+            raise InvalidArgument(f"v_cache shape {list(v_cache.shape)} and k_cache shape "
+                                  f"{list(k_cache.shape)} differ before the head dim")
     code = _DTYPES[k_cache.dtype][0]
     if code is None:
         raise InvalidArgument(f"k_cache has dtype {k_cache.dtype}; a KV cache is f32, f16, bf16 or fp8_e4m3")
     kv = _capi.ak_paged_kv()
-    kv.k_data, kv.v_data = k_cache.ptr or None, v_cache.ptr or None
+    kv.k_data = k_cache.ptr or None
     kv.dtype = code
     kv.layout = layout
     kv.device.kind, kv.device.index = k_cache.device
@@ -353,42 +353,17 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=
         kv.num_kv_heads, kv.page_size = k_cache.shape[1], k_cache.shape[2]
     else:
         kv.page_size, kv.num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    kv.head_dim_qk, kv.head_dim_vo = k_cache.shape[3], v_cache.shape[3]
+    kv.head_dim_qk = k_cache.shape[3]
     kv.k_block_stride = k_cache.stride[0] if k_cache.shape[0] > 1 else 0
-    kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
-    kv.scale_kind, kv.k_scale, kv.v_scale, keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device)
-    kv.keep = keep
-    return kv
-
-
-def _k_only_kv(k_cache, layout, k_scale, v_scale, head_dim_vo):
-    """_paged_kv for a K-only cache (v_data NULL)."""
-    a = k_cache
-    if len(a.shape) != 4:
-        raise InvalidArgument(f"{a.name} has shape {list(a.shape)}; a paged cache is 4-D")
-    inner = (a.shape[2] * a.shape[3], a.shape[3], 1)
-    for d in (1, 2, 3):
-        if a.shape[d] > 1 and a.stride[d] != inner[d - 1]:
-            raise InvalidArgument(f"{a.name}.stride[{d}] = {a.stride[d]}, expected {inner[d - 1]}: a block "
-                                  "must be packed (only the block stride may differ)")
-    code = _DTYPES[a.dtype][0]
-    if code is None:
-        raise InvalidArgument(f"k_cache has dtype {a.dtype}; a KV cache is f32, f16, bf16 or fp8_e4m3")
-    kv = _capi.ak_paged_kv()
-    kv.k_data, kv.v_data = a.ptr or None, None
-    kv.dtype = code
-    kv.layout = layout
-    kv.device.kind, kv.device.index = a.device
-    kv.num_blocks = a.shape[0]
-    if layout == _capi.AK_LAYOUT_HND:
-        kv.num_kv_heads, kv.page_size = a.shape[1], a.shape[2]
+    if v_cache is None:  # K-only: v_data NULL, no V stride
+        kv.v_data = None
+        kv.head_dim_vo = k_cache.shape[3] if head_dim_vo is None else int(head_dim_vo)
     else:
-        kv.page_size, kv.num_kv_heads = a.shape[1], a.shape[2]
-    kv.head_dim_qk = a.shape[3]
-    kv.head_dim_vo = a.shape[3] if head_dim_vo is None else int(head_dim_vo)
-    kv.k_block_stride = a.stride[0] if a.shape[0] > 1 else 0
-    kv.scale_kind, kv.k_scale, kv.v_scale, kv.keep = _scales(k_scale, v_scale, kv.num_kv_heads, a.device,
-                                                             has_v=False)
+        kv.v_data = v_cache.ptr or None
+        kv.head_dim_vo = v_cache.shape[3]
+        kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
+    kv.scale_kind, kv.k_scale, kv.v_scale, kv.keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device,
+                                                             has_v=v_cache is not None)
     return kv
 
 

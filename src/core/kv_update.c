@@ -42,9 +42,17 @@ static ak_status check_rows(const ak_tensor *t, const char *name, const ak_paged
 }
 
 /* dst[0, n) = src[0, n) of dtype t quantized to e4m3 with `scale`. */
-static void quantize_row(uint8_t *dst, const void *src, ak_dtype t, float scale, int n)
+/* One row of n elements into the pool: a copy, or (rows of another dtype
+ * into an fp8 pool) quantized with head h's scale. */
+static void write_row(char *dst, const char *src, ak_dtype src_dtype, const ak_paged_kv *kv, const float *scales,
+                      int h, int n)
 {
-    for (int d = 0; d < n; d++) dst[d] = ak_e4m3_quantize(ak_load_as_f32(src, t, d), scale);
+    if (src_dtype == kv->dtype) {
+        memcpy(dst, src, ak_dtype_size(kv->dtype) * (size_t)n);
+        return;
+    }
+    const float scale = ak_kv_scale_at(kv->scale_kind, scales, h);
+    for (int d = 0; d < n; d++) ((uint8_t *)dst)[d] = ak_e4m3_quantize(ak_load_as_f32(src, src_dtype, d), scale);
 }
 
 ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
@@ -86,7 +94,6 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
                                 "slot_mapping[%d] = %lld is out of range [-1, %lld)", i,
                                 (long long)slot_mapping[i], (long long)num_slots);
 
-    const int quantize = k->dtype != kv->dtype;
     const size_t src_esz = ak_dtype_size(k->dtype), dst_esz = ak_dtype_size(kv->dtype);
     const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
     for (int i = 0; i < num_tokens; i++) {
@@ -95,21 +102,13 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
         const int64_t block = slot / kv->page_size;
         const int off = (int)(slot % kv->page_size);
         for (int h = 0; h < kv->num_kv_heads; h++) {
-            const char *ks = (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz;
-            char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz;
-            if (quantize)
-                quantize_row((uint8_t *)kd, ks, k->dtype, ak_kv_scale_at(kv->scale_kind, kv->k_scale, h),
-                             kv->head_dim_qk);
-            else
-                memcpy(kd, ks, dst_esz * (size_t)kv->head_dim_qk);
-            if (!has_v) continue;
-            const char *vs = (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz;
-            char *vd = (char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz;
-            if (quantize)
-                quantize_row((uint8_t *)vd, vs, v->dtype, ak_kv_scale_at(kv->scale_kind, kv->v_scale, h),
-                             kv->head_dim_vo);
-            else
-                memcpy(vd, vs, dst_esz * (size_t)kv->head_dim_vo);
+            write_row((char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz,
+                      (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz, k->dtype, kv,
+                      kv->k_scale, h, kv->head_dim_qk);
+            if (has_v)
+                write_row((char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz,
+                          (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz, v->dtype, kv,
+                          kv->v_scale, h, kv->head_dim_vo);
         }
     }
     return AK_OK;
