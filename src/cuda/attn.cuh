@@ -21,7 +21,10 @@
 #define AK_CUDA_ATTN_CUH
 
 #include "common.cuh"
+#include "kv_addr.h"
 #include "visible.h"
+
+#include <cuda_fp8.h>
 
 #include <limits.h>
 
@@ -112,6 +115,11 @@ struct attn_params {
     const float *sinks;     /* [num_qo_heads] sink logits (natural log), or NULL: each joins its
                                head's softmax denominator once, with no value (finish_row) */
     int head_dim_qk, head_dim_vo; /* the portable kernel's dims (the others have them compiled in) */
+    /* fp8 K/V (attnkit.h, ak_kv_scale_kind): the scales on the device, read
+     * by the kernels at every launch (a captured graph replays with the
+     * values they hold then); kind AK_KV_SCALE_NONE: 1 */
+    int kv_scale_kind;
+    const float *k_scale, *v_scale;
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -128,6 +136,76 @@ template <int DQK, int DVO> struct head_dims {
     static_assert(DQK % 16 == 0 && DVO % 16 == 0, "tensor-core head dims are multiples of 16 (one k step)");
 };
 
+/* ---- fp8 e4m3 K/V ----
+ * The kernels that serve fp8 pools copy the fp8 rows into shared memory as
+ * they are (half the bytes of a 16-bit row: 16 elements a 16-byte chunk),
+ * then convert each tile once to the query's 16-bit type, exactly (every
+ * e4m3 value, NaN included, is an f16 and a bf16), into the swizzled layout
+ * the 16-bit kernels read; their tensor-core code then runs unchanged. The
+ * scales stay out of the products: k_scale multiplies the raw dot q.x of a
+ * key (before the NaN rule sees it), v_scale the finished o row. */
+
+/* The scales of KV head h (1 without scales). */
+struct kv_scales {
+    float k, v;
+};
+__device__ __forceinline__ kv_scales kv_scales_of(const attn_params &p, int kv_head)
+{
+    kv_scales s;
+    s.k = p.k_scale ? ak_kv_scale_at(p.kv_scale_kind, p.k_scale, kv_head) : 1.0f;
+    s.v = p.v_scale ? ak_kv_scale_at(p.kv_scale_kind, p.v_scale, kv_head) : s.k;
+    if (p.kv_scale_kind == AK_KV_SCALE_NONE) s.k = s.v = 1.0f;
+    return s;
+}
+
+/* Two e4m3 values (low byte first) as a pair of T, exactly. */
+template <typename T> __device__ __forceinline__ uint32_t fp8x2_to(uint16_t x);
+template <> __device__ __forceinline__ uint32_t fp8x2_to<__half>(uint16_t x)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)x, __NV_E4M3);
+    return (uint32_t)h.x | (uint32_t)h.y << 16;
+}
+template <> __device__ __forceinline__ uint32_t fp8x2_to<__nv_bfloat16>(uint16_t x)
+{
+    const uint32_t h = fp8x2_to<__half>(x);
+    return dtype_traits<__nv_bfloat16>::pack(__half2float(__ushort_as_half((unsigned short)(h & 0xffff))),
+                                             __half2float(__ushort_as_half((unsigned short)(h >> 16))));
+}
+
+/* Two e4m3 values (low byte first) as floats; one as a float. */
+__device__ __forceinline__ float2 fp8x2_to_float2(uint16_t x)
+{
+    const uint32_t h = fp8x2_to<__half>(x);
+    return make_float2(__half2float(__ushort_as_half((unsigned short)(h & 0xffff))),
+                       __half2float(__ushort_as_half((unsigned short)(h >> 16))));
+}
+__device__ __forceinline__ float fp8_to_float(uint8_t x) { return fp8x2_to_float2(x).x; }
+
+/* 16 e4m3 values -> 16 T (two 16-byte chunks). */
+template <typename T> __device__ __forceinline__ void fp8x16_to(const uint4 x, uint4 &lo, uint4 &hi)
+{
+    lo = make_uint4(fp8x2_to<T>(x.x & 0xffff), fp8x2_to<T>(x.x >> 16), fp8x2_to<T>(x.y & 0xffff),
+                    fp8x2_to<T>(x.y >> 16));
+    hi = make_uint4(fp8x2_to<T>(x.z & 0xffff), fp8x2_to<T>(x.z >> 16), fp8x2_to<T>(x.w & 0xffff),
+                    fp8x2_to<T>(x.w >> 16));
+}
+
+/* Non-zero when a byte of w is an e4m3 NaN (S.1111.111; e4m3fn has no
+ * infinity): its low seven bits plus one carry into the byte's top bit only
+ * when they are all ones. */
+__device__ __forceinline__ uint32_t nonfinite_fp8x4(uint32_t w) { return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u; }
+
+/* The shared-memory offset (bytes) of fp8 chunk c (16 elements) of key row
+ * `row` in a [TILE][DP] stage. */
+template <int DP> __device__ __forceinline__ int fp8_at(int row, int c)
+{
+    /* swizzled like swz: the 8 rows an ldmatrix reads at one chunk hit 8
+     * different 16-byte bank groups (rows of 64 bytes: two to a 128-byte
+     * line, so the row pair's index is the key) */
+    if (DP == 64) return row * 64 + ((c ^ ((row >> 1) & 3)) << 4);
+    return row * DP + ((c ^ (row & 7)) << 4);
+}
+
 /* Where a thread's 16-byte chunk sits in a K and a V row of its KV head:
  * the per-CTA part of every K/V address, hoisted out of the tile loop. */
 struct kv_lane {
@@ -140,6 +218,18 @@ template <int DP>
 __device__ __forceinline__ kv_lane kv_lane_of(const attn_params &p, int kv_head)
 {
     const int64_t c = (threadIdx.x % (DP / 8)) * 8;
+    kv_lane l;
+    l.k = kv_head * p.k_stride_head + c;
+    l.v = kv_head * p.v_stride_head + c;
+    return l;
+}
+
+/* The same for fp8 rows (load_kv_tile_fp8: chunk = threadIdx.x % (DP / 16),
+ * 16 elements a chunk). */
+template <int DP>
+__device__ __forceinline__ kv_lane kv_lane_fp8(const attn_params &p, int kv_head)
+{
+    const int64_t c = (threadIdx.x % (DP / 16)) * 16;
     kv_lane l;
     l.k = kv_head * p.k_stride_head + c;
     l.v = kv_head * p.v_stride_head + c;
@@ -216,6 +306,70 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
                              : swz<DP>(row, chunk);
         if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
         if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+    }
+}
+
+/* load_kv_tile for fp8 pools: keys [t0, t0 + TILE) of K and V, 16 elements
+ * a cp.async, into [TILE][DP]-byte stages at fp8_at (rows of DQK and DVO
+ * bytes, the rest left as it is); the same addressing, the same zero fill
+ * past kv_end and before kv_lo. lane: kv_lane_fp8. */
+template <int DQK, int DVO, int DP, int TILE, int THREADS, int ADDR = -1>
+__device__ __forceinline__ void load_kv_tile_fp8(const attn_params &p, int page_base, kv_lane lane, int t0,
+                                                 int kv_end, uint8_t *ks, uint8_t *vs, int kv_lo = INT_MIN)
+{
+    constexpr int CHUNKS = DP / 16;
+    static_assert(DQK % 16 == 0 && DVO % 16 == 0, "fp8 rows are whole 16-byte chunks");
+    static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
+    const int chunk = threadIdx.x % CHUNKS;
+    const int row0 = threadIdx.x / CHUNKS;
+#pragma unroll
+    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+        const int row = row0 + i * (THREADS / CHUNKS);
+        const int key = min(t0 + row, kv_end - 1);
+        int slot;
+        const int64_t block = kv_block_of<ADDR>(p, page_base, key, slot);
+        const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
+        const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
+        const int at = fp8_at<DP>(row, chunk);
+        if (chunk < DQK / 16)
+            cp_async_16(ks + at, (const uint8_t *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 16)
+            cp_async_16(vs + at, (const uint8_t *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+    }
+}
+
+/* Zeroes the NaN and infinite elements of a 16-byte chunk of 16-bit T;
+ * returns whether there was one (the NaN rule's V scan, attn.cuh below). */
+template <typename T> __device__ __forceinline__ bool scrub_nonfinite(uint4 &v);
+
+/* Converts rows [row0, row0 + ROWS) of an fp8 K/V stage (fp8_at) into
+ * 16-bit T tiles in the swizzled layout (swz<DP>) the tensor-core code
+ * reads, NT threads (ids tid) side by side, 16 elements at a time. With
+ * SCAN (the NaN rule's rule 3, a mixed tile of a checked item), non-finite V
+ * elements are zeroed and their keys marked in bits (one bit per row of the
+ * tile), as scan_v_tile does. */
+template <int DQK, int DVO, int DP, int ROWS, int NT, typename T, bool SCAN = false>
+__device__ __forceinline__ void convert_fp8_rows(const uint8_t *ks8, const uint8_t *vs8, T *ks, T *vs, int row0,
+                                                 int tid, uint32_t *bits = nullptr)
+{
+    constexpr int KC = DQK / 16, VC = DVO / 16;
+#pragma unroll 4
+    for (int u = tid; u < ROWS * (KC + VC); u += NT) {
+        const bool is_v = u >= ROWS * KC;
+        const int w = is_v ? u - ROWS * KC : u;
+        const int per = is_v ? VC : KC;
+        const int row = row0 + w / per, c = w % per;
+        const uint4 x = *(const uint4 *)((is_v ? vs8 : ks8) + fp8_at<DP>(row, c));
+        uint4 lo, hi;
+        fp8x16_to<T>(x, lo, hi);
+        if (SCAN && is_v) {
+            const bool bad_lo = scrub_nonfinite<T>(lo), bad_hi = scrub_nonfinite<T>(hi);
+            if (bad_lo || bad_hi) atomicOr(bits + row / 32, 1u << (row % 32));
+        }
+        T *dst = is_v ? vs : ks;
+        *(uint4 *)(dst + swz<DP>(row, 2 * c)) = lo;
+        *(uint4 *)(dst + swz<DP>(row, 2 * c + 1)) = hi;
     }
 }
 
@@ -360,6 +514,19 @@ template <typename T> __device__ __forceinline__ uint32_t nonfinite_pair(uint32_
     return ((w & E) + ONE) & 0x80008000u;
 }
 
+template <typename T> __device__ __forceinline__ bool scrub_nonfinite(uint4 &v)
+{
+    constexpr uint32_t E = nonfinite_bits<T>::value;
+    const uint32_t bx = __vcmpeq2(v.x & E, E), by = __vcmpeq2(v.y & E, E);
+    const uint32_t bz = __vcmpeq2(v.z & E, E), bw = __vcmpeq2(v.w & E, E);
+    if (!(bx | by | bz | bw)) return false;
+    v.x &= ~bx;
+    v.y &= ~by;
+    v.z &= ~bz;
+    v.w &= ~bw;
+    return true;
+}
+
 /* The rows of a warp's 16 q rows (from row0, in shared memory at at(row,
  * chunk)) that hold a NaN or an infinity: bit 2 i for row row0 + i, in every
  * lane. Two lanes a row. */
@@ -387,7 +554,6 @@ template <int DVO, int DP, int TILE, int THREADS, typename T, typename At>
 __device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits)
 {
     constexpr int CHUNKS = DP / 8;
-    constexpr uint32_t E = nonfinite_bits<T>::value;
     const int chunk = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
     if (chunk >= DVO / 8) return false;
     bool found = false;
@@ -396,14 +562,8 @@ __device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits)
         const int row = row0 + i * (THREADS / CHUNKS);
         uint4 *c = (uint4 *)(vs + at(row, chunk));
         uint4 v = *c;
-        const uint32_t bx = __vcmpeq2(v.x & E, E), by = __vcmpeq2(v.y & E, E);
-        const uint32_t bz = __vcmpeq2(v.z & E, E), bw = __vcmpeq2(v.w & E, E);
-        if (bx | by | bz | bw) {
+        if (scrub_nonfinite<T>(v)) {
             found = true;
-            v.x &= ~bx;
-            v.y &= ~by;
-            v.z &= ~bz;
-            v.w &= ~bw;
             *c = v;
             atomicOr(bits + row / 32, 1u << (row % 32));
         }
@@ -461,6 +621,11 @@ __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4]
     X(64, 64) X(80, 80) X(96, 96) X(112, 112) X(128, 128) X(192, 192) X(256, 256) X(192, 128) X(128, 64)
 #define AK_PORTABLE_MAX_DIM 512
 
+/* The pairs the tensor-core kernels are also compiled for with fp8 K/V (the
+ * head dims of most models; any other pair with fp8 K/V runs on the portable
+ * kernel, and every fp8 instance is one more of each kernel to compile). */
+#define AK_TC_FP8_HEAD_DIMS(X) X(64, 64) X(128, 128) X(256, 256)
+
 /* A kernel instance and its launch shape. */
 struct attn_kernel {
     void (*fn)(const attn_params);
@@ -486,6 +651,32 @@ inline attn_kernel kernel_table(int dqk, int dvo, ak_dtype dtype)
 {
     return dtype == AK_BF16 ? kernel_table_of<Info, __nv_bfloat16>(dqk, dvo) : kernel_table_of<Info, __half>(dqk, dvo);
 }
+/* The same over AK_TC_FP8_HEAD_DIMS (Info: the fp8 instances; T, the q and o
+ * dtype, is the type K/V are converted to). */
+template <template <int, int, typename> class Info, typename T>
+inline attn_kernel kernel_table_fp8_of(int dqk, int dvo)
+{
+#define AK_PAIR_CASE_(QK, VO)                                                                                     \
+    if (dqk == QK && dvo == VO) return Info<QK, VO, T>::get();
+    AK_TC_FP8_HEAD_DIMS(AK_PAIR_CASE_)
+#undef AK_PAIR_CASE_
+    const attn_kernel none = {NULL, 0, 0, 0};
+    return none;
+}
+template <template <int, int, typename> class Info>
+inline attn_kernel kernel_table_fp8(int dqk, int dvo, ak_dtype dtype)
+{
+    return dtype == AK_BF16 ? kernel_table_fp8_of<Info, __nv_bfloat16>(dqk, dvo)
+                            : kernel_table_fp8_of<Info, __half>(dqk, dvo);
+}
+
+/* fp8: a row's final state with v_scale (the finished o is times it): a
+ * non-finite v_scale makes a row that saw a key NaN (the NaN rule: every
+ * element it scales is), through d as the rule does. */
+__device__ __forceinline__ void v_scale_rule(float v_scale, float &d)
+{
+    if (d != 0.0f) add_bad(d, v_scale);
+}
 
 /* Which kernel serves decode items: tensor cores (mma), CUDA cores (MHA at
  * equal head dims of 64, 128 or 256), or the portable kernel. */
@@ -498,8 +689,9 @@ typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1, DEC
 
 /* The decode kernel of an engine for a pair and dtype (fn NULL if none):
  * grid (ctas, num_kv_heads * row_tiles), each block looping over decode
- * items blockIdx.x, + ctas, ... */
-attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype);
+ * items blockIdx.x, + ctas, ... dtype: q and o (and K/V unless fp8: K/V
+ * in fp8 e4m3, the fp8 instances, tensor cores or portable). */
+attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype, int fp8);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at
@@ -508,14 +700,14 @@ typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1, PREFILL_PORTAB
 
 /* The kernel of a family for a pair and dtype; fn NULL if there is none
  * (the wgmma ones exist only in a build that targets sm_90). */
-attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype);
+attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype, int fp8);
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
 
 /* The portable kernel (portable.cu): any head dims up to AK_PORTABLE_MAX_DIM
  * (multiples of 8 load 16 bytes a copy, others 2), any group, over the
  * decode items (decode = 1) or the prefill items, with the same outputs,
  * partial states and sinks as the others. */
-attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype);
+attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype, int fp8);
 
 /* The merge of split-KV partial states into o / lse for head_dim_vo dvo
  * (any): grid (ctas, num_qo_heads), max_splits floats of shared memory.
@@ -525,7 +717,7 @@ attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
 /* The scan pass of the NaN rule (scan.cu): grid (ctas, num_kv_heads), over
  * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
  * of 8). */
-attn_kernel ak_cuda_scan_kernel(ak_dtype dtype);
+attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
 
 /* CTAs per SM a kernel reaches (raising its dynamic shared-memory limit
  * first, once), and the PTX version it was compiled for (below 90 it carries

@@ -21,12 +21,21 @@
  * AK_TC_HEAD_DIMS (attn.cuh), its shared-memory rows DP = the larger rounded
  * up to 64, its products over the real dims; the CUDA-core engine serves
  * equal dims of 64, 128 and 256.
+ *
+ * fp8 K/V (the pairs of AK_TC_FP8_HEAD_DIMS, tensor cores for any group):
+ * the stages hold the fp8 rows (half the bytes: one stage more, and three
+ * blocks an SM); the fp8 engine reads its mma operands straight from them
+ * and converts them in registers, every product on f16 tensor cores
+ * (mma_fp8_engine below); k_scale multiplies each raw dot, v_scale the
+ * finished row.
  */
 #include "attn.cuh"
 
+#include <type_traits>
+
 /* ---- tile traits ------------------------------------------------------------ */
 
-template <int DQK, int DVO> struct decode_traits {
+template <int DQK, int DVO, bool FP8 = false> struct decode_traits {
     static constexpr int DP = head_dims<DQK, DVO>::DP;
     /* Shared memory per warp is 2 * KEYS_PER_WARP * DP * 2 bytes a stage, and
      * it sets how many warps an SM holds. 3 stages keep two tiles in flight
@@ -38,11 +47,13 @@ template <int DQK, int DVO> struct decode_traits {
     static constexpr int KEYS_PER_WARP = 16; /* one k16 step of the p.v mma */
     static constexpr int TILE = WARPS * KEYS_PER_WARP;
     static constexpr int CHUNKS = DP / 8; /* 16-byte chunks per shared-memory row */
-    static constexpr int STAGES = 3;
+    static constexpr int STAGES = FP8 ? 4 : 3;
     static constexpr int ROWS = 16; /* query heads per tensor-core tile */
-    static constexpr int KV_BYTES = STAGES * 2 * TILE * DP * 2;
-    static constexpr int Q_BYTES = ROWS * DP * 2 > AK_DECODE_CC_MAX_GROUP * DP * 4 ? ROWS * DP * 2
-                                                                                   : AK_DECODE_CC_MAX_GROUP * DP * 4;
+    static constexpr int KV_BYTES = STAGES * 2 * TILE * DP * (FP8 ? 1 : 2);
+    /* q as the engine keeps it, then (fp8) a power-of-two factor a row */
+    static constexpr int Q_BYTES = (ROWS * DP * 2 > AK_DECODE_CC_MAX_GROUP * DP * 4 ? ROWS * DP * 2
+                                                                                    : AK_DECODE_CC_MAX_GROUP * DP * 4) +
+                                   ROWS * 4;
     /* the epilogue reuses the K/V stages: per-warp o, m, d of every row */
     static constexpr int EPI_BYTES = WARPS * ROWS * (DVO + 2) * 4;
     static constexpr int SMEM_BYTES = KV_BYTES + Q_BYTES;
@@ -71,9 +82,9 @@ struct epi_smem {
     float *d; /* [WARPS][ROWS] */
 };
 
-template <int DQK, int DVO> __device__ __forceinline__ epi_smem epilogue_smem(void *base)
+template <int DQK, int DVO, bool FP8> __device__ __forceinline__ epi_smem epilogue_smem(void *base)
 {
-    typedef decode_traits<DQK, DVO> tr;
+    typedef decode_traits<DQK, DVO, FP8> tr;
     epi_smem e;
     e.o = (float *)base;
     e.m = e.o + tr::WARPS * tr::ROWS * DVO;
@@ -111,8 +122,9 @@ template <int DQK, int DVO, typename T> struct mma_engine {
         }
     }
 
+    /* kmul: what a raw dot is multiplied by (fp8: k_scale; else 1) */
     __device__ __forceinline__ void tile(const attn_params &p, const void *qs_raw, const T *ks, const T *vs,
-                                         int t0, int lo, int kv_end)
+                                         int t0, int lo, int kv_end, float kmul)
     {
         const T *qs = (const T *)qs_raw;
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -136,6 +148,7 @@ template <int DQK, int DVO, typename T> struct mma_engine {
             for (int e = 0; e < 4; e++) {
                 const int key = t0 + key0 + n * 8 + (lane % 4) * 2 + (e & 1);
                 const bool seen = key < kv_end && key >= lo;
+                s[n][e] *= kmul;
                 if (seen) add_bad(bad[e / 2], s[n][e]); /* the NaN rule: the raw product (attn.cuh) */
                 const float x = seen ? to_logit2(p, s[n][e]) : -INFINITY;
                 s[n][e] = x;
@@ -209,6 +222,197 @@ template <int DQK, int DVO, typename T> struct mma_engine {
     }
 };
 
+/* ---- the fp8 engine: 16 query heads x 16 keys per warp, fp8 K/V ------------- */
+
+/* The mma operands come from the fp8 stages through ldmatrix on pairs of
+ * bytes, converted in registers (cvt e4m3x2 -> f16x2, exact, NaN kept), and
+ * every product runs on f16 tensor cores:
+ *   q.k  ldmatrix (not transposed) gives lane (g, t) = (lane / 4, lane % 4)
+ *        bytes 4t..4t+3 of a 16-byte chunk of key g: the four K elements its
+ *        B fragment holds for one k16 step, if the step's k order is
+ *        permuted within each chunk (k 2t + i <- dim 4t + i, k 2t + 8 + i <-
+ *        dim 4t + 2 + i); q is stored with the same permutation (load_q), so
+ *        the dot products are those of the real dims;
+ *   p.v  ldmatrix.trans gives lane (g, t) the byte pairs of dims 2g, 2g + 1
+ *        of keys 2t and 2t + 1; one byte permute makes a key pair of dim 2g
+ *        and one of dim 2g + 1: two n tiles, the even and the odd dims of a
+ *        chunk; spill() puts the dims back in order.
+ * q: f16 q is used as it is; bf16 q is scaled per row by a power of two
+ * that puts its largest magnitude in [0.5, 1) (f16 has bf16's precision and
+ * more, not its range), the factor applied back to the row's logits. An
+ * element below 2^-24 of its row's largest is lost (its share of the dot is
+ * below the bf16 rounding of the result). */
+template <int DQK, int DVO, typename T> struct mma_fp8_engine {
+    typedef decode_traits<DQK, DVO, true> tr;
+    static constexpr int DP = tr::DP;
+    static_assert(DQK % 64 == 0 && DVO % 32 == 0, "fp8 decode: k steps four chunks at a time");
+    float o[DVO / 8][4]; /* n tile 2c: the even dims of chunk c, 2c + 1 the odd ones */
+    float m[2], d[2];
+
+    __device__ __forceinline__ void init()
+    {
+#pragma unroll
+        for (int n = 0; n < DVO / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        d[0] = d[1] = 0.0f;
+    }
+
+    static __device__ __forceinline__ uint32_t cvt(uint32_t x) { return fp8x2_to<__half>((uint16_t)x); }
+
+    /* q tile [16][DQK] as f16, each chunk's dims permuted (above), rows of DP,
+     * swizzled; after it, the rows' factors (the power of two bf16 rows were
+     * scaled by, else 1) */
+    static __device__ __forceinline__ void load_q(const attn_params &p, int tok, int head0, int rows, void *qs_raw)
+    {
+        __half *qs = (__half *)qs_raw;
+        float *qm = (float *)(qs + tr::ROWS * DP);
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        for (int row = warp; row < tr::ROWS; row += tr::WARPS) {
+            float x[DQK / 32];
+            float mx = 0.0f;
+#pragma unroll
+            for (int j = 0; j < DQK / 32; j++) {
+                const int k = lane + 32 * j, l = k % 16; /* k: the mma's order */
+                const int dim = k - l + 4 * ((l % 8) / 2) + 2 * (l / 8) + l % 2;
+                x[j] = row < rows ? dtype_traits<T>::to_float(
+                                        ((const T *)p.q)[tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + dim])
+                                  : 0.0f;
+                mx = fmaxf(mx, fabsf(x[j]));
+            }
+#pragma unroll
+            for (int s = 1; s < 32; s *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, s));
+            /* 2^(126 - e) for a largest magnitude of biased exponent e (normal,
+             * below 2^125: beyond, the row is left as it is) */
+            const int e = (__float_as_int(mx) >> 23) & 0xff;
+            const bool scale = !std::is_same<T, __half>::value && e >= 1 && e <= 252;
+            const float sc = scale ? __int_as_float((253 - e) << 23) : 1.0f;
+#pragma unroll
+            for (int j = 0; j < DQK / 32; j++) {
+                const int k = lane + 32 * j;
+                qs[swz<DP>(row, k / 8) + k % 8] = __float2half_rn(x[j] * sc);
+            }
+            if (lane == 0) qm[row] = scale ? __int_as_float((e + 1) << 23) : 1.0f;
+        }
+    }
+
+    __device__ __forceinline__ void tile(const attn_params &p, const void *qs_raw, const uint8_t *ks,
+                                         const uint8_t *vs, int t0, int lo, int kv_end, float kmul)
+    {
+        const __half *qs = (const __half *)qs_raw;
+        const float *qm = (const float *)(qs + tr::ROWS * DP);
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int key0 = warp * tr::KEYS_PER_WARP;
+        const int mi = lane / 8, r = lane % 8;
+        /* qk: s = q . k for 16 rows x this warp's 16 keys (2 n-tiles), four
+         * k steps (chunks) per ldmatrix of K */
+        float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+        for (int cg = 0; cg < DQK / 64; cg++) {
+            uint32_t kb[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) ldmatrix_x4(kb[nt], ks + fp8_at<DP>(key0 + nt * 8 + r, 4 * cg + mi));
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int kk = 4 * cg + j;
+                uint32_t a[4];
+                ldmatrix_x4(a, qs + swz<DP>((mi % 2) * 8 + r, 2 * kk + mi / 2));
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint32_t b[2] = {cvt(kb[nt][j] & 0xffffu), cvt(kb[nt][j] >> 16)};
+                    mma_16816<__half>(s[nt], a, b);
+                }
+            }
+        }
+        /* the raw dot of the real values: q's row factor times k_scale */
+        const float rm[2] = {qm[lane / 4] * kmul, qm[lane / 4 + 8] * kmul};
+        float tmax[2] = {-INFINITY, -INFINITY}, bad[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = t0 + key0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                const bool seen = key < kv_end && key >= lo;
+                s[n][e] *= rm[e / 2];
+                if (seen) add_bad(bad[e / 2], s[n][e]); /* the NaN rule: the raw product (attn.cuh) */
+                const float x = seen ? to_logit2(p, s[n][e]) : -INFINITY;
+                s[n][e] = x;
+                tmax[e / 2] = fmaxf(tmax[e / 2], x);
+            }
+        float f[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
+            tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
+            f[h] = fold_max(m[h], tmax[h]);
+            d[h] = d[h] * f[h] + bad[h];
+        }
+        uint32_t pa[4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            const float p0 = exp2_masked(s[n][0], m[0]), p1 = exp2_masked(s[n][1], m[0]);
+            const float p2 = exp2_masked(s[n][2], m[1]), p3 = exp2_masked(s[n][3], m[1]);
+            d[0] += p0 + p1;
+            d[1] += p2 + p3;
+            pa[2 * n] = dtype_traits<__half>::pack(p0, p1);
+            pa[2 * n + 1] = dtype_traits<__half>::pack(p2, p3);
+        }
+#pragma unroll
+        for (int n = 0; n < DVO / 8; n++) {
+            o[n][0] *= f[0];
+            o[n][1] *= f[0];
+            o[n][2] *= f[1];
+            o[n][3] *= f[1];
+        }
+        /* pv: two chunks (four n tiles) of V per ldmatrix */
+#pragma unroll
+        for (int c = 0; c < DVO / 16; c += 2) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, vs + fp8_at<DP>(key0 + (mi % 2) * 8 + r, c + mi / 2));
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                /* bytes (key 2t dim 2g, key 2t dim 2g+1, key 2t+1 dim 2g, key
+                 * 2t+1 dim 2g+1) -> (dim 2g: keys 2t, 2t+1; dim 2g+1: the same) */
+                const uint32_t x0 = __byte_perm(vb[2 * h], 0, 0x3120), x1 = __byte_perm(vb[2 * h + 1], 0, 0x3120);
+                const uint32_t be[2] = {cvt(x0 & 0xffffu), cvt(x1 & 0xffffu)};
+                const uint32_t bo[2] = {cvt(x0 >> 16), cvt(x1 >> 16)};
+                mma_16816<__half>(o[2 * (c + h)], pa, be);
+                mma_16816<__half>(o[2 * (c + h) + 1], pa, bo);
+            }
+        }
+    }
+
+    /* this warp's state of every row -> shared memory, dims in order */
+    __device__ __forceinline__ void spill(const epi_smem &e)
+    {
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        const int r0 = lane / 4;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int n = 0; n < DVO / 8; n++) {
+                add_bad(d[h], o[n][2 * h]);
+                add_bad(d[h], o[n][2 * h + 1]);
+            }
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+        }
+        float *ow = e.o + warp * tr::ROWS * DVO;
+#pragma unroll
+        for (int c = 0; c < DVO / 16; c++) {
+            const int col = 16 * c + 4 * (lane % 4);
+            *(float4 *)(ow + r0 * DVO + col) = make_float4(o[2 * c][0], o[2 * c + 1][0], o[2 * c][1], o[2 * c + 1][1]);
+            *(float4 *)(ow + (r0 + 8) * DVO + col) =
+                make_float4(o[2 * c][2], o[2 * c + 1][2], o[2 * c][3], o[2 * c + 1][3]);
+        }
+        if (lane % 4 == 0) {
+            e.m[warp * tr::ROWS + r0] = m[0];
+            e.m[warp * tr::ROWS + r0 + 8] = m[1];
+            e.d[warp * tr::ROWS + r0] = d[0];
+            e.d[warp * tr::ROWS + r0 + 8] = d[1];
+        }
+    }
+};
+
 /* ---- the CUDA-core engine: G query heads, 16 keys per warp ------------------ */
 
 template <int D, typename T, int G> struct cc_engine {
@@ -241,7 +445,7 @@ template <int D, typename T, int G> struct cc_engine {
     }
 
     __device__ __forceinline__ void tile(const attn_params &p, const void *qs_raw, const T *ks, const T *vs,
-                                         int t0, int lo, int kv_end)
+                                         int t0, int lo, int kv_end, float /* kmul: 1, no fp8 here */)
     {
         const float *qs = (const float *)qs_raw;
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -330,10 +534,11 @@ template <int D, typename T, int G> struct cc_engine {
 
 /* ---- the kernel --------------------------------------------------------------- */
 
-template <int DQK, int DVO, typename T, typename ENGINE>
-__global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kernel(const attn_params p)
+template <int DQK, int DVO, typename T, typename ENGINE, bool FP8 = false>
+__global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_kernel(const attn_params p)
 {
-    typedef decode_traits<DQK, DVO> tr;
+    typedef decode_traits<DQK, DVO, FP8> tr;
+    typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     extern __shared__ uint4 smem[];
 #if __CUDA_ARCH__ >= 900
@@ -346,9 +551,21 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
     /* this thread's fixed part of every K/V address: its head and chunk */
-    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
-    T *kv_stages = (T *)smem;
+    const kv_lane lane_off = FP8 ? kv_lane_fp8<DP>(p, kv_head) : kv_lane_of<DP>(p, kv_head);
+    KV *kv_stages = (KV *)smem;
     void *qs = (char *)smem + tr::KV_BYTES;
+    kv_scales sc = {1.0f, 1.0f};
+    if (FP8) sc = kv_scales_of(p, kv_head);
+    /* keys [t0, t0 + TILE) into stage s */
+    auto issue = [&](int s, int t0, const decode_item &it) {
+        KV *ks = kv_stages + (2 * s) * tr::TILE * DP, *vs = kv_stages + (2 * s + 1) * tr::TILE * DP;
+        if constexpr (FP8)
+            load_kv_tile_fp8<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs,
+                                                                   it.lo);
+        else
+            load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs,
+                                                                 it.lo);
+    };
     const int num_items = p.counts[COUNT_DECODE];
 
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -362,11 +579,7 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
         const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
-            if (s < n_tiles)
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                     it.kv_begin + s * tr::TILE, it.kv_end,
-                                                                     kv_stages + (2 * s) * tr::TILE * DP,
-                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP, lo);
+            if (s < n_tiles) issue(s, it.kv_begin + s * tr::TILE, it);
             cp_async_commit();
         }
         ENGINE::load_q(p, tok, head0, rows, qs);
@@ -376,23 +589,17 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
             cp_async_wait<tr::STAGES - 2>();
             __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
             const int next = t + tr::STAGES - 1;
-            if (next < n_tiles) {
-                const int s = next % tr::STAGES;
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                     it.kv_begin + next * tr::TILE, it.kv_end,
-                                                                     kv_stages + (2 * s) * tr::TILE * DP,
-                                                                     kv_stages + (2 * s + 1) * tr::TILE * DP, lo);
-            }
+            if (next < n_tiles) issue(next % tr::STAGES, it.kv_begin + next * tr::TILE, it);
             cp_async_commit();
             const int s = t % tr::STAGES;
             eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * DP, kv_stages + (2 * s + 1) * tr::TILE * DP,
-                     it.kv_begin + t * tr::TILE, lo, it.kv_end);
+                     it.kv_begin + t * tr::TILE, lo, it.kv_end, sc.k);
         }
         cp_async_wait<0>();
         __syncthreads(); /* the stages become epilogue scratch */
 
         /* merge the warps' states row by row; write o and lse (or the partial) */
-        const epi_smem e = epilogue_smem<DQK, DVO>(smem);
+        const epi_smem e = epilogue_smem<DQK, DVO, FP8>(smem);
         eng.spill(e);
         __syncthreads();
         for (int i = threadIdx.x; i < rows * OCHUNKS; i += tr::THREADS) {
@@ -412,7 +619,9 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO>::THREADS) decode_kerne
             }
             const int head = head0 + row;
             float inv, lse;
+            if (FP8) v_scale_rule(sc.v, wsum);
             finish_row(p, head, it.out >= 0, mx, wsum, inv, lse);
+            if (FP8) inv *= sc.v;
             if (it.out < 0) {
                 uint32_t packed[4];
 #pragma unroll
@@ -441,6 +650,16 @@ template <int DQK, int DVO, typename T> struct tc_decode_info {
     }
 };
 
+template <int DQK, int DVO, typename T> struct tc_decode_fp8_info {
+    static attn_kernel get()
+    {
+        typedef decode_traits<DQK, DVO, true> tr;
+        const attn_kernel k = {decode_kernel<DQK, DVO, T, mma_fp8_engine<DQK, DVO, T>, true>, tr::THREADS,
+                               tr::SMEM_BYTES, tr::ROWS};
+        return k;
+    }
+};
+
 template <int D, typename T> static attn_kernel cc_decode(void)
 {
     const attn_kernel k = {decode_kernel<D, D, T, cc_engine<D, T, AK_DECODE_CC_MAX_GROUP> >,
@@ -460,12 +679,15 @@ template <typename T> static attn_kernel cc_decode_of(int dqk, int dvo)
     return none;
 }
 
-attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype)
+attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype, int fp8)
 {
-    if (engine == DECODE_PORTABLE) return ak_cuda_portable_kernel(1, dqk, dvo, dtype);
-    if (engine == DECODE_CUDA_CORES)
+    const attn_kernel none = {NULL, 0, 0, 0};
+    if (engine == DECODE_PORTABLE) return ak_cuda_portable_kernel(1, dqk, dvo, dtype, fp8);
+    if (engine == DECODE_CUDA_CORES) {
+        if (fp8) return none;
         return dtype == AK_BF16 ? cc_decode_of<__nv_bfloat16>(dqk, dvo) : cc_decode_of<__half>(dqk, dvo);
-    return kernel_table<tc_decode_info>(dqk, dvo, dtype);
+    }
+    return fp8 ? kernel_table_fp8<tc_decode_fp8_info>(dqk, dvo, dtype) : kernel_table<tc_decode_info>(dqk, dvo, dtype);
 }
 
 ak_status ak_cuda_kernel_ptx_version(const attn_kernel *k, int *ptx)

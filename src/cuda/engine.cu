@@ -97,6 +97,8 @@ struct engine_state {
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
+    int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
+    int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
     int pdl;          /* sm_90+: programmatic dependent launches */
     int row_tiles;    /* decode: row tiles per KV head (tensor cores: 16 heads a tile, group > 16) */
     int invariant_chunk; /* batch-invariant: keys of every decode split (0: splits follow the batch) */
@@ -157,14 +159,22 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
 
 /* ---- check and explain ------------------------------------------------------- */
 
-/* 1 if the tensor-core kernels are compiled for the pair (AK_TC_HEAD_DIMS). */
-static int tc_pair(int dqk, int dvo)
+/* 1 if the tensor-core kernels are compiled for the pair (AK_TC_HEAD_DIMS;
+ * with fp8 K/V, AK_TC_FP8_HEAD_DIMS). */
+static int tc_pair(const ak_attn_config *cfg)
 {
+    const int dqk = cfg->head_dim_qk, dvo = cfg->head_dim_vo;
 #define AK_PAIR_IS_(QK, VO) if (dqk == QK && dvo == VO) return 1;
+    if (cfg->kv_dtype == AK_FP8_E4M3) {
+        AK_TC_FP8_HEAD_DIMS(AK_PAIR_IS_)
+        return 0;
+    }
     AK_TC_HEAD_DIMS(AK_PAIR_IS_)
 #undef AK_PAIR_IS_
     return 0;
 }
+
+static int is_fp8(const ak_attn_config *cfg) { return cfg->kv_dtype == AK_FP8_E4M3; }
 
 /* AK_CUDA_PORTABLE=1 runs every config on the portable kernel (to test it on
  * the whole case table, or to compare it); anything else but 0 is an error. */
@@ -182,12 +192,15 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
     if (dev->cc_major < 8)
         ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
                       dev->cc_minor);
-    if (cfg->kv_dtype == AK_FP8_E4M3)
-        ak_reason_add(why, "cfg.kv_dtype = fp8_e4m3: fp8 KV is not yet served on CUDA (cpu and cpu_ref serve it)");
-    else if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
-             (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
-        ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
-                      ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
+    if (cfg->kv_dtype == AK_FP8_E4M3 && (cfg->q_dtype != cfg->o_dtype ||
+                                         (cfg->q_dtype != AK_F16 && cfg->q_dtype != AK_BF16)))
+        ak_reason_add(why, "fp8 K/V needs q and o of one dtype, f16 or bf16 (got %s/%s)", ak_dtype_name(cfg->q_dtype),
+                      ak_dtype_name(cfg->o_dtype));
+    else if (cfg->kv_dtype != AK_FP8_E4M3 &&
+             (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
+              (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16)))
+        ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16, or kv fp8_e4m3 (got %s/%s/%s)",
+                      ak_dtype_name(cfg->q_dtype), ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
     if (cfg->head_dim_qk > AK_PORTABLE_MAX_DIM || cfg->head_dim_vo > AK_PORTABLE_MAX_DIM)
         ak_reason_add(why, "head dims %d/%d: the CUDA kernels serve head dims up to %d", cfg->head_dim_qk,
                       cfg->head_dim_vo, AK_PORTABLE_MAX_DIM);
@@ -206,10 +219,10 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
  * and a pair outside it the portable kernel. */
 static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
 {
-    if (portable || !tc_pair(cfg->head_dim_qk, cfg->head_dim_vo)) return DECODE_PORTABLE;
+    if (portable || !tc_pair(cfg)) return DECODE_PORTABLE;
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     if (group <= AK_DECODE_CC_MAX_GROUP && ak_cuda_decode_kernel(DECODE_CUDA_CORES, cfg->head_dim_qk,
-                                                                  cfg->head_dim_vo, cfg->kv_dtype).fn)
+                                                                  cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg)).fn)
         return DECODE_CUDA_CORES;
     return DECODE_TENSOR_CORES;
 }
@@ -232,12 +245,13 @@ static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, in
 static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, int portable, prefill_family *f)
 {
     const int dqk = cfg->head_dim_qk, dvo = cfg->head_dim_vo;
-    if (portable || !tc_pair(dqk, dvo)) {
+    if (portable || !tc_pair(cfg)) {
         *f = PREFILL_PORTABLE;
         return AK_OK;
     }
-    const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 &&
-                      ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->kv_dtype).fn != NULL;
+    /* fp8 K/V: mma.sync (the wgmma kernel has no fp8 instances) */
+    const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 && !is_fp8(cfg) &&
+                      ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn != NULL;
     *f = wg_ok ? PREFILL_WGMMA : PREFILL_MMA;
     const char *env = getenv("AK_CUDA_PREFILL");
     if (!env || !*env) return AK_OK;
@@ -246,10 +260,11 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
     } else if (!strcmp(env, "wgmma")) {
         if (!wg_ok)
             return ak_set_error(AK_ERR_UNSUPPORTED,
-                                "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0 "
-                                "and a build for sm_90 (this GPU is %d.%d%s)",
+                                "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0, "
+                                "a build for sm_90 and 16-bit K/V (this GPU is %d.%d%s%s)",
                                 dev->cc_major, dev->cc_minor,
-                                ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->kv_dtype).fn ? "" : ", not built");
+                                ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn ? "" : ", not built",
+                                is_fp8(cfg) ? ", K/V fp8_e4m3" : "");
         *f = PREFILL_WGMMA;
     } else {
         return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PREFILL=%s: expected mma or wgmma", env);
@@ -272,21 +287,28 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
-    const char *dims = f == PREFILL_PORTABLE && !portable ? " (head dims outside the tensor-core table)" : "";
-    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype).rows;
+    const char *dims = f == PREFILL_PORTABLE && !portable
+                           ? (is_fp8(cfg) ? " (head dims outside the fp8 tensor-core table)"
+                                          : " (head dims outside the tensor-core table)")
+                           : "";
+    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg)).rows;
     int row_tiles, heads, tokens;
     prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
     const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
+    const char *fp8 = !is_fp8(cfg) ? ""
+                      : f == PREFILL_PORTABLE || portable
+                          ? "fp8 K/V converted as read; "
+                          : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
-                 "every request on the prefill kernel (%s%s, %d query rows a tile: %d tokens x %d heads), no "
+                 "%severy request on the prefill kernel (%s%s, %d query rows a tile: %d tokens x %d heads), no "
                  "split-KV, one launch per run%s",
-                 family_name(f), dims, rows, tokens, heads, inv);
+                 fp8, family_name(f), dims, rows, tokens, heads, inv);
         return;
     }
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const decode_engine e = choose_engine(cfg, portable);
-    int n = snprintf(buf, cap, "%sdecode on %s%s", cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
+    int n = snprintf(buf, cap, "%s%sdecode on %s%s", cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "", fp8,
                      e == DECODE_TENSOR_CORES ? "tensor cores" : e == DECODE_CUDA_CORES ? "CUDA cores" : "the portable kernel",
                      e == DECODE_PORTABLE ? dims : "");
     if (e != DECODE_PORTABLE && n >= 0 && (size_t)n < cap)
@@ -341,12 +363,15 @@ static ak_status engine_create_inner(engine_state *s)
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
     if (s->max_splits > MAX_SPLITS_CAP) s->max_splits = MAX_SPLITS_CAP;
     /* the portable kernel copies element by element unless both dims are
-     * whole 16-byte chunks */
+     * whole 16-byte chunks (of the K/V dtype: 16 fp8 elements) */
+    s->fp8 = is_fp8(cfg);
     s->vec = cfg->head_dim_qk % 8 == 0 && cfg->head_dim_vo % 8 == 0;
+    s->kv_epc = s->fp8 ? 16 : 8;
+    s->kv_vec = cfg->head_dim_qk % s->kv_epc == 0 && cfg->head_dim_vo % s->kv_epc == 0;
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
-        s->dec_k = ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
+        s->dec_k = ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         /* programmatic dependent launches need the kernels' griddepcontrol,
@@ -379,7 +404,7 @@ static ak_status engine_create_inner(engine_state *s)
             if (items > s->max_items) s->max_items = (int)items;
         }
         s->max_tasks = lim->max_reqs;
-        s->merge_k = ak_cuda_merge_kernel(cfg->head_dim_vo, s->vec, cfg->kv_dtype);
+        s->merge_k = ak_cuda_merge_kernel(cfg->head_dim_vo, s->vec, cfg->o_dtype);
     }
 
     /* varlen: every request with a query token is a prefill; paged: those
@@ -388,7 +413,7 @@ static ak_status engine_create_inner(engine_state *s)
     s->min_prefill_q = s->split ? 2 : 1;
     if (s->prefill) {
         AK_TRY(choose_prefill(cfg, &info, portable, &s->pfam));
-        s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
+        s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         prefill_rows(cfg, s->pre_k.rows, &s->prow_tiles, &s->prow_heads, &s->ptok);
@@ -419,7 +444,7 @@ static ak_status engine_create_inner(engine_state *s)
          * portable one and wgmma at DP 256 always check) and requests that
          * can have SCAN_MIN_ROWS rows */
         const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
-        if (s->pre_k.unchecked && s->vec && scan_reqs > 0) {
+        if (s->pre_k.unchecked && s->kv_vec && scan_reqs > 0) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
             s->scan_ctas = info.num_sms * SCAN_CTAS_PER_SM / cfg->num_kv_heads;
@@ -787,18 +812,28 @@ static const char *mode_name(const engine_state *s)
     return s->mode == ENGINE_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
 }
 
-/* 16-byte vector access needs aligned rows: base and row strides (the
- * portable kernel's element copies, for dims that are not multiples of 8,
- * need nothing). */
-static ak_status check_aligned(const engine_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
+/* 16-byte vector access needs aligned rows: base and row strides, multiples
+ * of epc elements (16 bytes: 8 16-bit elements, 16 fp8 ones); vec 0 (the
+ * portable kernel's element copies, for dims that are not whole chunks)
+ * needs nothing. */
+static ak_status check_aligned_as(const engine_state *s, int vec, int epc, const char *name, const void *data,
+                                  int64_t s0, int64_t s1)
 {
-    if (!s->vec) return AK_OK;
-    if ((uintptr_t)data % 16 != 0 || s0 % 8 != 0 || s1 % 8 != 0)
+    if (!vec) return AK_OK;
+    if ((uintptr_t)data % 16 != 0 || s0 % epc != 0 || s1 % epc != 0)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "%s: %s needs 16-byte aligned data and row strides that are multiples of "
-                            "8 elements (stride %lld, %lld)",
-                            name, mode_name(s), (long long)s0, (long long)s1);
+                            "%d elements (stride %lld, %lld)",
+                            name, mode_name(s), epc, (long long)s0, (long long)s1);
     return AK_OK;
+}
+static ak_status check_aligned(const engine_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
+{
+    return check_aligned_as(s, s->vec, 8, name, data, s0, s1);
+}
+static ak_status check_aligned_kv(const engine_state *s, const char *name, const void *data, int64_t s0, int64_t s1)
+{
+    return check_aligned_as(s, s->kv_vec, s->kv_epc, name, data, s0, s1);
 }
 
 /* The kernels' K/V addressing (kv_addr.h). */
@@ -820,8 +855,8 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
 {
     if (s->ragged) {
         const ak_tensor *k = a->k, *v = a->v;
-        AK_TRY(check_aligned(s, "args.k", k->data, k->stride[0], k->stride[1]));
-        AK_TRY(check_aligned(s, "args.v", v->data, v->stride[0], v->stride[1]));
+        AK_TRY(check_aligned_kv(s, "args.k", k->data, k->stride[0], k->stride[1]));
+        AK_TRY(check_aligned_kv(s, "args.v", v->data, v->stride[0], v->stride[1]));
         /* with equal head dims the loader keeps one offset for K and V */
         if (s->cfg.head_dim_qk == s->cfg.head_dim_vo && k->stride[1] != v->stride[1])
             return ak_set_error(AK_ERR_INVALID_ARG,
@@ -829,6 +864,9 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
                                 "with one head stride",
                                 (long long)v->stride[1], (long long)k->stride[1], mode_name(s));
         set_kv_strides(p, k->data, v->data, ak_ragged_strides(k), ak_ragged_strides(v));
+        p->kv_scale_kind = a->kv_scale_kind;
+        p->k_scale = a->k_scale;
+        p->v_scale = a->v_scale;
         p->kv_indices = NULL;
         p->page_size = 1;
         p->page_shift = 0;
@@ -837,9 +875,12 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     }
     const ak_paged_kv *kv = a->kv;
     const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
-    AK_TRY(check_aligned(s, "args.kv->k_data", kv->k_data, ka.block, 0));
-    AK_TRY(check_aligned(s, "args.kv->v_data", kv->v_data, va.block, 0));
+    AK_TRY(check_aligned_kv(s, "args.kv->k_data", kv->k_data, ka.block, 0));
+    AK_TRY(check_aligned_kv(s, "args.kv->v_data", kv->v_data, va.block, 0));
     set_kv_strides(p, kv->k_data, kv->v_data, ka, va);
+    p->kv_scale_kind = kv->scale_kind;
+    p->k_scale = kv->k_scale;
+    p->v_scale = kv->v_scale;
     p->kv_indices = s->d.kv_indices;
     p->page_size = s->cfg.page_size;
     p->page_shift = (s->cfg.page_size & (s->cfg.page_size - 1)) == 0 ? __builtin_ctz(s->cfg.page_size) : -1;

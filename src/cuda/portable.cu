@@ -20,6 +20,9 @@
  *   softmax every warp runs the same online softmax on the summed logits of
  *         every row (the same numbers in the same order: no exchange needed);
  *   p.v   warp w's lane l owns the output dims d with d % 128 = 32 w + l.
+ * fp8 K/V: the same, the tiles holding fp8 rows (16 elements a cp.async when
+ * both dims are multiples of 16), each element converted as it is read;
+ * k_scale multiplies the dots, v_scale the finished rows.
  */
 #include "attn.cuh"
 
@@ -36,19 +39,20 @@
  * of 8 (16-byte chunks). */
 struct pt_layout {
     int qs;   /* q row: dqk rounded up to 8 */
-    int ks;   /* K row: qs + 8 (the padding spreads the lanes' reads over the banks) */
-    int vs;   /* V row: dvo rounded up to 8 */
+    int ks;   /* K row: qs + 8 (the padding spreads the lanes' reads over the banks); fp8: whole 16-byte
+                 chunks, + 16 */
+    int vs;   /* V row: dvo rounded up to 8 (fp8: 16) */
     int bytes;
 };
 
-static __host__ __device__ __forceinline__ pt_layout pt_layout_of(int dqk, int dvo)
+static __host__ __device__ __forceinline__ pt_layout pt_layout_of(int dqk, int dvo, int fp8)
 {
     pt_layout l;
     l.qs = (dqk + 7) / 8 * 8;
-    l.ks = l.qs + 8;
-    l.vs = (dvo + 7) / 8 * 8;
+    l.ks = fp8 ? (dqk + 15) / 16 * 16 + 16 : l.qs + 8;
+    l.vs = fp8 ? (dvo + 15) / 16 * 16 : (dvo + 7) / 8 * 8;
     l.bytes = 2 * 2 * PT_KEYS * 8 + PT_ROWS * l.qs * 4 + PT_WARPS * PT_ROWS * PT_KEYS * 4 +
-              2 * PT_KEYS * (l.ks + l.vs) * 2;
+              2 * PT_KEYS * (l.ks + l.vs) * (fp8 ? 1 : 2);
     return l;
 }
 
@@ -77,14 +81,16 @@ __device__ __forceinline__ void pt_rows(const attn_params &p, int kv_head, int p
 
 /* One tile of keys [t0, t0 + KEYS) of K and V into a stage, at the row
  * offsets pt_rows wrote; keys at or past kv_end are zero (and masked). VEC:
- * 16-byte cp.async (dims multiples of 8), else element loads, with K's
- * padding columns up to qs zeroed (the dot product reads whole chunks). */
+ * 16-byte cp.async (dims whole 16-byte chunks of T), else element loads,
+ * with K's padding columns up to qs zeroed (the dot product reads whole
+ * chunks of 8 elements). */
 template <typename T, bool VEC>
 __device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layout &l, const int64_t *off, int t0,
                                              int kv_end, T *ks, T *vs)
 {
+    constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
     const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
-    const int kc = VEC ? dqk / 8 : l.qs, vc = VEC ? dvo / 8 : dvo; /* units a row: chunks or elements */
+    const int kc = VEC ? dqk / EPC : l.qs, vc = VEC ? dvo / EPC : dvo; /* units a row: chunks or elements */
     for (int u = threadIdx.x; u < PT_KEYS * (kc + vc); u += PT_THREADS) {
         const bool is_v = u >= PT_KEYS * kc;
         const int w = is_v ? u - PT_KEYS * kc : u;
@@ -94,25 +100,57 @@ __device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layo
         T *dst = is_v ? vs + row * l.vs : ks + row * l.ks;
         const bool live = t0 + row < kv_end;
         if (VEC) {
-            cp_async_16(dst + c * 8, src + c * 8, live ? 16 : 0);
+            cp_async_16(dst + c * EPC, src + c * EPC, live ? 16 : 0);
         } else {
             const int dim = is_v ? dvo : dqk;
-            dst[c] = live && c < dim ? src[c] : dtype_traits<T>::from_float(0.0f);
+            dst[c] = live && c < dim ? src[c] : T(0.0f); /* fp8: the byte 0 */
         }
     }
 }
 
-template <typename T, int DECODE, bool VEC>
+/* 8 K elements (a chunk of the dot product) and one V element as floats. */
+template <typename KV> struct pt_elems {
+    static __device__ __forceinline__ void k8(const KV *k, float (&x)[8])
+    {
+        const uint4 raw = *(const uint4 *)k;
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = dtype_traits<KV>::unpack(w[j]);
+            x[2 * j] = f.x;
+            x[2 * j + 1] = f.y;
+        }
+    }
+    static __device__ __forceinline__ float v1(const KV *v) { return dtype_traits<KV>::to_float(*v); }
+};
+template <> struct pt_elems<uint8_t> {
+    static __device__ __forceinline__ void k8(const uint8_t *k, float (&x)[8])
+    {
+        const uint2 raw = *(const uint2 *)k;
+        const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 f = fp8x2_to_float2((uint16_t)(w[j / 2] >> (16 * (j % 2))));
+            x[2 * j] = f.x;
+            x[2 * j + 1] = f.y;
+        }
+    }
+    static __device__ __forceinline__ float v1(const uint8_t *v) { return fp8_to_float(*v); }
+};
+
+/* T: q and o; KV: K/V (T, or uint8_t for fp8 e4m3) */
+template <typename T, typename KV, int DECODE, bool VEC>
 __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params p)
 {
+    constexpr bool FP8 = sizeof(KV) == 1;
     extern __shared__ float4 smem4[];
     const int dqk = p.head_dim_qk, dvo = p.head_dim_vo;
-    const pt_layout l = pt_layout_of(dqk, dvo);
+    const pt_layout l = pt_layout_of(dqk, dvo, FP8);
     int64_t *rowoff = (int64_t *)smem4;           /* [2][2 KEYS] K/V row offsets of tiles t % 2 */
     float *qs = (float *)(rowoff + 2 * 2 * PT_KEYS); /* [ROWS][qs] */
     float *part = qs + PT_ROWS * l.qs;            /* [WARPS][ROWS][KEYS] partial logits */
-    T *kst = (T *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
-    T *vst = kst + 2 * PT_KEYS * l.ks;
+    KV *kst = (KV *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
+    KV *vst = kst + 2 * PT_KEYS * l.ks;
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;"); /* the kernel after may start launching */
 #endif
@@ -125,6 +163,8 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     const int num_items = p.counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
     const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
     const int qc = l.qs / 8; /* 8-element chunks of a q / K row */
+    kv_scales sc = {1.0f, 1.0f};
+    if (FP8) sc = kv_scales_of(p, kv_head);
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -161,7 +201,7 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
         for (int t = 0; t < 2 && t < n_tiles; t++)
             pt_rows(p, kv_head, page_base, kv_begin + t * PT_KEYS, kv_end, rowoff + t * 2 * PT_KEYS);
         __syncthreads();
-        if (n_tiles > 0) pt_load_tile<T, VEC>(p, l, rowoff, kv_begin, kv_end, kst, vst);
+        if (n_tiles > 0) pt_load_tile<KV, VEC>(p, l, rowoff, kv_begin, kv_end, kst, vst);
         cp_async_commit();
 
         float m[PT_ROWS], d[PT_ROWS], o[PT_ROWS][PT_ODIMS];
@@ -177,32 +217,30 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             cp_async_wait<0>();
             __syncthreads(); /* tile t landed; every warp is done with tile t - 1 and its partials */
             if (t + 1 < n_tiles)
-                pt_load_tile<T, VEC>(p, l, rowoff + ((t + 1) % 2) * 2 * PT_KEYS, kv_begin + (t + 1) * PT_KEYS,
+                pt_load_tile<KV, VEC>(p, l, rowoff + ((t + 1) % 2) * 2 * PT_KEYS, kv_begin + (t + 1) * PT_KEYS,
                                      kv_end, kst + ((t + 1) % 2) * PT_KEYS * l.ks,
                                      vst + ((t + 1) % 2) * PT_KEYS * l.vs);
             cp_async_commit();
-            const T *ks = kst + (t % 2) * PT_KEYS * l.ks, *vs = vst + (t % 2) * PT_KEYS * l.vs;
+            const KV *ks = kst + (t % 2) * PT_KEYS * l.ks, *vs = vst + (t % 2) * PT_KEYS * l.vs;
             const int t0 = kv_begin + t * PT_KEYS, key = t0 + key_l;
 
             /* q.k: this warp's chunks, every row, lane (key, half) */
-            const T *krow = ks + key_l * l.ks;
+            const KV *krow = ks + key_l * l.ks;
 #pragma unroll
             for (int r = 0; r < PT_ROWS; r++) {
                 if (r >= rows) break;
                 const float *q = qs + r * l.qs;
                 float dot = 0.0f;
                 for (int c = warp + PT_WARPS * half; c < qc; c += 2 * PT_WARPS) {
-                    const uint4 raw = *(const uint4 *)(krow + c * 8);
-                    const uint32_t wds[4] = {raw.x, raw.y, raw.z, raw.w};
+                    float kx[8];
+                    pt_elems<KV>::k8(krow + c * 8, kx);
                     const float4 qa = *(const float4 *)(q + c * 8), qb = *(const float4 *)(q + c * 8 + 4);
                     const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const float2 k2 = dtype_traits<T>::unpack(wds[j]);
-                        dot = fmaf(qv[2 * j], k2.x, fmaf(qv[2 * j + 1], k2.y, dot));
-                    }
+                    for (int j = 0; j < 4; j++) dot = fmaf(qv[2 * j], kx[2 * j], fmaf(qv[2 * j + 1], kx[2 * j + 1], dot));
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, PT_KEYS);
+                if (FP8) dot *= sc.k; /* the raw product the NaN rule sees */
                 if (half == 0) part[(warp * PT_ROWS + r) * PT_KEYS + key_l] = dot;
             }
             __syncthreads(); /* every warp's partial logits are in */
@@ -243,11 +281,11 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
                 for (int j = 0; j < PT_KEYS; j++) {
                     const float pj = __shfl_sync(0xffffffffu, pk, j);
                     if (!((seen_keys >> j) & 1u)) continue;
-                    const T *vrow = vs + j * l.vs;
+                    const KV *vrow = vs + j * l.vs;
 #pragma unroll
                     for (int i2 = 0; i2 < PT_ODIMS; i2++) {
                         const int dim = 128 * i2 + 32 * warp + lane;
-                        if (dim < dvo) o[r][i2] = fmaf(pj, dtype_traits<T>::to_float(vrow[dim]), o[r][i2]);
+                        if (dim < dvo) o[r][i2] = fmaf(pj, pt_elems<KV>::v1(vrow + dim), o[r][i2]);
                     }
                 }
             }
@@ -283,7 +321,9 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             if (r >= rows || g >= heads) continue;
             const int head = head0 + g;
             float inv, lse;
+            if (FP8) v_scale_rule(sc.v, d[r]);
             finish_row(p, head, out >= 0, m[r], d[r], inv, lse);
+            if (FP8) inv *= sc.v;
             if (out < 0) {
                 T *dst = (T *)p.o + (tok0 + i) * p.o_stride_tok + head * p.o_stride_head;
 #pragma unroll
@@ -311,23 +351,29 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
 #endif
 }
 
-template <typename T> static attn_kernel portable_of(int decode, int dqk, int dvo)
+template <typename T, typename KV> static attn_kernel portable_of(int decode, int dqk, int dvo)
 {
-    const bool vec = dqk % 8 == 0 && dvo % 8 == 0;
+    constexpr int EPC = 16 / sizeof(KV);
+    const bool vec = dqk % EPC == 0 && dvo % EPC == 0;
     attn_kernel k;
-    k.fn = decode ? (vec ? portable_kernel<T, 1, true> : portable_kernel<T, 1, false>)
-                  : (vec ? portable_kernel<T, 0, true> : portable_kernel<T, 0, false>);
+    k.fn = decode ? (vec ? portable_kernel<T, KV, 1, true> : portable_kernel<T, KV, 1, false>)
+                  : (vec ? portable_kernel<T, KV, 0, true> : portable_kernel<T, KV, 0, false>);
     k.threads = PT_THREADS;
-    k.smem = pt_layout_of(dqk, dvo).bytes;
+    k.smem = pt_layout_of(dqk, dvo, sizeof(KV) == 1).bytes;
     k.rows = PT_ROWS;
+    k.unchecked = 0;
     return k;
 }
 
-attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype)
+attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype, int fp8)
 {
     if (dqk < 1 || dvo < 1 || dqk > AK_PORTABLE_MAX_DIM || dvo > AK_PORTABLE_MAX_DIM) {
         const attn_kernel none = {NULL, 0, 0, 0};
         return none;
     }
-    return dtype == AK_BF16 ? portable_of<__nv_bfloat16>(decode, dqk, dvo) : portable_of<__half>(decode, dqk, dvo);
+    if (fp8)
+        return dtype == AK_BF16 ? portable_of<__nv_bfloat16, uint8_t>(decode, dqk, dvo)
+                                : portable_of<__half, uint8_t>(decode, dqk, dvo);
+    return dtype == AK_BF16 ? portable_of<__nv_bfloat16, __nv_bfloat16>(decode, dqk, dvo)
+                            : portable_of<__half, __half>(decode, dqk, dvo);
 }

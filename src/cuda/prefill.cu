@@ -22,14 +22,21 @@
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; shared
  * memory rows of DP (both rounded up to 64), products over the real dims
  * (QK over DQK, P.V over DVO).
+ *
+ * fp8 K/V (the pairs of AK_TC_FP8_HEAD_DIMS): the stages hold fp8 rows; once
+ * a tile has landed, the block converts it into one 16-bit K/V tile
+ * (convert_fp8_rows, which also runs the NaN rule's V scan of a mixed tile)
+ * and the mma code reads that; a second barrier a tile. k_scale multiplies
+ * the raw dots, v_scale the finished rows.
  */
 #include "attn.cuh"
 
 #include <limits.h>
+#include <type_traits>
 
 /* ---- tile traits ------------------------------------------------------------ */
 
-template <int DQK, int DVO> struct prefill_traits {
+template <int DQK, int DVO, bool FP8 = false> struct prefill_traits {
     static constexpr int DP = head_dims<DQK, DVO>::DP;
     static constexpr int WARPS = 4;
     static constexpr int THREADS = WARPS * 32;
@@ -40,11 +47,12 @@ template <int DQK, int DVO> struct prefill_traits {
     static constexpr int WARP_ROWS = 16 * MT;
     static constexpr int ROWS = WARPS * WARP_ROWS;
     static constexpr int TILE = DP <= 128 ? 64 : 32; /* keys per K/V stage */
-    static constexpr int STAGES = DP <= 64 ? 3 : 2;
+    static constexpr int STAGES = DP <= 64 || FP8 ? 3 : 2;
     static constexpr int CHUNKS = DP / 8; /* 16-byte chunks per shared-memory row */
     static constexpr int Q_BYTES = ROWS * DP * 2;
-    static constexpr int STAGE_BYTES = 2 * TILE * DP * 2;
-    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES;
+    static constexpr int STAGE_BYTES = 2 * TILE * DP * (FP8 ? 1 : 2);
+    static constexpr int CVT_BYTES = FP8 ? 2 * TILE * DP * 2 : 0; /* fp8: the converted K/V tile */
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + CVT_BYTES;
     /* two blocks per SM at D = 128 and 256 (96 KB of shared memory each, at
      * most 255 registers a thread: 2 x 128 x 256 fills the register file;
      * ptxas: D = 128 uses 255 with ~20 bytes spilled, D = 256 none), three
@@ -59,11 +67,12 @@ template <int DQK, int DVO> struct prefill_traits {
 
 /* ---- the kernel --------------------------------------------------------------- */
 
-template <int DQK, int DVO, typename T>
-__global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_traits<DQK, DVO>::MIN_CTAS)
+template <int DQK, int DVO, typename T, bool FP8 = false>
+__global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefill_traits<DQK, DVO, FP8>::MIN_CTAS)
     prefill_kernel(const attn_params p)
 {
-    typedef prefill_traits<DQK, DVO> tr;
+    typedef prefill_traits<DQK, DVO, FP8> tr;
+    typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     constexpr int MT = tr::MT, NT = tr::TILE / 8; /* n tiles (8 keys) of a K/V tile */
     extern __shared__ uint4 smem[];
@@ -74,7 +83,8 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     __shared__ uint32_t bad_keys[3][tr::TILE / 32];
     if (threadIdx.x < 3 * (tr::TILE / 32)) bad_keys[threadIdx.x / (tr::TILE / 32)][threadIdx.x % (tr::TILE / 32)] = 0;
     T *qs = (T *)smem;
-    T *stages = (T *)((char *)smem + tr::Q_BYTES);
+    KV *stages = (KV *)((char *)smem + tr::Q_BYTES);
+    T *cvt_k = (T *)((char *)smem + tr::Q_BYTES + tr::STAGES * tr::STAGE_BYTES), *cvt_v = cvt_k + tr::TILE * DP;
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
 #endif
@@ -84,7 +94,9 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     const int hb = p.prow_heads;
     const int head0 = kv_head * p.group + row_tile * hb;
     const int heads = min(hb, p.group - row_tile * hb);
-    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
+    const kv_lane lane_off = FP8 ? kv_lane_fp8<DP>(p, kv_head) : kv_lane_of<DP>(p, kv_head);
+    kv_scales sc8 = {1.0f, 1.0f};
+    if (FP8) sc8 = kv_scales_of(p, kv_head);
     const int warp_row0 = warp * tr::WARP_ROWS;
     const int num_items = p.counts[COUNT_PREFILL];
     int gt = 0; /* tiles of the earlier items */
@@ -95,6 +107,15 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
+        /* keys [t0, t0 + TILE) of the item into stage s */
+        auto issue = [&](int s, int t0) {
+            KV *ks = stages + s * 2 * tr::TILE * DP, *vs = ks + tr::TILE * DP;
+            if constexpr (FP8)
+                load_kv_tile_fp8<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, it.page_base, lane_off, t0, it.kv_end, ks,
+                                                                       vs);
+            else
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs);
+        };
         /* the item's path (the NaN rule, attn.cuh): checked, or not */
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
@@ -106,11 +127,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                                                         [](int row, int c) { return swz<DP>(row, c); });
 #pragma unroll
             for (int s = 0; s < tr::STAGES - 1; s++) {
-                if (s < n_tiles)
-                    load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                         it.kv_begin + s * tr::TILE, it.kv_end,
-                                                                         stages + s * 2 * tr::TILE * DP,
-                                                                         stages + (s * 2 + 1) * tr::TILE * DP);
+                if (s < n_tiles) issue(s, it.kv_begin + s * tr::TILE);
                 cp_async_commit();
             }
 
@@ -135,10 +152,12 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                 const bool mixed = (p.causal && t0 + tr::TILE - 1 > it.pos0) ||
                                    (p.window_left >= 0 && t0 < pos_last - p.window_left);
                 uint32_t *bad = bad_keys[(gt + t) % 3];
-                if (CHECK && mixed)
-                    scan_v_tile<DVO, DP, tr::TILE, tr::THREADS>(stages + (t % tr::STAGES) * 2 * tr::TILE * DP +
-                                                                    tr::TILE * DP,
-                                                                [](int row, int c) { return swz<DP>(row, c); }, bad);
+                if constexpr (!FP8) /* fp8: in the conversion below */
+                    if (CHECK && mixed)
+                        scan_v_tile<DVO, DP, tr::TILE, tr::THREADS>(stages + (t % tr::STAGES) * 2 * tr::TILE * DP +
+                                                                        tr::TILE * DP,
+                                                                    [](int row, int c) { return swz<DP>(row, c); },
+                                                                    bad);
                 if (threadIdx.x < tr::TILE / 32) bad_keys[(gt + t + 1) % 3][threadIdx.x] = 0;
                 __syncthreads(); /* tile t (and q) landed; every warp is done with tile t - 1 */
                 if (t == 0) { /* the NaN rule's check of this warp's q rows */
@@ -152,16 +171,25 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                     }
                 }
                 const int next = t + tr::STAGES - 1;
-                if (next < n_tiles) {
-                    const int s = next % tr::STAGES;
-                    load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off,
-                                                                         it.kv_begin + next * tr::TILE, it.kv_end,
-                                                                         stages + s * 2 * tr::TILE * DP,
-                                                                         stages + (s * 2 + 1) * tr::TILE * DP);
-                }
+                if (next < n_tiles) issue(next % tr::STAGES, it.kv_begin + next * tr::TILE);
                 cp_async_commit();
-                const T *ks = stages + (t % tr::STAGES) * 2 * tr::TILE * DP;
-                const T *vs = ks + tr::TILE * DP;
+                const T *ks, *vs;
+                if constexpr (FP8) {
+                    /* the landed fp8 tile to the 16-bit one (every warp is done
+                     * with the previous: the barrier above), then a barrier */
+                    const uint8_t *k8 = stages + (t % tr::STAGES) * 2 * tr::TILE * DP, *v8 = k8 + tr::TILE * DP;
+                    if (CHECK && mixed)
+                        convert_fp8_rows<DQK, DVO, DP, tr::TILE, tr::THREADS, T, true>(k8, v8, cvt_k, cvt_v, 0,
+                                                                                       threadIdx.x, bad);
+                    else
+                        convert_fp8_rows<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(k8, v8, cvt_k, cvt_v, 0, threadIdx.x);
+                    __syncthreads();
+                    ks = cvt_k;
+                    vs = cvt_v;
+                } else {
+                    ks = stages + (t % tr::STAGES) * 2 * tr::TILE * DP;
+                    vs = ks + tr::TILE * DP;
+                }
 
                 /* s = q . k: this warp's rows x the tile's keys */
                 float s[MT][NT][4];
@@ -186,6 +214,14 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                         }
                     }
                 }
+
+                if (FP8) /* k_scale on the raw dots, before the NaN rule sees them */
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) s[mt][n][e] *= sc8.k;
 
                 /* masks only where some key of the tile is hidden from some row:
                  * the tile's end, the diagonal, the window */
@@ -317,7 +353,9 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                     d[mt][h] += __shfl_xor_sync(0xffffffffu, d[mt][h], 2);
                     const int row = warp_row0 + mt * 16 + lane / 4 + h * 8;
                     const int g = row - row / hb * hb;
+                    if (FP8) v_scale_rule(sc8.v, d[mt][h]);
                     finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[mt][h], d[mt][h], inv[mt][h], lse[mt][h]);
+                    if (FP8) inv[mt][h] *= sc8.v;
                 }
             if (it.out < 0) {
                 /* through this warp's own q rows in shared memory (no other warp
@@ -363,7 +401,8 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO>::THREADS, prefill_tra
                     if (lane % 4 == 0) p.lse_tmp[slot] = lse[mt][h];
                 }
         };
-        if (item_checked(p, it, kv_head)) item(bool_c<true>());
+        /* fp8: a non-finite k_scale reaches every logit (the checked path) */
+        if (item_checked(p, it, kv_head) || (FP8 && !isfinite(sc8.k))) item(bool_c<true>());
         else item(bool_c<false>());
     }
 #if __CUDA_ARCH__ >= 900
@@ -384,9 +423,19 @@ template <int DQK, int DVO, typename T> struct mma_prefill_info {
     }
 };
 
-attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype)
+template <int DQK, int DVO, typename T> struct mma_prefill_fp8_info {
+    static attn_kernel get()
+    {
+        typedef prefill_traits<DQK, DVO, true> tr;
+        const attn_kernel k = {prefill_kernel<DQK, DVO, T, true>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 1};
+        return k;
+    }
+};
+
+attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype, int fp8)
 {
-    if (f == PREFILL_WGMMA) return ak_cuda_prefill_wgmma_kernel(dqk, dvo, dtype);
-    if (f == PREFILL_PORTABLE) return ak_cuda_portable_kernel(0, dqk, dvo, dtype);
-    return kernel_table<mma_prefill_info>(dqk, dvo, dtype);
+    const attn_kernel none = {NULL, 0, 0, 0};
+    if (f == PREFILL_PORTABLE) return ak_cuda_portable_kernel(0, dqk, dvo, dtype, fp8);
+    if (f == PREFILL_WGMMA) return fp8 ? none : ak_cuda_prefill_wgmma_kernel(dqk, dvo, dtype);
+    return fp8 ? kernel_table_fp8<mma_prefill_fp8_info>(dqk, dvo, dtype) : kernel_table<mma_prefill_info>(dqk, dvo, dtype);
 }

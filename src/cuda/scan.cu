@@ -25,12 +25,24 @@
 #define SCAN_UNROLL 8
 #define SCAN_LANE_CHUNKS 1
 
+/* Whether an element of a 16-byte chunk of T is NaN or infinite (fp8
+ * e4m3, uint8_t: NaN; it has no infinity). */
+template <typename T> __device__ __forceinline__ uint32_t nonfinite_chunk(const uint4 x)
+{
+    return nonfinite_pair<T>(x.x) | nonfinite_pair<T>(x.y) | nonfinite_pair<T>(x.z) | nonfinite_pair<T>(x.w);
+}
+template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const uint4 x)
+{
+    return nonfinite_fp8x4(x.x) | nonfinite_fp8x4(x.y) | nonfinite_fp8x4(x.z) | nonfinite_fp8x4(x.w);
+}
+
 template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_kernel(const attn_params p)
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL, C = SCAN_LANE_CHUNKS;
     const int n = p.counts[COUNT_SCAN];
-    const int ck = p.head_dim_qk / 8, cv = p.head_dim_vo / 8; /* 16-byte chunks of a K and a V row */
+    constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
+    const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
     for (int w = blockIdx.x; w < n; w += gridDim.x) {
         const scan_task t = p.scans[w];
         uint32_t bad = 0;
@@ -61,8 +73,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
                 for (int u = 0; u < U; u++)
 #pragma unroll
                     for (int j = 0; j < C; j++)
-                        bad |= nonfinite_pair<T>(x[u][j].x) | nonfinite_pair<T>(x[u][j].y) |
-                               nonfinite_pair<T>(x[u][j].z) | nonfinite_pair<T>(x[u][j].w);
+                        bad |= nonfinite_chunk<T>(x[u][j]);
             }
         }
         bad = __syncthreads_or(bad != 0);
@@ -73,8 +84,11 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
 #endif
 }
 
-attn_kernel ak_cuda_scan_kernel(ak_dtype dtype)
+attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
 {
-    const attn_kernel k = {dtype == AK_F16 ? scan_kernel<__half> : scan_kernel<__nv_bfloat16>, SCAN_THREADS, 0, 0};
+    const attn_kernel k = {kv_dtype == AK_FP8_E4M3 ? scan_kernel<uint8_t>
+                           : kv_dtype == AK_F16    ? scan_kernel<__half>
+                                                   : scan_kernel<__nv_bfloat16>,
+                           SCAN_THREADS, 0, 0};
     return k;
 }
