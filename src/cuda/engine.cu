@@ -47,6 +47,9 @@
  * it the merge costs more than the parallelism gains. */
 #define MIN_PREFILL_CHUNK 512
 #define NUM_STAGING 2
+/* Extra rounds of decode items balance_chunk weighs for a batch larger than
+ * the wave. */
+#define BALANCE_ROUNDS 4
 /* Merge thread blocks per SM (one per query head and task). */
 #define MERGE_CTAS_PER_SM 8
 /* The scan pass (scan.cu) serves prefill requests of at least SCAN_MIN_ROWS
@@ -390,6 +393,12 @@ static ak_status engine_create_inner(engine_state *s)
         s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
         if (s->decode_ctas < 1) s->decode_ctas = 1;
         s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+        /* room for balance_chunk's rounds, for batches it can matter to (a
+         * quarter of the wave or more: smaller ones split evenly anyway) */
+        if (lim->max_reqs >= s->decode_ctas / 4) {
+            const int64_t more = (int64_t)s->max_items + (int64_t)(BALANCE_ROUNDS + 1) * s->decode_ctas;
+            s->max_items = more > INT32_MAX / 2 ? INT32_MAX / 2 : (int)more;
+        }
         if (cfg->batch_invariant) {
             const int64_t max_kv = (int64_t)lim->max_blocks_per_req * (s->ragged ? 1 : cfg->page_size);
             int64_t chunk = (max_kv + s->max_splits - 1) / s->max_splits;
@@ -551,6 +560,41 @@ static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int 
 }
 
 /* Decode items and their merge tasks into m; returns the item count. */
+/* The blocks of the wave take the decode items round by round, so the
+ * number of items matters, not only their size: 64 requests of equal length
+ * on 49 blocks (an fp8 decode, three blocks an SM) take two rounds of whole
+ * requests, 0.65 of the wave busy, where each split in three takes four
+ * rounds of a third (0.98); 32 requests on 49 blocks, one round of whole
+ * requests (0.65), where thirds take two rounds (0.98). Given the chunk
+ * picked for the first budget (first: INT32_MAX for no split), weighs the
+ * chunks that fill 1 to BALANCE_ROUNDS more rounds and keeps the one of
+ * least rounds x chunk (the longest item of a round) if it saves at least a
+ * tenth (the merge and the partial states cost something). */
+static int balance_chunk(const engine_state *s, const ak_batch *b, int num_dec, int max_len, int first)
+{
+    const int C = s->decode_ctas;
+    const int64_t rounds0 = (num_dec + C - 1) / C;
+    int64_t n0 = 0;
+    for (int r = 0; r < b->num_reqs; r++)
+        if (is_decode_req(b, r)) n0 += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), first);
+    int64_t best_cost = (n0 + C - 1) / C * (int64_t)(first < max_len ? first : max_len) * 9 / 10;
+    int best = first;
+    for (int extra = 1; extra <= BALANCE_ROUNDS; extra++) {
+        const int64_t budget = (rounds0 + extra) * C;
+        if (budget > s->max_items) break;
+        const int chunk = pick_chunk(s, b, (int)budget, max_len);
+        int64_t n = 0;
+        for (int r = 0; r < b->num_reqs; r++)
+            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), chunk);
+        const int64_t cost = (n + C - 1) / C * (int64_t)(chunk < max_len ? chunk : max_len);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = chunk;
+        }
+    }
+    return best;
+}
+
 static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m, int *num_tasks)
 {
     int num_dec = 0, max_len = 1;
@@ -565,8 +609,8 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
      * wave (with no spare items nothing is split, so no merge is needed) */
     const int budget = items_for(s, num_dec);
     const int chunk = s->invariant_chunk ? s->invariant_chunk
-                      : budget > num_dec ? pick_chunk(s, b, budget, max_len)
-                                         : INT32_MAX;
+                      : balance_chunk(s, b, num_dec, max_len,
+                                      budget > num_dec ? pick_chunk(s, b, budget, max_len) : INT32_MAX);
     int n = 0, partials = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         if (!is_decode_req(b, r)) continue;
