@@ -54,6 +54,8 @@ typedef struct graph_case {
     int sinks;         /* cfg.use_sinks: every layer its own sink logits */
     int interleave;    /* layers alternate between two backends, windowed and full (Gemma,
                           gpt-oss), both planned each step, captured in one graph */
+    int fp8;           /* paged: fp8 e4m3 pools, each layer its own k_scale and v_scale on the
+                          device, new values every step (the replay must read them) */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -74,6 +76,9 @@ static const graph_case graph_cases[] = {
     /* gpt-oss-shaped: 64/8 heads, head dim 64, sinks, window-128 and full layers */
     {"graph replay interleaved window/full sinks (gpt-oss)", PAGED, 64, 8, 64, AK_BF16, 4, 1, 127, 16, NHD, 0, 1, 1},
     {"graph replay mixed sinks d96 page 1", PAGED, 8, 8, 96, AK_F16, 2, 1, -1, 1, NHD, 1, 1, 0},
+    /* fp8 K/V: kv_update quantizes the step's rows with the layer's scales */
+    {"graph replay fp8 gqa4 bf16 d128 scales per step", PAGED, 16, 4, 128, AK_BF16, 5, 1, -1, 16, NHD, 0, 0, 0, 1},
+    {"graph replay mixed fp8 gqa8 f16 d64 hnd", PAGED, 16, 2, 64, AK_F16, 4, 1, -1, 16, HND, 1, 0, 0, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -221,10 +226,11 @@ static void report_graph_case(test_ctx *t, const char *name, const char *case_na
  * differ from the pools as uploaded (before_k / before_v). */
 static int check_cache_writes(const graph_case *gc, const scn_batch *sb, const char *hk, const char *hv,
                               const char *before_k, const char *before_v, const char *kh, const char *vh,
-                              size_t pool_bytes, int s, int l, char *why, size_t why_cap)
+                              size_t pool_bytes, int s, int l, const float *scales, char *why, size_t why_cap)
 {
     const int Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
-    const size_t esz = ak_dtype_size(gc->dtype);
+    const size_t esz = gc->fp8 ? 1 : ak_dtype_size(gc->dtype), resz = ak_dtype_size(gc->dtype);
+    uint8_t qk[512], qv[512]; /* fp8: the rows as ak_kv_update quantizes them */
     char *k_fix = malloc(pool_bytes), *v_fix = malloc(pool_bytes);
     memcpy(k_fix, hk, pool_bytes);
     memcpy(v_fix, hv, pool_bytes);
@@ -237,8 +243,19 @@ static int check_cache_writes(const graph_case *gc, const scn_batch *sb, const c
                 /* the test's own address of (block, slot, head), by layout */
                 const int64_t row = gc->layout == AK_LAYOUT_NHD ? (block * P + pos % P) * Hk + h
                                                                 : (block * Hk + h) * P + pos % P;
-                const size_t src = ((size_t)i * Hk + h) * D * esz, at = (size_t)row * D * esz;
-                if (memcmp(hk + at, kh + src, D * esz) || memcmp(hv + at, vh + src, D * esz)) {
+                const size_t src = ((size_t)i * Hk + h) * D * resz, at = (size_t)row * D * esz;
+                const char *ek = kh + src, *ev = vh + src;
+                if (gc->fp8) {
+                    for (int d = 0; d < D; d++) {
+                        qk[d] = ak_e4m3_quantize(ak_load_as_f32(kh, gc->dtype, (int64_t)((size_t)i * Hk + h) * D + d),
+                                                 scales[0]);
+                        qv[d] = ak_e4m3_quantize(ak_load_as_f32(vh, gc->dtype, (int64_t)((size_t)i * Hk + h) * D + d),
+                                                 scales[1]);
+                    }
+                    ek = (const char *)qk;
+                    ev = (const char *)qv;
+                }
+                if (memcmp(hk + at, ek, D * esz) || memcmp(hv + at, ev, D * esz)) {
                     snprintf(why, why_cap, "step %d layer %d: token %d's new K/V is not at its slot", s, l, i);
                     ok = 0;
                 }
@@ -277,6 +294,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     cfg.num_kv_heads = Hk;
     cfg.head_dim_qk = cfg.head_dim_vo = D;
     cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = gc->dtype;
+    if (gc->fp8) cfg.kv_dtype = AK_FP8_E4M3;
     cfg.device = t->device;
     cfg.causal = gc->causal;
     cfg.window_left = gc->window_left;
@@ -318,7 +336,13 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     ak_status st;
 
     ak_kv_cache *cache = NULL;
-    const size_t pool_bytes = paged ? (size_t)num_blocks * P * Hk * D * esz : 0;
+    const ak_dtype pool_dtype = cfg.kv_dtype;
+    const size_t pool_bytes = paged ? (size_t)num_blocks * P * Hk * D * ak_dtype_size(pool_dtype) : 0;
+    /* fp8: each layer's k_scale and v_scale, on the device (what the graph
+     * reads) and on the host (what the reference reads) */
+    float scales_h[LAYERS][2] = {{1.0f, 1.0f}};
+    float *scales_d = NULL;
+    if (gc->fp8) cudaMalloc((void **)&scales_d, sizeof(float) * 2 * LAYERS);
     if (paged && scn_cache_create(&cfg, LAYERS, num_blocks, &cache)) {
         t_fail(t, name, gc->name, "cache: %s", ak_last_error());
         ak_backend_destroy(b);
@@ -373,10 +397,16 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             if (paged) {
                 ak_paged_kv view;
                 ak_kv_cache_layer(cache, l, &view);
-                for (size_t i = 0; i < pool_bytes / esz; i++)
-                    ak_store_from_f32(before_k[l], gc->dtype, (int64_t)i, scn_uniform(&rng));
-                for (size_t i = 0; i < pool_bytes / esz; i++)
-                    ak_store_from_f32(before_v[l], gc->dtype, (int64_t)i, scn_uniform(&rng));
+                const size_t pool_elems = pool_bytes / ak_dtype_size(pool_dtype);
+                for (size_t i = 0; i < pool_elems; i++)
+                    ak_store_from_f32(before_k[l], pool_dtype, (int64_t)i, scn_uniform(&rng));
+                for (size_t i = 0; i < pool_elems; i++)
+                    ak_store_from_f32(before_v[l], pool_dtype, (int64_t)i, scn_uniform(&rng));
+                if (gc->fp8) { /* new scales: the rows below (|x| < 2) quantize to |x / scale| < 200 */
+                    scales_h[l][0] = 0.01f + 0.03f * (1.0f + scn_uniform(&rng));
+                    scales_h[l][1] = 0.005f + 0.02f * (1.0f + scn_uniform(&rng));
+                    cudaMemcpy(scales_d + 2 * l, scales_h[l], sizeof(float) * 2, cudaMemcpyHostToDevice);
+                }
                 cudaMemcpy(view.k_data, before_k[l], pool_bytes, cudaMemcpyHostToDevice);
                 cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
             }
@@ -418,6 +448,11 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 if (gc->sinks) a.sinks = &sk;
                 if (paged) {
                     ak_kv_cache_layer(cache, l, &view);
+                    if (gc->fp8) {
+                        view.scale_kind = AK_KV_SCALE_PER_LAYER;
+                        view.k_scale = scales_d + 2 * l;
+                        view.v_scale = scales_d + 2 * l + 1;
+                    }
                     if (!ak_backend_forward_includes_kv_update(b))
                         st = ak_kv_update(&view, &kt, &vt, ak_backend_slot_mapping(b), T, stream);
                     a.kv = &view;
@@ -461,8 +496,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ak_kv_cache_layer(cache, l, &hview);
                 cudaMemcpy(hk, hview.k_data, pool_bytes, cudaMemcpyDeviceToHost);
                 cudaMemcpy(hv, hview.v_data, pool_bytes, cudaMemcpyDeviceToHost);
-                if (!check_cache_writes(gc, &sb, hk, hv, before_k[l], before_v[l], kh, vh, pool_bytes, s, l, why,
-                                        sizeof why)) {
+                if (!check_cache_writes(gc, &sb, hk, hv, before_k[l], before_v[l], kh, vh, pool_bytes, s, l,
+                                        scales_h[l], why, sizeof why)) {
                     ok = 0;
                     break;
                 }
@@ -470,6 +505,11 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 hview.k_data = hk;
                 hview.v_data = hv;
                 hview.device.kind = AK_DEVICE_CPU;
+                if (gc->fp8) {
+                    hview.scale_kind = AK_KV_SCALE_PER_LAYER;
+                    hview.k_scale = &scales_h[l][0];
+                    hview.v_scale = &scales_h[l][1];
+                }
                 a.kv = &hview;
             } else {
                 a.k = &kt;
@@ -507,6 +547,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     free(o_ref);
     free(l_ref);
     for (int l = 0; l < layers; l++) cudaFree(sinks_d[l]);
+    cudaFree(scales_d);
     for (int i = 0; i < nbk; i++) ak_backend_destroy(bk[i]);
     ak_kv_cache_destroy(cache);
 }
