@@ -4,10 +4,11 @@
 # short table last.
 #   scripts/gpu-check.sh [all|STAGE[,STAGE...]]
 #   scripts/gpu-check.sh --help       this text (builds and runs nothing)
-#   stages: test sanitize bench prefill coverage cpu engine (all), compare peers (named only)
+#   stages: test sanitize bench prefill coverage cpu engine (all), compare peers fp8 (named only)
 # `all` is every stage but compare (the paged/ragged/varlen sweep, ~5 min)
-# and peers (bench/peers.py --quick with FlashInfer, ~4 min): name them on
-# their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
+# and peers (bench/peers.py --quick with FlashInfer, ~4 min), fp8 (the fp8
+# cases on the three kernel families and under memcheck, then bench/fp8.py
+# with FlashInfer, ~5 min): name them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
 # the device tool.
 set -uo pipefail
 if [[ ${1:-} == --help || ${1:-} == -h ]]; then
@@ -18,7 +19,7 @@ fi
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
-stages=" test sanitize bench prefill coverage cpu engine compare peers all "
+stages=" test sanitize bench prefill coverage cpu engine compare peers fp8 all "
 for st in ${what//,/ }; do
     if [[ $stages != *" $st "* ]]; then
         echo "gpu-check: unknown stage '$st'; stages:$stages(--help says more)" >&2
@@ -248,6 +249,30 @@ if want_named compare && [[ -x $BUILD/attnkit-bench ]]; then
     grep -E "winner" "$LOG/compare.txt" | cut -c1-150
     python3 bench/plot_compare.py "$LOG/compare.csv" -o "$LOG/compare.svg"
     note compare "$(grep -c winner "$LOG/compare.txt") shapes (rc $rc); $LOG/compare.csv, compare.svg"
+fi
+
+if want_named fp8 && [[ -x $BUILD/attnkit-test ]]; then
+    # fp8 K/V: the case table's fp8 rows (and the fp8 graph replays) on the
+    # default kernels, mma.sync prefill and the portable kernel, memcheck on
+    # them, then bench/fp8.py (speed against bf16 and FlashInfer's fp8,
+    # accuracy against fp64; FlashInfer from .whl/ as for peers)
+    for fam in default mma portable; do
+        env $([[ $fam == mma ]] && echo AK_CUDA_PREFILL=mma) $([[ $fam == portable ]] && echo AK_CUDA_PORTABLE=1) \
+            timeout 300 $BUILD/attnkit-test --device cuda --filter fp8 >"$LOG/fp8-test-$fam.log" 2>&1
+        note "fp8 tests $fam" "$(tail -1 "$LOG/fp8-test-$fam.log")"
+    done
+    timeout 400 compute-sanitizer --tool memcheck $BUILD/attnkit-test --device cuda --filter fp8 \
+        >"$LOG/fp8-memcheck.log" 2>&1
+    note "fp8 memcheck" "$(grep -m1 'ERROR SUMMARY' "$LOG/fp8-memcheck.log")"
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
+    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    timeout 500 python3 bench/fp8.py --lib $BUILD/libattnkit.so --csv "$LOG/fp8.csv" >"$LOG/fp8.txt" 2>&1
+    note "fp8 bench" "rc $?; $LOG/fp8.txt"
 fi
 
 if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then
