@@ -302,7 +302,108 @@ static void run_mla_case(test_ctx *t, const mla_case *mc)
     scn_batch_free(&b);
 }
 
+/* ak_kv_update into a K-only (MLA) view on t->device, against the same
+ * update of a CPU cache: the latent rows written at their slots (some -1,
+ * skipped), quantized when the pool is fp8 (scale per layer or per head: one
+ * KV head), the rest of the pool untouched; the two must be equal byte for
+ * byte. On CUDA it runs the kernel's K-only path, which attention does not
+ * reach while the CUDA backends refuse cfg.mla. */
+static void kv_update_k_only(test_ctx *t, ak_dtype pool, ak_dtype rows_dtype, ak_kv_scale_kind kind)
+{
+    char name[160];
+    snprintf(name, sizeof name, "mla kv_update K-only view, %s rows into a %s pool%s", ak_dtype_name(rows_dtype),
+             ak_dtype_name(pool), kind == AK_KV_SCALE_PER_LAYER ? ", scale per layer"
+                                  : kind == AK_KV_SCALE_PER_HEAD ? ", scale per head" : "");
+    if (!t_selected(t, name)) return;
+    const int P = 16, nb = 9, D = 576, L = 512, n = 37;
+    uint64_t rng = t->seed ^ scn_name_hash(name);
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_blocks = nb;
+    kc.page_size = P;
+    kc.num_kv_heads = 1;
+    kc.head_dim_qk = D;
+    kc.head_dim_vo = L;
+    kc.dtype = pool;
+    kc.mla = 1;
+    ak_kv_cache *cache[2] = {NULL, NULL}; /* [0] on t->device, [1] on the CPU */
+    ak_paged_kv kv[2];
+    tbuf rows, slots, scale;
+    memset(&rows, 0, sizeof rows);
+    memset(&slots, 0, sizeof slots);
+    memset(&scale, 0, sizeof scale);
+    const size_t pool_bytes = (size_t)nb * P * D * ak_dtype_size(pool), resz = ak_dtype_size(rows_dtype);
+    char *img = malloc(pool_bytes), *got = malloc(pool_bytes);
+    float sc = 0.05f + 0.05f * (1.0f + scn_uniform(&rng));
+    int ok = img && got;
+    for (int i = 0; i < 2 && ok; i++) {
+        kc.device = i == 0 ? t->device : (ak_device){AK_DEVICE_CPU, 0};
+        ok = ak_kv_cache_create(&kc, &cache[i]) == AK_OK && ak_kv_cache_layer(cache[i], 0, &kv[i]) == AK_OK;
+    }
+    if (!ok) {
+        t_fail(t, NULL, name, "setup: %s", ak_last_error());
+        goto done;
+    }
+    /* the same random pool image in both */
+    for (size_t i = 0; i < pool_bytes / ak_dtype_size(pool); i++)
+        ak_store_from_f32(img, pool, (int64_t)i, scn_uniform(&rng));
+    dev_copy_to(t->device, kv[0].k_data, img, pool_bytes);
+    memcpy(kv[1].k_data, img, pool_bytes);
+    if (kv[0].v_data || kv[1].v_data) {
+        t_fail(t, NULL, name, "an MLA cache's view has a V pool");
+        goto done;
+    }
+    if (tbuf_alloc(&rows, t->device, resz * (size_t)n * D) || tbuf_alloc(&slots, t->device, sizeof(int64_t) * n) ||
+        tbuf_alloc(&scale, t->device, sizeof(float))) {
+        t_fail(t, NULL, name, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < n * D; i++) ak_store_from_f32(tbuf_host(&rows), rows_dtype, i, 4.0f * scn_uniform(&rng));
+    /* distinct slots in random blocks, every fifth token skipped */
+    int64_t *slot = tbuf_host(&slots);
+    for (int i = 0; i < n; i++) slot[i] = i % 5 == 4 ? -1 : (int64_t)((i * 7) % (nb * P));
+    *(float *)tbuf_host(&scale) = sc;
+    tbuf_upload(&rows);
+    tbuf_upload(&slots);
+    tbuf_upload(&scale);
+    ak_status st = AK_OK;
+    for (int i = 0; i < 2 && st == AK_OK; i++) {
+        if (kind != AK_KV_SCALE_NONE) {
+            kv[i].scale_kind = kind;
+            kv[i].k_scale = i == 0 ? tbuf_data(&scale) : &sc;
+        }
+        const ak_tensor k = ak_tensor_3d(i == 0 ? tbuf_data(&rows) : tbuf_host(&rows), rows_dtype, n, 1, D);
+        st = ak_kv_update(&kv[i], &k, NULL, i == 0 ? tbuf_data(&slots) : tbuf_host(&slots), n, NULL);
+    }
+    dev_sync(t->device);
+    if (st != AK_OK) {
+        t_fail(t, NULL, name, "kv_update: %s", ak_last_error());
+        goto done;
+    }
+    dev_copy_from(t->device, got, kv[0].k_data, pool_bytes);
+    size_t diff = 0, first = 0;
+    for (size_t i = 0; i < pool_bytes; i++)
+        if (got[i] != ((const char *)kv[1].k_data)[i] && !diff++) first = i;
+    /* and the CPU's own result: the rows at their slots, the rest as it was */
+    size_t moved = 0;
+    for (size_t i = 0; i < pool_bytes; i++) moved += img[i] != ((const char *)kv[1].k_data)[i];
+    CHECK(t, name, diff == 0 && moved > 0, "%zu bytes differ from the CPU's (first at %zu); %zu bytes written", diff,
+          first, moved);
+done:
+    tbuf_free(&rows);
+    tbuf_free(&slots);
+    tbuf_free(&scale);
+    free(img);
+    free(got);
+    for (int i = 0; i < 2; i++) ak_kv_cache_destroy(cache[i]);
+}
+
 void test_mla(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof mla_cases / sizeof *mla_cases; i++) run_mla_case(t, &mla_cases[i]);
+    kv_update_k_only(t, AK_BF16, AK_BF16, AK_KV_SCALE_NONE);
+    kv_update_k_only(t, AK_F16, AK_F16, AK_KV_SCALE_NONE);
+    kv_update_k_only(t, AK_FP8_E4M3, AK_BF16, AK_KV_SCALE_PER_LAYER);
+    kv_update_k_only(t, AK_FP8_E4M3, AK_F32, AK_KV_SCALE_PER_HEAD);
+    kv_update_k_only(t, AK_FP8_E4M3, AK_F16, AK_KV_SCALE_NONE);
 }
