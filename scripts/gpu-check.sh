@@ -4,11 +4,14 @@
 # short table last.
 #   scripts/gpu-check.sh [all|STAGE[,STAGE...]]
 #   scripts/gpu-check.sh --help       this text (builds and runs nothing)
-#   stages: test sanitize bench prefill coverage cpu engine (all), compare peers fp8 (named only)
+#   stages: test sanitize bench prefill coverage cpu engine (all), compare peers fp8 wide (named only)
 # `all` is every stage but compare (the paged/ragged/varlen sweep, ~5 min)
 # and peers (bench/peers.py --quick with FlashInfer, ~4 min), fp8 (the fp8
 # cases on the three kernel families and under memcheck, then bench/fp8.py
-# with FlashInfer, ~5 min): name them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
+# with FlashInfer, ~5 min), wide (rows of 512: head dim 512 and cuda_mla's
+# MLA cases, graph replays, memcheck and racecheck, attnkit-bench's d512 and
+# deepseek-v3 decode, bench/mla.py beside FlashInfer's MLA, ~6 min): name
+# them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
 # the device tool.
 set -uo pipefail
 if [[ ${1:-} == --help || ${1:-} == -h ]]; then
@@ -19,7 +22,7 @@ fi
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
-stages=" test sanitize bench prefill coverage cpu engine compare peers fp8 all "
+stages=" test sanitize bench prefill coverage cpu engine compare peers fp8 wide all "
 for st in ${what//,/ }; do
     if [[ $stages != *" $st "* ]]; then
         echo "gpu-check: unknown stage '$st'; stages:$stages(--help says more)" >&2
@@ -273,6 +276,44 @@ if want_named fp8 && [[ -x $BUILD/attnkit-test ]]; then
     cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
     timeout 500 python3 bench/fp8.py --lib $BUILD/libattnkit.so --csv "$LOG/fp8.csv" >"$LOG/fp8.txt" 2>&1
     note "fp8 bench" "rc $?; $LOG/fp8.txt"
+fi
+
+if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
+    # rows of 512 on tensor cores (decode_wide.cu): the head-dim-512 and MLA
+    # cases of the case table and the MLA graph replays, under memcheck and
+    # racecheck; then decode speed (attnkit-bench) and bench/mla.py
+    for f in "head dim 512" mla; do
+        tag=${f// /-}
+        timeout 400 $BUILD/attnkit-test --device cuda --filter "$f" >"$LOG/wide-test-$tag.log" 2>&1
+        note "wide tests $tag" "$(tail -1 "$LOG/wide-test-$tag.log")"
+        timeout 400 compute-sanitizer --tool memcheck $BUILD/attnkit-test --device cuda --filter "$f" \
+            >"$LOG/wide-memcheck-$tag.log" 2>&1
+        note "wide memcheck $tag" "$(grep -m1 'ERROR SUMMARY' "$LOG/wide-memcheck-$tag.log")"
+    done
+    timeout 300 compute-sanitizer --tool racecheck $BUILD/attnkit-test --device cuda \
+        --filter "mla decode 576/512 h16" >"$LOG/wide-racecheck.log" 2>&1
+    note "wide racecheck" "$(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$LOG/wide-racecheck.log")"
+    {
+        for h in 32/8 32/32 64/1; do
+            $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --heads $h --head-dim 512 \
+                --workload decode --batch 64 --kv-len 4096
+        done
+        for m in deepseek-v3 deepseek-v3-tp8; do
+            for shape in "--batch 64 --kv-len 8192" "--batch 128 --kv-len 4096" "--batch 1 --kv-len 32768"; do
+                $BUILD/attnkit-bench --device cuda --model $m --workload decode $shape
+            done
+        done
+    } >"$LOG/wide-bench.txt" 2>&1
+    note "wide bench" "$LOG/wide-bench.txt"
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
+    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    timeout 500 python3 bench/mla.py --lib $BUILD/libattnkit.so --csv "$LOG/mla.csv" >"$LOG/mla.txt" 2>&1
+    note "mla bench" "rc $?; $LOG/mla.txt"
 fi
 
 if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then

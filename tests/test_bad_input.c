@@ -46,6 +46,8 @@ typedef struct bad_case {
     const char *only;  /* run only on backends whose name starts with this (NULL: all) */
     int fp8;           /* 1: on an fp8 baseline (K/V fp8_e4m3 with per-head scales) */
     int mla;           /* 1: on an MLA baseline (one KV head, a K-only cache, no ragged V) */
+    int has_v;         /* 1: the case is about V (or two KV heads): not on the MLA baseline a
+                          backend serving MLA only (cuda_mla) runs the other cases on */
 } bad_case;
 
 static void qo_not_monotone(inputs *in) { in->qo[2] = in->qo[1] - 1; }
@@ -67,6 +69,9 @@ static void misspelt_backend(inputs *in) { in->name = "cpu_rf"; }
 static void page_size_zero(inputs *in) { in->cfg.page_size = 0; }
 static void limits_zero(inputs *in) { in->lim.max_reqs = 0; }
 static void q_wrong_tokens(inputs *in) { in->q.shape[0] += 1; }
+/* MLA's q is 576 wide: an engine passing q_nope alone (512) is the mistake */
+static void q_narrow(inputs *in) { in->q.shape[2] -= 64; }
+static void o_wide(inputs *in) { in->o.shape[2] += 64; }
 static void q_wrong_dtype(inputs *in) { in->q.dtype = in->q.dtype == AK_F32 ? AK_F16 : AK_F32; }
 static void o_wrong_heads(inputs *in) { in->o.shape[1] = 3; }
 static void o_inner_stride(inputs *in) { in->o.stride[2] = 2; }
@@ -132,6 +137,9 @@ static const bad_case cases[] = {
     {"page size 0", AT_CREATE, AK_ERR_INVALID_ARG, "page_size", page_size_zero, KV_PAGED, NULL},
     {"limits.max_reqs 0", AT_CREATE, AK_ERR_INVALID_ARG, "max_reqs", limits_zero, KV_EITHER, NULL},
     {"q has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[0]", q_wrong_tokens, KV_EITHER, NULL},
+    {"q rows 64 narrower than head_dim_qk", AT_RUN, AK_ERR_INVALID_ARG, "args.q->shape[2]", q_narrow, KV_EITHER,
+     NULL},
+    {"o rows 64 wider than head_dim_vo", AT_RUN, AK_ERR_INVALID_ARG, "args.o->shape[2]", o_wide, KV_EITHER, NULL},
     {"q has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.q->dtype", q_wrong_dtype, KV_EITHER, NULL},
     {"o has the wrong head count", AT_RUN, AK_ERR_INVALID_ARG, "args.o->shape[1]", o_wrong_heads, KV_EITHER, NULL},
     {"o inner stride != 1", AT_RUN, AK_ERR_INVALID_ARG, "args.o->stride[2]", o_inner_stride, KV_EITHER, NULL},
@@ -143,7 +151,7 @@ static const bad_case cases[] = {
     {"slot below -1", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "slot_mapping[0]", slot_negative, KV_PAGED, NULL},
     {"ragged: no k tensor", AT_RUN, AK_ERR_INVALID_ARG, "args.k", k_missing, KV_RAGGED, NULL},
     {"ragged: v has the wrong token count", AT_RUN, AK_ERR_INVALID_ARG, "args.v->shape[0]", v_wrong_tokens,
-     KV_RAGGED, NULL},
+     KV_RAGGED, NULL, 0, 0, 1},
     {"ragged: k has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.k->dtype", k_wrong_dtype, KV_RAGGED, NULL},
     /* the CUDA loader keeps one head offset for K and V */
     {"ragged: v head stride differs from k's", AT_RUN, AK_ERR_INVALID_ARG, "args.v->stride[1]",
@@ -160,7 +168,7 @@ static const bad_case cases[] = {
     {"fp8: per-head k_scale NULL", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->k_scale", kv_k_scale_null, KV_PAGED, NULL,
      1},
     {"fp8: kv_update with v_scale NULL", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->v_scale", kv_v_scale_null, KV_PAGED,
-     NULL, 1},
+     NULL, 1, 0, 1},
     {"fp8: unknown scale kind", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->scale_kind", kv_scale_kind_unknown, KV_PAGED,
      NULL, 1},
     {"fp8: kv_update scale not float-aligned", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->k_scale", kv_scale_misaligned,
@@ -168,10 +176,11 @@ static const bad_case cases[] = {
     {"fp8: scale pointers with kind none", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->k_scale", kv_scale_without_kind,
      KV_PAGED, NULL, 1},
     {"fp8: ragged v_scale NULL", AT_RUN, AK_ERR_INVALID_ARG, "args.v_scale", ragged_v_scale_null, KV_RAGGED, NULL,
-     1},
+     1, 0, 1},
     /* multi-head latent attention: one KV head, value <= key, and no V anywhere */
     {"mla = 2", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.mla", mla_not_bool, KV_EITHER, NULL},
-    {"mla with 2 KV heads", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.num_kv_heads", mla_two_kv_heads, KV_EITHER, NULL},
+    {"mla with 2 KV heads", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.num_kv_heads", mla_two_kv_heads, KV_EITHER, NULL, 0,
+     0, 1},
     {"mla with head_dim_vo > head_dim_qk", AT_CREATE, AK_ERR_INVALID_ARG, "cfg.head_dim_vo", mla_vo_above_qk,
      KV_EITHER, NULL},
     {"mla: a V pool in the view", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", mla_v_pool, KV_PAGED, NULL, 0, 1},
@@ -180,9 +189,10 @@ static const bad_case cases[] = {
      KV_PAGED, NULL, 0, 1},
     {"mla fp8: v_scale on a K-only view", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_scale", mla_v_scale, KV_PAGED,
      NULL, 1, 1},
-    {"K-only view without cfg.mla", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", v_pool_missing, KV_PAGED, NULL},
+    {"K-only view without cfg.mla", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", v_pool_missing, KV_PAGED, NULL, 0,
+     0, 1},
     {"kv_update without v on a view with V", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "v is NULL", update_without_v,
-     KV_PAGED, NULL},
+     KV_PAGED, NULL, 0, 0, 1},
 };
 
 /* A small valid baseline: 3 requests (decode, chunk, prefill), 8 heads / 2;
@@ -197,6 +207,11 @@ static const attn_case decode_baseline = {
 /* MLA: head dims 64/64 keep o's shape the baselines' (the value is the whole K row) */
 static const attn_case mla_baseline = {
     "bad-input mla baseline", 8, 1, 64, 64, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
+    {{1, 40}, {5, 20}, {6, 6}}, .mla = 1};
+/* DeepSeek's 576/512: for a backend that serves MLA at those dims only
+ * (cuda_mla), every case but those about V runs on it */
+static const attn_case mla_wide_baseline = {
+    "bad-input mla 576/512 baseline", 8, 1, 576, 512, AK_F32, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED, 3,
     {{1, 40}, {5, 20}, {6, 6}}, .mla = 1};
 
 /* 0 when backend `name` reports cfg unsupported, else 1 (any other failure
@@ -217,8 +232,9 @@ static int serves(const attn_case *tc, ak_device dev, const char *name)
 static int baseline_of(const test_ctx *t, const char *name, ak_kv_storage storage, int fp8, int mla,
                        attn_case *out)
 {
-    const attn_case *const tries[2] = {mla ? &mla_baseline : &baseline, &decode_baseline};
-    for (int i = 0; i < 2 - mla; i++) {
+    const attn_case *const tries[3] = {mla ? &mla_baseline : &baseline, mla ? &mla_wide_baseline : &decode_baseline,
+                                       &mla_wide_baseline};
+    for (int i = 0; i < 3 - mla; i++) {
         attn_case tc = *tries[i];
         if (t->device.kind == AK_DEVICE_CUDA) tc.dtype = AK_BF16;
         tc.kv_fp8 = fp8;
@@ -268,6 +284,10 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
         t_skip(t, backend, bc->name, "%s", why);
         return;
     }
+    if (tc.mla && !bc->mla && bc->has_v) {
+        t_skip(t, backend, bc->name, "serves MLA only, and the case is about V");
+        return;
+    }
     if (!t_storage_selected(t, tc.storage)) return;
     const int ragged = tc.storage == AK_KV_RAGGED;
     if (bc->breaks == decode_gets_prefill && tc.reqs[1].q_len == 1) {
@@ -305,7 +325,7 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.q = ak_tensor_3d(tbuf_data(&sc.q_buf), tc.dtype, T, Hq, D);
     in.q.stride[1] = D + 8;
     in.q.stride[0] = (int64_t)Hq * (D + 8);
-    in.o = ak_tensor_3d(tbuf_data(&ob), tc.dtype, T, Hq, D);
+    in.o = ak_tensor_3d(tbuf_data(&ob), tc.dtype, T, Hq, tc.head_dim_vo);
     in.lse = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, Hq);
     ak_run_args_init(&in.args);
     in.args.q = &in.q;
@@ -313,7 +333,8 @@ static void run_bad(test_ctx *t, const char *backend, const bad_case *bc)
     in.args.lse = &in.lse;
     if (ragged) {
         in.k = ak_tensor_3d(tbuf_data(&sc.k_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
-        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads, D);
+        in.v = ak_tensor_3d(tbuf_data(&sc.v_rag), sc.cfg.kv_dtype, sc.b.num_kv_tokens, tc.num_kv_heads,
+                            tc.head_dim_vo);
         in.args.k = &in.k;
         in.args.v = tc.mla ? NULL : &in.v;
         if (tc.kv_fp8) {

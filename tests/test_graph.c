@@ -56,6 +56,8 @@ typedef struct graph_case {
                           gpt-oss), both planned each step, captured in one graph */
     int fp8;           /* paged: fp8 e4m3 pools, each layer its own k_scale and v_scale on the
                           device, new values every step (the replay must read them) */
+    int mla;           /* paged: multi-head latent attention (cfg.mla), one latent KV head of
+                          head_dim values, the value its first head_dim - 64; a K-only cache */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -79,6 +81,11 @@ static const graph_case graph_cases[] = {
     /* fp8 K/V: kv_update quantizes the step's rows with the layer's scales */
     {"graph replay fp8 gqa4 bf16 d128 scales per step", PAGED, 16, 4, 128, AK_BF16, 5, 1, -1, 16, NHD, 0, 0, 0, 1},
     {"graph replay mixed fp8 gqa8 f16 d64 hnd", PAGED, 16, 2, 64, AK_F16, 4, 1, -1, 16, HND, 1, 0, 0, 1},
+    /* MLA (DeepSeek, absorbed): decodes, multi-token verifications and chunks over a latent cache */
+    {"graph replay mla 576/512 h16 bf16 page 64 mixed", PAGED, 16, 1, 576, AK_BF16, 3, 1, -1, 64, NHD, 1, 0, 0, 0,
+     1},
+    {"graph replay mla 576/512 h128 f16 page 16 decode", PAGED, 128, 1, 576, AK_F16, 2, 1, -1, 16, NHD, 0, 0, 0, 0,
+     1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -230,6 +237,7 @@ static int check_cache_writes(const graph_case *gc, const scn_batch *sb, const c
 {
     const int Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
     const size_t esz = gc->fp8 ? 1 : ak_dtype_size(gc->dtype), resz = ak_dtype_size(gc->dtype);
+    const int has_v = !gc->mla; /* MLA: K pools only */
     uint8_t qk[512], qv[512]; /* fp8: the rows as ak_kv_update quantizes them */
     char *k_fix = malloc(pool_bytes), *v_fix = malloc(pool_bytes);
     memcpy(k_fix, hk, pool_bytes);
@@ -255,7 +263,7 @@ static int check_cache_writes(const graph_case *gc, const scn_batch *sb, const c
                     ek = (const char *)qk;
                     ev = (const char *)qv;
                 }
-                if (memcmp(hk + at, ek, D * esz) || memcmp(hv + at, ev, D * esz)) {
+                if (memcmp(hk + at, ek, D * esz) || (has_v && memcmp(hv + at, ev, D * esz))) {
                     snprintf(why, why_cap, "step %d layer %d: token %d's new K/V is not at its slot", s, l, i);
                     ok = 0;
                 }
@@ -264,7 +272,7 @@ static int check_cache_writes(const graph_case *gc, const scn_batch *sb, const c
                 memcpy(v_fix + at, before_v + at, D * esz);
             }
         }
-    if (ok && (memcmp(k_fix, before_k, pool_bytes) || memcmp(v_fix, before_v, pool_bytes))) {
+    if (ok && (memcmp(k_fix, before_k, pool_bytes) || (has_v && memcmp(v_fix, before_v, pool_bytes)))) {
         snprintf(why, why_cap, "step %d layer %d: the cache changed outside the step's slots", s, l);
         ok = 0;
     }
@@ -280,6 +288,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
 {
     const int paged = gc->storage == AK_KV_PAGED;
     const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
+    const int Dv = gc->mla ? D - 64 : D; /* o's rows (MLA: the latent part of the K row) */
     const int layers = paged ? LAYERS : RG_LAYERS, steps = paged ? STEPS : RG_STEPS;
     /* the capture's query tokens (the most of any step), and K/V rows its
      * buffers hold: the new tokens' rows (paged), every key (ragged) */
@@ -292,7 +301,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     ak_attn_config_init(&cfg);
     cfg.num_qo_heads = Hq;
     cfg.num_kv_heads = Hk;
-    cfg.head_dim_qk = cfg.head_dim_vo = D;
+    cfg.head_dim_qk = D;
+    cfg.head_dim_vo = Dv;
+    cfg.mla = gc->mla;
     cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = gc->dtype;
     if (gc->fp8) cfg.kv_dtype = AK_FP8_E4M3;
     cfg.device = t->device;
@@ -408,7 +419,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                     cudaMemcpy(scales_d + 2 * l, scales_h[l], sizeof(float) * 2, cudaMemcpyHostToDevice);
                 }
                 cudaMemcpy(view.k_data, before_k[l], pool_bytes, cudaMemcpyHostToDevice);
-                cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
+                if (!gc->mla) cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
             }
             for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, scn_uniform(&rng));
             for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * scn_uniform(&rng));
@@ -435,7 +446,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 break;
             }
             for (int l = 0; l < layers && st == AK_OK; l++) {
-                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, D);
+                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, Dv);
                 ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, KT, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, KT, Hk, D);
                 ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, T, Hq);
                 ak_tensor sk = ak_tensor_1d(sinks_d[l], AK_F32, Hq);
@@ -454,7 +465,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                         view.v_scale = scales_d + 2 * l + 1;
                     }
                     if (!ak_backend_forward_includes_kv_update(b))
-                        st = ak_kv_update(&view, &kt, &vt, ak_backend_slot_mapping(b), T, stream);
+                        st = ak_kv_update(&view, &kt, gc->mla ? NULL : &vt, ak_backend_slot_mapping(b), T, stream);
                     a.kv = &view;
                 } else {
                     a.k = &kt;
@@ -483,7 +494,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             cudaMemcpy(vh, g.v[l], esz * KT * Hk * D, cudaMemcpyDeviceToHost);
             ak_tensor qt = ak_tensor_3d(qh, gc->dtype, N, Hq, D);
             ak_tensor kt = ak_tensor_3d(kh, gc->dtype, KN, Hk, D), vt = ak_tensor_3d(vh, gc->dtype, KN, Hk, D);
-            ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, D), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
+            ak_tensor rt = ak_tensor_3d(o_ref, AK_F32, N, Hq, Dv), rl = ak_tensor_2d(l_ref, AK_F32, N, Hq);
             ak_tensor sk = ak_tensor_1d(sinks_h[l], AK_F32, Hq);
             ak_paged_kv hview;
             ak_run_args a;
@@ -495,7 +506,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             if (paged) {
                 ak_kv_cache_layer(cache, l, &hview);
                 cudaMemcpy(hk, hview.k_data, pool_bytes, cudaMemcpyDeviceToHost);
-                cudaMemcpy(hv, hview.v_data, pool_bytes, cudaMemcpyDeviceToHost);
+                if (!gc->mla) cudaMemcpy(hv, hview.v_data, pool_bytes, cudaMemcpyDeviceToHost);
                 if (!check_cache_writes(gc, &sb, hk, hv, before_k[l], before_v[l], kh, vh, pool_bytes, s, l,
                                         scales_h[l], why, sizeof why)) {
                     ok = 0;
@@ -503,7 +514,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 }
                 /* the reference reads the cache with the new rows in place */
                 hview.k_data = hk;
-                hview.v_data = hv;
+                hview.v_data = gc->mla ? NULL : hv;
                 hview.device.kind = AK_DEVICE_CPU;
                 if (gc->fp8) {
                     hview.scale_kind = AK_KV_SCALE_PER_LAYER;
@@ -524,7 +535,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 break;
             }
             ak_backend_destroy(ref);
-            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, D, o_ref, l_ref, &worst, &worst_lse, s,
+            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, Dv, o_ref, l_ref, &worst, &worst_lse, s,
                                     l, why, sizeof why))
                 ok = 0;
         }

@@ -1097,6 +1097,12 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
     if (scene_alloc(&sc, o->layers, o->seed) == 0) {
         note(o, "# %d layer%s rotated (%s); per call %.3g GFLOP, %.3g MB\n", sc.num_layers,
              sc.num_layers == 1 ? "" : "s", sc.layers_why, sc.flops / 1e9, sc.bytes / 1e6);
+        /* MLA sits near an H100's balance point (~240 FLOP a byte of bf16
+         * tensor-core work against its bandwidth): say which bound applies */
+        if (sc.cfg.mla)
+            note(o, "# MLA: %.0f FLOP a byte moved: %s-bound on an H100 (balance ~240 FLOP a byte); read "
+                    "frac against copy bandwidth and GFLOP/s against the tensor cores' peak\n",
+                 sc.flops / sc.bytes, sc.flops / sc.bytes > 240 ? "compute" : "memory");
         if (o->check) {
             have_ref = ref_build(&ref, &sc) == 0;
             if (have_ref) {

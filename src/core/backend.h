@@ -77,6 +77,7 @@ extern const ak_backend_vtbl ak_backend_cpu;
 #ifdef AK_HAVE_CUDA
 extern const ak_backend_vtbl ak_backend_cuda_paged;
 extern const ak_backend_vtbl ak_backend_cuda_varlen;
+extern const ak_backend_vtbl ak_backend_cuda_mla;
 #endif
 
 #ifdef __cplusplus

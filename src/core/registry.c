@@ -22,6 +22,7 @@ static const ak_backend_vtbl *const registry[] = {
 #ifdef AK_HAVE_CUDA
     &ak_backend_cuda_paged,
     &ak_backend_cuda_varlen,
+    &ak_backend_cuda_mla,
 #endif
 };
 #define REGISTRY_SIZE ((int)(sizeof registry / sizeof registry[0]))
@@ -32,6 +33,7 @@ static const char *const not_built[] = {
 #ifndef AK_HAVE_CUDA
     "cuda_paged",
     "cuda_varlen",
+    "cuda_mla",
 #endif
     NULL,
 };
@@ -53,32 +55,39 @@ typedef struct select_rule {
     int workload;          /* ak_workload or RULE_ANY */
     const char *backends[RULE_MAX_BACKENDS]; /* tried in order; NULL ends the list */
     const char *evidence;  /* why this order: the measurement, or what it rests on */
+    int mla_only;          /* 1: matches cfg.mla configs only (0: any config) */
 } select_rule;
 
 static const select_rule rules[] = {
+    /* Multi-head latent attention: its own backend on the GPU (absorbed form,
+     * the latent row shared by every head); on the CPU the cpu row below */
+    {"cuda mla", AK_DEVICE_CUDA, RULE_ANY, RULE_ANY, {"cuda_mla"},
+     "cfg.mla: cuda_mla is the CUDA backend that reads a latent (K-only) cache; cuda_paged and cuda_varlen "
+     "refuse MLA", 1},
     /* Ragged K/V (contiguous rows, no page table): prompt prefill without a
      * prefix, encoder self-attention, cross-attention. cuda_varlen runs every
      * request through the prefill kernel in one launch; cuda_paged's ragged
      * mode adds the decode kernel and split-KV with a merge pass. */
     {"cuda ragged decode", AK_DEVICE_CUDA, AK_KV_RAGGED, AK_WORKLOAD_DECODE, {"cuda_paged", "cuda_varlen"},
      "q_len 1 only: cuda_paged's decode kernel with split-KV fills the GPU on long keys, where cuda_varlen "
-     "would run one token per prefill tile, unsplit (not yet measured: see docs/BACKENDS.md)"},
+     "would run one token per prefill tile, unsplit (not yet measured: see docs/BACKENDS.md)", 0},
     {"cuda ragged", AK_DEVICE_CUDA, AK_KV_RAGGED, RULE_ANY, {"cuda_varlen", "cuda_paged"},
      "prefill with no prefix on contiguous K/V: cuda_varlen equals cuda_paged's ragged mode within 4% and "
      "plans one launch, no merge; both run attention 1.03-1.27x faster than on the paged cache, equal at "
      "llama3-8b 1x16384 (H200 llama3-8b bf16, 26 shapes; H100 qwen2.5/mistral/gemma2/llama3-70b-tp8, "
-     "12 shapes: docs/BACKENDS.md, attnkit-bench --compare paged,ragged,varlen)"},
+     "12 shapes: docs/BACKENDS.md, attnkit-bench --compare paged,ragged,varlen)", 0},
     {"cuda paged", AK_DEVICE_CUDA, AK_KV_PAGED, RULE_ANY, {"cuda_paged"},
-     "the only CUDA backend that reads a paged cache"},
+     "the only CUDA backend that reads a paged cache", 0},
     /* cpu_ref is last on the CPU: always correct, never fast */
     {"cpu", AK_DEVICE_CPU, RULE_ANY, RULE_ANY, {"cpu", "cpu_ref"},
-     "cpu: SIMD + OpenMP flash attention; cpu_ref: the fp64 oracle (BENCHMARKS.md)"},
+     "cpu: SIMD + OpenMP flash attention; cpu_ref: the fp64 oracle (BENCHMARKS.md)", 0},
 };
 #define NUM_RULES ((int)(sizeof rules / sizeof rules[0]))
 
 static int rule_matches(const select_rule *r, const ak_attn_config *cfg)
 {
-    return r->device == cfg->device.kind && (r->kv_storage == RULE_ANY || r->kv_storage == (int)cfg->kv_storage) &&
+    return r->device == cfg->device.kind && (!r->mla_only || cfg->mla) &&
+           (r->kv_storage == RULE_ANY || r->kv_storage == (int)cfg->kv_storage) &&
            (r->workload == RULE_ANY || r->workload == (int)cfg->workload);
 }
 
@@ -546,8 +555,9 @@ ak_status ak_support_matrix(char *buf, size_t cap)
     for (int b = 0; b < REGISTRY_SIZE; b++) tb_printf(&tb, "---|");
     tb_printf(&tb, "\n");
     /* the base config of a backend: 32/8 heads, head dim 128, a paged cache,
-     * or ragged K/V for a backend that reads no cache */
-    int ragged_base[REGISTRY_SIZE > 0 ? REGISTRY_SIZE : 1];
+     * or ragged K/V for a backend that reads no cache, or MLA (32 heads over
+     * one latent KV head, 576/512) for a backend that serves MLA only */
+    int ragged_base[REGISTRY_SIZE > 0 ? REGISTRY_SIZE : 1], mla_base[REGISTRY_SIZE > 0 ? REGISTRY_SIZE : 1];
     for (int b = 0; b < REGISTRY_SIZE; b++) {
         ak_attn_config c;
         ak_attn_config_init(&c);
@@ -557,7 +567,16 @@ ak_status ak_support_matrix(char *buf, size_t cap)
         if (c.device.kind == AK_DEVICE_CUDA) c.q_dtype = c.kv_dtype = c.o_dtype = AK_BF16;
         const ak_device_info dev = matrix_device(registry[b]->device);
         char note[512];
-        ragged_base[b] = ak_backend_describe(registry[b]->name, &c, &dev, note, sizeof note) != AK_OK;
+        const int plain = ak_backend_describe(registry[b]->name, &c, &dev, note, sizeof note) == AK_OK;
+        c.kv_storage = AK_KV_RAGGED;
+        ragged_base[b] = !plain && ak_backend_describe(registry[b]->name, &c, &dev, note, sizeof note) == AK_OK;
+        c.kv_storage = AK_KV_PAGED;
+        c.mla = 1;
+        c.num_kv_heads = 1;
+        c.head_dim_qk = 576;
+        c.head_dim_vo = 512;
+        mla_base[b] = !plain && !ragged_base[b] &&
+                      ak_backend_describe(registry[b]->name, &c, &dev, note, sizeof note) == AK_OK;
     }
     for (size_t r = 0; r < sizeof matrix_rows / sizeof *matrix_rows; r++) {
         const matrix_row *row = &matrix_rows[r];
@@ -570,6 +589,12 @@ ak_status ak_support_matrix(char *buf, size_t cap)
             c.num_kv_heads = 8;
             c.device.kind = vt->device;
             if (ragged_base[b]) c.kv_storage = AK_KV_RAGGED;
+            if (mla_base[b]) {
+                c.mla = 1;
+                c.num_kv_heads = 1;
+                c.head_dim_qk = 576;
+                c.head_dim_vo = 512;
+            }
             const ak_dtype dt = row->dtype >= 0 ? (ak_dtype)row->dtype : vt->device == AK_DEVICE_CUDA ? AK_BF16
                                                                                                       : AK_F32;
             c.q_dtype = c.kv_dtype = c.o_dtype = dt;
@@ -594,6 +619,8 @@ ak_status ak_support_matrix(char *buf, size_t cap)
             const ak_status st = ak_backend_describe(vt->name, &c, &dev, note, sizeof note);
             /* which kernel, where the backend has more than one */
             const char *how = st != AK_OK                       ? "no"
+                              : strstr(note, "portable kernel") && strstr(note, "rows of 512")
+                                  ? "yes (decode tensor cores, prefill portable)"
                               : strstr(note, "portable kernel") ? "yes (portable)"
                               : vt->device == AK_DEVICE_CUDA && row->head_dim_qk ? "yes (tensor cores)"
                                                                                  : "yes";

@@ -679,8 +679,14 @@ __device__ __forceinline__ void v_scale_rule(float v_scale, float &d)
 }
 
 /* Which kernel serves decode items: tensor cores (mma), CUDA cores (MHA at
- * equal head dims of 64, 128 or 256), or the portable kernel. */
-typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1, DECODE_PORTABLE = 2 } decode_engine;
+ * equal head dims of 64, 128 or 256), the portable kernel, or the wide-row
+ * engine (decode_wide.cu: head dim 512, and MLA's 576/512). */
+typedef enum decode_engine {
+    DECODE_CUDA_CORES = 0,
+    DECODE_TENSOR_CORES = 1,
+    DECODE_PORTABLE = 2,
+    DECODE_WIDE = 3
+} decode_engine;
 
 /* The largest GQA group the CUDA-core engine serves (MHA); bigger groups use
  * tensor cores, one 16-row tile per 16 query heads (engine.cu has the
@@ -692,6 +698,11 @@ typedef enum decode_engine { DECODE_CUDA_CORES = 0, DECODE_TENSOR_CORES = 1, DEC
  * items blockIdx.x, + ctas, ... dtype: q and o (and K/V unless fp8: K/V
  * in fp8 e4m3, the fp8 instances, tensor cores or portable). */
 attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype, int fp8);
+
+/* The wide-row decode kernel (decode_wide.cu) for 16-bit q, K/V and o: head
+ * dims 512/512 (mla 0) or 576/512 with the value read from the K rows (mla
+ * 1); its rows (query heads a block: 16, 32 or 64) chosen for the group. */
+attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at

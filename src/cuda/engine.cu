@@ -83,6 +83,11 @@ struct staging {
     int in_flight;
 };
 
+/* A query token the decode kernel serves, and its visible keys [lo, end). */
+struct decode_unit {
+    int req, tok, lo, end;
+};
+
 /* A prefill tile before ordering: its item and its cost in key tiles. */
 struct pf_tile {
     prefill_item it;
@@ -94,7 +99,9 @@ struct engine_state {
     ak_limits lim;
     engine_mode mode;
     int ragged;       /* K/V are contiguous rows: no block ids, no slot mapping */
-    int split;        /* decode kernel for q_len 1, split-KV and merges (cuda_paged) */
+    int split;        /* decode kernel for q_len 1, split-KV and merges (cuda_paged, cuda_mla) */
+    int all_decode;   /* every query token is a decode unit (cuda_mla), not only q_len 1 requests */
+    int max_units;    /* decode units a plan may hold */
     int64_t max_indices; /* block ids a plan may hold (0 when ragged) */
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
@@ -129,6 +136,7 @@ struct engine_state {
     int next_stg;
     pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
     int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
+    decode_unit *units;   /* [max_units] host scratch of plan() */
     /* the current plan */
     int num_items, num_pitems, num_tasks, num_scans;
     int slot_hw; /* device slot_mapping entries past it are -1 */
@@ -208,7 +216,29 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
         ak_reason_add(why, "head dims %d/%d: the CUDA kernels serve head dims up to %d", cfg->head_dim_qk,
                       cfg->head_dim_vo, AK_PORTABLE_MAX_DIM);
     if (cfg->mla)
-        ak_reason_add(why, "cfg.mla = 1: MLA is not yet served on CUDA (cpu and cpu_ref serve it)");
+        ak_reason_add(why, "cfg.mla = 1: multi-head latent attention is served by cuda_mla");
+    return why->count;
+}
+
+int ak_cuda_mla_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+{
+    if (dev->cc_major < 8)
+        ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
+                      dev->cc_minor);
+    if (!cfg->mla) {
+        ak_reason_add(why, "cfg.mla = 0: cuda_mla serves multi-head latent attention only");
+        return why->count;
+    }
+    if (cfg->head_dim_qk != 576 || cfg->head_dim_vo != 512)
+        ak_reason_add(why, "head dims %d/%d: cuda_mla serves a latent of 512 and a rotary part of 64 (576/512)",
+                      cfg->head_dim_qk, cfg->head_dim_vo);
+    if (cfg->kv_dtype == AK_FP8_E4M3)
+        ak_reason_add(why, "kv_dtype fp8_e4m3: cuda_mla reads a 16-bit latent cache (fp8 latent rows: the cpu "
+                      "backend)");
+    else if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
+             (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
+        ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
+                      ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
     return why->count;
 }
 
@@ -222,6 +252,9 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
  * and a pair outside it the portable kernel. */
 static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
 {
+    /* rows of 512 (and MLA's 576/512): the wide engine (decode_wide.cu) */
+    if (cfg->mla) return DECODE_WIDE;
+    if (!portable && !is_fp8(cfg) && cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512) return DECODE_WIDE;
     if (portable || !tc_pair(cfg)) return DECODE_PORTABLE;
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     if (group <= AK_DECODE_CC_MAX_GROUP && ak_cuda_decode_kernel(DECODE_CUDA_CORES, cfg->head_dim_qk,
@@ -284,6 +317,18 @@ static const char *family_name(prefill_family f)
 void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev, engine_mode mode, char *buf,
                             size_t cap)
 {
+    if (mode == ENGINE_MODE_MLA) {
+        const int group = cfg->num_qo_heads;
+        const attn_kernel k = ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 1);
+        const int wrows = k.rows > 0 ? k.rows : 16;
+        snprintf(buf, cap,
+                 "%sabsorbed MLA on tensor cores (the wide-row decode kernel): every query token one item "
+                 "(multi-token requests causal among their tokens), %d heads a block sharing each latent row "
+                 "load (%d row tile%s), split-KV with a merge%s",
+                 cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "", wrows, (group + wrows - 1) / wrows,
+                 (group + wrows - 1) / wrows == 1 ? "" : "s", cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "");
+        return;
+    }
     int portable = 0;
     prefill_family f;
     if (portable_forced(&portable) != AK_OK || choose_prefill(cfg, dev, portable, &f) != AK_OK) {
@@ -312,7 +357,10 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const decode_engine e = choose_engine(cfg, portable);
     int n = snprintf(buf, cap, "%s%sdecode on %s%s", cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "", fp8,
-                     e == DECODE_TENSOR_CORES ? "tensor cores" : e == DECODE_CUDA_CORES ? "CUDA cores" : "the portable kernel",
+                     e == DECODE_TENSOR_CORES ? "tensor cores"
+                     : e == DECODE_WIDE      ? "tensor cores, rows of 512 (wide-row engine)"
+                     : e == DECODE_CUDA_CORES ? "CUDA cores"
+                                              : "the portable kernel",
                      e == DECODE_PORTABLE ? dims : "");
     if (e != DECODE_PORTABLE && n >= 0 && (size_t)n < cap)
         n += snprintf(buf + n, cap - n, " (GQA group %d %s %d)", group, group > AK_DECODE_CC_MAX_GROUP ? ">" : "<=",
@@ -341,6 +389,7 @@ void ak_cuda_engine_destroy(void *state)
     if (s->dev) cudaFree(s->dev);
     free(s->tiles);
     free(s->first_block);
+    free(s->units);
     free(s);
 }
 
@@ -360,7 +409,9 @@ static ak_status engine_create_inner(engine_state *s)
     AK_TRY(portable_forced(&portable));
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     s->ragged = cfg->kv_storage == AK_KV_RAGGED;
-    s->split = s->mode == ENGINE_MODE_PAGED;
+    s->split = s->mode == ENGINE_MODE_PAGED || s->mode == ENGINE_MODE_MLA;
+    s->all_decode = s->mode == ENGINE_MODE_MLA;
+    s->max_units = s->all_decode ? lim->max_tokens : lim->max_reqs;
     s->max_indices = s->ragged ? 0 : (int64_t)lim->max_reqs * lim->max_blocks_per_req;
     s->max_slots = s->ragged ? 0 : lim->max_tokens;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : DEFAULT_MAX_SPLITS;
@@ -374,7 +425,9 @@ static ak_status engine_create_inner(engine_state *s)
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
-        s->dec_k = ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
+        s->dec_k = s->engine == DECODE_WIDE
+                       ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, cfg->mla)
+                       : ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         /* programmatic dependent launches need the kernels' griddepcontrol,
@@ -392,10 +445,10 @@ static ak_status engine_create_inner(engine_state *s)
         const int ctas_per_item = cfg->num_kv_heads * s->row_tiles;
         s->decode_ctas = info.num_sms * ctas_per_sm / ctas_per_item;
         if (s->decode_ctas < 1) s->decode_ctas = 1;
-        s->max_items = lim->max_reqs > s->decode_ctas ? lim->max_reqs : s->decode_ctas;
+        s->max_items = s->max_units > s->decode_ctas ? s->max_units : s->decode_ctas;
         /* room for balance_chunk's rounds, for batches it can matter to (a
          * quarter of the wave or more: smaller ones split evenly anyway) */
-        if (lim->max_reqs >= s->decode_ctas / 4) {
+        if (s->max_units >= s->decode_ctas / 4) {
             const int64_t more = (int64_t)s->max_items + (int64_t)(BALANCE_ROUNDS + 1) * s->decode_ctas;
             s->max_items = more > INT32_MAX / 2 ? INT32_MAX / 2 : (int)more;
         }
@@ -406,19 +459,21 @@ static ak_status engine_create_inner(engine_state *s)
             s->invariant_chunk = chunk > INVARIANT_CHUNK ? (int)chunk : INVARIANT_CHUNK;
             /* every decode request in ceil(kv_len / chunk) items */
             const int64_t per_req = (max_kv + s->invariant_chunk - 1) / s->invariant_chunk;
-            const int64_t items = (int64_t)lim->max_reqs * (per_req > 1 ? per_req : 1);
+            const int64_t items = (int64_t)s->max_units * (per_req > 1 ? per_req : 1);
             if (items > INT32_MAX / 2)
                 return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "batch-invariant decode: limits allow %lld split items",
                                     (long long)items);
             if (items > s->max_items) s->max_items = (int)items;
         }
-        s->max_tasks = lim->max_reqs;
+        s->max_tasks = s->max_units;
+        s->units = (decode_unit *)malloc(sizeof(decode_unit) * ((size_t)s->max_units + 1));
+        if (!s->units) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's decode scratch");
         s->merge_k = ak_cuda_merge_kernel(cfg->head_dim_vo, s->vec, cfg->o_dtype);
     }
 
     /* varlen: every request with a query token is a prefill; paged: those
      * with two or more (decode takes the rest) */
-    s->prefill = !s->split || cfg->workload != AK_WORKLOAD_DECODE;
+    s->prefill = !s->split || (cfg->workload != AK_WORKLOAD_DECODE && !s->all_decode);
     s->min_prefill_q = s->split ? 2 : 1;
     if (s->prefill) {
         AK_TRY(choose_prefill(cfg, &info, portable, &s->pfam));
@@ -520,10 +575,33 @@ static int page_base_of(const ak_batch_meta *bm, int r)
     return bm->kv_indptr[r] - (bm->kv_first_block ? bm->kv_first_block[r] : 0);
 }
 
-static int is_decode_req(const ak_batch *b, int r) { return b->qo_indptr[r + 1] - b->qo_indptr[r] == 1; }
+/* The query tokens the decode kernel serves, each with its visible keys
+ * [lo, end): every request of one query token (paged mode), or every query
+ * token of every request (MLA mode: multi-token prediction and chunks run as
+ * one item per token, each with its own causal end). Written into s->units;
+ * returns their count. */
+static int decode_units(engine_state *s, const ak_batch *b, const ak_batch_meta *bm)
+{
+    const ak_attn_config *c = &s->cfg;
+    int n = 0;
+    for (int r = 0; r < b->num_reqs; r++) {
+        const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0, kv_len = b->kv_lens[r];
+        if (q_len < 1 || (!s->all_decode && q_len != 1)) continue;
+        for (int i = 0; i < q_len; i++) {
+            const int pos = kv_len - q_len + i;
+            decode_unit *u = &s->units[n++];
+            u->req = r;
+            u->tok = q0 + i;
+            u->lo = ak_visible_lo(pos, c->window_left);
+            u->end = ak_visible_hi(pos, kv_len, c->causal) + 1;
+            if (u->end < u->lo) u->end = u->lo;
+        }
+    }
+    return n;
+}
 
-/* Work items for num_dec decode requests: enough to fill one wave, at least
- * one per request, at most max_splits per request. */
+/* Work items for num_dec decode units: enough to fill one wave, at least
+ * one per unit, at most max_splits per unit. */
 static int items_for(const engine_state *s, int num_dec)
 {
     const int64_t cap = (int64_t)num_dec * s->max_splits;
@@ -531,16 +609,21 @@ static int items_for(const engine_state *s, int num_dec)
     return num_dec > want ? num_dec : (int)want;
 }
 
-/* Visible keys of a decode request: [lo, kv_len) (visible.h). */
-static int decode_lo(const ak_attn_config *cfg, int kv_len) { return ak_visible_lo(kv_len - 1, cfg->window_left); }
-
 static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
 
 static int round_up(int x, int q) { return (x + q - 1) / q * q; }
 
+/* Items the units take in chunks of `chunk` keys. */
+static int64_t items_at(const engine_state *s, int num_dec, int chunk)
+{
+    int64_t n = 0;
+    for (int i = 0; i < num_dec; i++) n += chunks_of(s->units[i].end - s->units[i].lo, chunk);
+    return n;
+}
+
 /* The smallest chunk (a multiple of CHUNK_QUANTUM) whose chunk count over
- * every decode request fits the item budget. */
-static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int max_len)
+ * every decode unit fits the item budget. */
+static int pick_chunk(const engine_state *s, int num_dec, int budget, int max_len)
 {
     int lo = CHUNK_QUANTUM, hi = round_up(max_len, CHUNK_QUANTUM);
     const int floor_split = (max_len + s->max_splits - 1) / s->max_splits;
@@ -548,10 +631,7 @@ static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int 
     if (hi < lo) hi = lo;
     while (lo < hi) {
         const int mid = (lo + hi) / 2 / CHUNK_QUANTUM * CHUNK_QUANTUM;
-        int64_t n = 0;
-        for (int r = 0; r < b->num_reqs; r++)
-            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), mid);
-        if (n <= budget)
+        if (items_at(s, num_dec, mid) <= budget)
             hi = mid;
         else
             lo = mid + CHUNK_QUANTUM;
@@ -559,7 +639,6 @@ static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int 
     return lo;
 }
 
-/* Decode items and their merge tasks into m; returns the item count. */
 /* The blocks of the wave take the decode items round by round, so the
  * number of items matters, not only their size: 64 requests of equal length
  * on 49 blocks (an fp8 decode, three blocks an SM) take two rounds of whole
@@ -570,22 +649,18 @@ static int pick_chunk(const engine_state *s, const ak_batch *b, int budget, int 
  * chunks that fill 1 to BALANCE_ROUNDS more rounds and keeps the one of
  * least rounds x chunk (the longest item of a round) if it saves at least a
  * tenth (the merge and the partial states cost something). */
-static int balance_chunk(const engine_state *s, const ak_batch *b, int num_dec, int max_len, int first)
+static int balance_chunk(const engine_state *s, int num_dec, int max_len, int first)
 {
     const int C = s->decode_ctas;
     const int64_t rounds0 = (num_dec + C - 1) / C;
-    int64_t n0 = 0;
-    for (int r = 0; r < b->num_reqs; r++)
-        if (is_decode_req(b, r)) n0 += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), first);
+    const int64_t n0 = items_at(s, num_dec, first);
     int64_t best_cost = (n0 + C - 1) / C * (int64_t)(first < max_len ? first : max_len) * 9 / 10;
     int best = first;
     for (int extra = 1; extra <= BALANCE_ROUNDS; extra++) {
         const int64_t budget = (rounds0 + extra) * C;
         if (budget > s->max_items) break;
-        const int chunk = pick_chunk(s, b, (int)budget, max_len);
-        int64_t n = 0;
-        for (int r = 0; r < b->num_reqs; r++)
-            if (is_decode_req(b, r)) n += chunks_of(b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]), chunk);
+        const int chunk = pick_chunk(s, num_dec, (int)budget, max_len);
+        const int64_t n = items_at(s, num_dec, chunk);
         const int64_t cost = (n + C - 1) / C * (int64_t)(chunk < max_len ? chunk : max_len);
         if (cost < best_cost) {
             best_cost = cost;
@@ -595,41 +670,38 @@ static int balance_chunk(const engine_state *s, const ak_batch *b, int num_dec, 
     return best;
 }
 
+/* Decode items and their merge tasks into m; returns the item count. */
 static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m, int *num_tasks)
 {
-    int num_dec = 0, max_len = 1;
-    for (int r = 0; r < b->num_reqs; r++) {
-        if (!is_decode_req(b, r)) continue;
-        num_dec++;
-        const int len = b->kv_lens[r] - decode_lo(&s->cfg, b->kv_lens[r]);
-        if (len > max_len) max_len = len;
-    }
+    const int num_dec = decode_units(s, b, bm);
     if (num_dec == 0) return 0;
+    int max_len = 1;
+    for (int i = 0; i < num_dec; i++)
+        if (s->units[i].end - s->units[i].lo > max_len) max_len = s->units[i].end - s->units[i].lo;
     /* batch-invariant: one fixed chunk; else the smallest that fills the
      * wave (with no spare items nothing is split, so no merge is needed) */
     const int budget = items_for(s, num_dec);
     const int chunk = s->invariant_chunk ? s->invariant_chunk
-                      : balance_chunk(s, b, num_dec, max_len,
-                                      budget > num_dec ? pick_chunk(s, b, budget, max_len) : INT32_MAX);
+                      : balance_chunk(s, num_dec, max_len,
+                                      budget > num_dec ? pick_chunk(s, num_dec, budget, max_len) : INT32_MAX);
     int n = 0, partials = 0;
-    for (int r = 0; r < b->num_reqs; r++) {
-        if (!is_decode_req(b, r)) continue;
-        const int lo = decode_lo(&s->cfg, b->kv_lens[r]), len = b->kv_lens[r] - lo;
-        const int k = chunks_of(len, chunk);
+    for (int x = 0; x < num_dec; x++) {
+        const decode_unit *u = &s->units[x];
+        const int k = chunks_of(u->end - u->lo, chunk);
         for (int i = 0; i < k; i++) {
             decode_item it;
-            it.req = r;
-            it.tok = bm->qo_indptr[r];
-            it.page_base = page_base_of(bm, r);
-            it.lo = lo;
+            it.req = u->req;
+            it.tok = u->tok;
+            it.page_base = page_base_of(bm, u->req);
+            it.lo = u->lo;
             it.unused = 0;
-            it.kv_begin = lo + i * (k > 1 ? chunk : 0);
-            it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : b->kv_lens[r];
+            it.kv_begin = u->lo + i * (k > 1 ? chunk : 0);
+            it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : u->end;
             it.out = k > 1 ? partials + i : -1;
             m->items[n++] = it;
         }
         if (k > 1) {
-            merge_task t = {bm->qo_indptr[r], partials, k, 1};
+            merge_task t = {u->tok, partials, k, 1};
             m->tasks[(*num_tasks)++] = t;
             partials += k;
         }
@@ -853,7 +925,7 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
 
 static const char *mode_name(const engine_state *s)
 {
-    return s->mode == ENGINE_MODE_VARLEN ? "cuda_varlen" : "cuda_paged";
+    return s->mode == ENGINE_MODE_VARLEN ? "cuda_varlen" : s->mode == ENGINE_MODE_MLA ? "cuda_mla" : "cuda_paged";
 }
 
 /* 16-byte vector access needs aligned rows: base and row strides, multiples
@@ -898,7 +970,8 @@ static void set_kv_strides(attn_params *p, const void *k, const void *v, ak_kv_s
 static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, attn_params *p)
 {
     if (s->ragged) {
-        const ak_tensor *k = a->k, *v = a->v;
+        /* MLA: no V tensor, the value is the start of each K row */
+        const ak_tensor *k = a->k, *v = s->cfg.mla ? a->k : a->v;
         AK_TRY(check_aligned_kv(s, "args.k", k->data, k->stride[0], k->stride[1]));
         AK_TRY(check_aligned_kv(s, "args.v", v->data, v->stride[0], v->stride[1]));
         /* with equal head dims the loader keeps one offset for K and V */

@@ -9,7 +9,11 @@
  *                      (contiguous rows);
  *   ENGINE_MODE_VARLEN (cuda_varlen): ragged K/V only; every request through
  *                      the prefill kernel, no split-KV and no merge, so run()
- *                      is one launch (FlashAttention's varlen scheme).
+ *                      is one launch (FlashAttention's varlen scheme);
+ *   ENGINE_MODE_MLA    (cuda_mla): multi-head latent attention (cfg.mla),
+ *                      every query token a decode item on the wide-row
+ *                      kernel (causal among a request's tokens), split-KV
+ *                      with a merge pass.
  *
  * Both keep the same plan/run protocol: plan() fills fixed device buffers
  * from pinned staging, run() launches fixed grids that read the work-list
@@ -21,10 +25,12 @@
 #include "attn.cuh"
 #include "backend.h"
 
-typedef enum engine_mode { ENGINE_MODE_PAGED = 0, ENGINE_MODE_VARLEN = 1 } engine_mode;
+typedef enum engine_mode { ENGINE_MODE_PAGED = 0, ENGINE_MODE_VARLEN = 1, ENGINE_MODE_MLA = 2 } engine_mode;
 
 /* The reasons every kernel of the engine shares (device, dtypes, head dims). */
 int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why);
+/* cuda_mla's reasons (it serves cfg.mla only). */
+int ak_cuda_mla_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why);
 ak_status ak_cuda_engine_create(const ak_attn_config *cfg, const ak_limits *lim, engine_mode mode, void **state);
 /* The vtable slots (backend.h) every mode shares. */
 ak_status ak_cuda_engine_meta_buffers(void *state, ak_batch_meta *meta);

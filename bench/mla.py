@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""bench/mla.py - MLA decode (DeepSeek-V3's absorbed form) on the GPU: attnkit's cuda_mla beside FlashInfer's MLA.
+
+    python3 bench/mla.py [--lib build/libattnkit.so] [--csv FILE] [--quick]
+
+Every side reads the same latent cache: one row of 576 values a token (512
+latent + 64 rotary), pages of 64 tokens, bf16; q [tokens, heads, 576], o
+[tokens, heads, 512]; every request on the same kv_len; sm_scale 1/sqrt(192)
+as DeepSeek-V3. attnkit reads the rows as they are (a K-only paged cache);
+FlashInfer's BatchMLAPagedAttentionWrapper takes the latent and rotary parts
+as two caches (copies of the same values) and q as q_nope / q_pe, with each
+of its backends that builds here ('fa2', the portable one, and 'fa3', its
+Hopper default behind 'auto').
+
+Each side's call is captured 10 times into one CUDA graph and the graph is
+replayed (median of rounds), so no Python cost is timed. Printed per shape:
+microseconds a call, TFLOP/s (2 x tokens x heads x kv_len x (576 + 512)), the
+fraction of a device-to-device copy's bandwidth (measured in the same run)
+that reading each latent row once (plus q and o) would take, and which bound
+applies: an H100 does about 240 FLOP per latent byte at its balance point,
+so 128 heads (272 FLOP a byte at q_len 1) are compute-bound, 16 heads (34)
+memory-bound. "attnkit x": the side's time over attnkit's (above 1: attnkit
+is faster). Outputs are compared with attnkit's (max abs difference).
+"""
+import argparse
+import csv
+import math
+import os
+import statistics
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAT, ROPE, PAGE = 512, 64, 64
+DQK = LAT + ROPE
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lib", help="libattnkit.so (default: ATTNKIT_LIB, else the build folder's)")
+    p.add_argument("--csv", help="write the rows here too")
+    p.add_argument("--quick", action="store_true", help="fewer shapes")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--backends", default="fa2,fa3", help="FlashInfer MLA backends to try")
+    return p.parse_args()
+
+
+def import_libs(args):
+    import torch
+    if args.lib:
+        os.environ["ATTNKIT_LIB"] = args.lib
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import attnkit
+    try:
+        import flashinfer
+    except Exception as e:  # optional
+        print(f"# flashinfer not importable ({type(e).__name__}: {e}): its rows are left out", file=sys.stderr)
+        flashinfer = None
+    return torch, attnkit, flashinfer
+
+
+class Scene:
+    """batch requests of kv_len keys and q_len query tokens each, over one
+    paged latent cache (pages in a shuffled order)."""
+
+    def __init__(self, torch, heads, batch, kv_len, q_len, gen):
+        self.heads, self.batch, self.kv_len, self.q_len = heads, batch, kv_len, q_len
+        pages = (kv_len + PAGE - 1) // PAGE
+        self.num_blocks = batch * pages
+        dev = "cuda"
+        self.latent = (torch.randn((self.num_blocks, PAGE, DQK), generator=gen, device=dev) * 0.5).to(torch.bfloat16)
+        self.tokens = batch * q_len
+        self.q = (torch.randn((self.tokens, heads, DQK), generator=gen, device=dev) * 0.5).to(torch.bfloat16)
+        perm = torch.randperm(self.num_blocks, generator=torch.Generator().manual_seed(7)).to(torch.int32)
+        self.block_table = perm.reshape(batch, pages)
+        self.kv_lens = [kv_len] * batch
+        self.qo_indptr = [i * q_len for i in range(batch + 1)]
+        self.sm_scale = 1.0 / math.sqrt(192.0)
+
+    def flops(self):
+        return 2.0 * self.tokens * self.heads * self.kv_len * (DQK + LAT)
+
+    def bytes(self):
+        """each latent row read once, q read and o written"""
+        return self.batch * self.kv_len * DQK * 2 + self.tokens * self.heads * (DQK + LAT) * 2
+
+
+def attnkit_side(torch, attnkit, sc):
+    cfg = attnkit.Config(num_qo_heads=sc.heads, num_kv_heads=1, head_dim_qk=DQK, head_dim_vo=LAT, mla=True,
+                         sm_scale=sc.sm_scale, dtype="bf16", device="cuda", page_size=PAGE)
+    lim = attnkit.Limits(max_reqs=sc.batch, max_tokens=sc.tokens, max_blocks_per_req=sc.block_table.shape[1],
+                         num_cache_blocks=sc.num_blocks)
+    b = attnkit.Backend(cfg, lim, name="cuda_mla")
+    b.plan(sc.qo_indptr, sc.kv_lens, sc.block_table)
+    o = torch.empty(sc.tokens, sc.heads, LAT, dtype=torch.bfloat16, device="cuda")
+    call = b.prepare_run(sc.q, sc.latent.unsqueeze(2), None, o)
+    return (lambda: call()), o, b
+
+
+def flashinfer_side(torch, fi, sc, backend):
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
+    w = fi.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    dev = "cuda"
+    qo_indptr = torch.tensor(sc.qo_indptr, dtype=torch.int32, device=dev)
+    pages = sc.block_table.shape[1]
+    kv_indptr = torch.arange(0, sc.num_blocks + 1, pages, dtype=torch.int32, device=dev)
+    kv_indices = sc.block_table.reshape(-1).to(dev)
+    kv_len_arr = torch.tensor(sc.kv_lens, dtype=torch.int32, device=dev)
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, sc.heads, LAT, ROPE, PAGE, True, sc.sm_scale,
+           torch.bfloat16, torch.bfloat16)
+    ckv = sc.latent[..., :LAT].contiguous()
+    kpe = sc.latent[..., LAT:].contiguous()
+    q_nope = sc.q[..., :LAT].contiguous()
+    q_pe = sc.q[..., LAT:].contiguous()
+    o = torch.empty(sc.tokens, sc.heads, LAT, dtype=torch.bfloat16, device="cuda")
+    call = lambda: w.run(q_nope, q_pe, ckv, kpe, out=o)
+    return call, o, (w, ws, ckv, kpe, q_nope, q_pe)
+
+
+def time_graph(torch, call, rounds, iters=10):
+    """median ms a call: `iters` calls captured into one graph, replayed
+    `rounds` times (eager when the capture fails)"""
+    call()
+    torch.cuda.synchronize()
+    run = None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            call()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                call()
+        run, how = g.replay, "graph"
+    except Exception as e:
+        print(f"#   capture failed ({type(e).__name__}: {str(e)[:100]}): timed eagerly", file=sys.stderr)
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(iters):
+                call()
+        how = "eager"
+    run()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ms = []
+    for _ in range(rounds):
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        ms.append(a.elapsed_time(b) / iters)
+    return statistics.median(ms), how
+
+
+def copy_ceiling(torch, rounds):
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms, _ = time_graph(torch, lambda: dst.copy_(src), rounds, iters=5)
+    del src, dst
+    return 2 * n / ms / 1e6  # GB/s
+
+
+def main():
+    args = parse_args()
+    torch, attnkit, fi = import_libs(args)
+    ceiling = copy_ceiling(torch, args.rounds)
+    print(f"# {torch.cuda.get_device_name()}; device-to-device copy: {ceiling:.1f} GB/s (read + written)")
+    shapes = [(128, 64, 8192, 1), (16, 64, 8192, 1), (128, 1, 32768, 1), (128, 128, 4096, 2)]
+    if not args.quick:
+        shapes = [(128, 64, 8192, 1), (128, 128, 4096, 1), (128, 1, 32768, 1), (128, 128, 4096, 2),
+                  (16, 64, 8192, 1), (16, 128, 4096, 1), (16, 1, 32768, 1), (64, 64, 8192, 1), (32, 64, 8192, 1)]
+    rows = []
+    print(f"{'side':24s} {'heads':>5s} {'batch':>5s} {'kv_len':>6s} {'q':>2s} {'us':>9s} {'TFLOP/s':>8s} "
+          f"{'frac':>5s} {'bound':>7s} {'attnkit x':>9s} {'max|diff|':>9s}")
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    for heads, batch, kv_len, q_len in shapes:
+        sc = Scene(torch, heads, batch, kv_len, q_len, gen)
+        bound = "compute" if sc.flops() / (sc.batch * sc.kv_len * DQK * 2) > 240 else "memory"
+        sides = [("attnkit cuda_mla", lambda: attnkit_side(torch, attnkit, sc))]
+        if fi:
+            for be in [x for x in args.backends.split(",") if x]:
+                sides.append((f"flashinfer mla {be}", lambda be=be: flashinfer_side(torch, fi, sc, be)))
+        ref, base = None, None
+        for name, make in sides:
+            try:
+                call, o, keep = make()
+                ms, how = time_graph(torch, call, args.rounds)
+            except Exception as e:
+                print(f"{name:24s} {heads:5d} {batch:5d} {kv_len:6d} {q_len:2d} skipped: {type(e).__name__}: "
+                      f"{str(e)[:150]}")
+                continue
+            call()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref, base = o.float().clone(), ms
+                diff = 0.0
+            else:
+                diff = (o.float() - ref).abs().max().item()
+            tf = sc.flops() / ms / 1e9
+            gbs = sc.bytes() / ms / 1e6
+            print(f"{name:24s} {heads:5d} {batch:5d} {kv_len:6d} {q_len:2d} {ms * 1e3:9.1f} {tf:8.1f} "
+                  f"{gbs / ceiling:5.2f} {bound:>7s} {ms / base:9.2f} {diff:9.2e}")
+            rows.append(dict(side=name, heads=heads, batch=batch, kv_len=kv_len, q_len=q_len, us=f"{ms * 1e3:.2f}",
+                             tflops=f"{tf:.1f}", frac=f"{gbs / ceiling:.3f}", bound=bound,
+                             attnkit_over_side=f"{ms / base:.3f}", max_abs_diff=f"{diff:.3g}", timed=how,
+                             ceiling_gbs=f"{ceiling:.1f}"))
+            del keep
+        del sc
+        torch.cuda.empty_cache()
+    if args.csv and rows:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            w.writeheader()
+            w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+/*
+ * decode_wide.cu - decode over rows of 512 values and more, on tensor cores:
+ * head dim 512 (DQK = DVO = 512, K and V pools), and multi-head latent
+ * attention in its absorbed form (cuda_mla: DQK = 576 latent + rotary
+ * values, DVO = 512, the value being the first 512 values of the same row,
+ * so a tile is loaded once and serves q.k and p.v).
+ *
+ * The decode engine of decode.cu keeps a whole 16 x DVO accumulator per warp
+ * (256 registers a thread at DVO = 512) and every warp computes over its own
+ * keys. Here the 8 warps of a block share each tile instead:
+ *   q.k   the tile's scores S [ROWS x 32 keys]: warp w computes one 16-row x
+ *         16-key piece over a slice of the head dim (KS slices when there
+ *         are fewer pieces than warps), into shared memory;
+ *   softmax  ROWS x 32 keys over the 256 threads (a row's threads are
+ *         neighbouring lanes of one warp): the slices summed, the masks,
+ *         the NaN rule, the online max and sum; P (16-bit) and each row's
+ *         rescale factor into shared memory;
+ *   p.v   warp w owns 64 of the 512 output columns for every row: its
+ *         accumulator is ROWS x 64 (MT x 32 registers a thread), and no
+ *         merge across warps is needed at the end.
+ * ROWS = 16 x MT query heads a block: MT = 1, 2 or 4 (16, 32, 64 heads; MLA's
+ * 128 heads are two row tiles of 64). With 64 rows a latent row loaded once
+ * feeds 64 x 2 x (576 + 512) flops.
+ *
+ * Items, outputs, split-KV partials, sinks, soft-cap and the NaN rule are
+ * those of decode.cu (attn.cuh): an item is one query token's keys [kv_begin,
+ * kv_end) (MLA's multi-token requests are one item per token, each with its
+ * own causal end, planned by the engine).
+ */
+#include "attn.cuh"
+
+template <int DQK, int DVO, int MT, bool SHARED> struct wide_traits {
+    static_assert(DVO == 512 && DQK >= DVO && DQK % 64 == 0, "wide decode: DVO 512, DQK a multiple of 64");
+    static constexpr int WARPS = 8, THREADS = WARPS * 32;
+    static constexpr int ROWS = 16 * MT;
+    static constexpr int KEYS = 32;             /* keys a tile */
+    static constexpr int PIECES = MT * (KEYS / 16); /* 16 x 16 score pieces of a tile */
+    static_assert(WARPS % PIECES == 0, "score pieces divide among the warps");
+    static constexpr int KS = WARPS / PIECES;   /* head-dim slices of a piece */
+    static_assert((DQK / 16) % KS == 0, "k steps divide among the slices");
+    static constexpr int COLS = DVO / WARPS;    /* output columns a warp owns */
+    static constexpr int TPR = THREADS / ROWS;  /* softmax threads a row */
+    static constexpr int KPT = KEYS / TPR;      /* keys a softmax thread */
+    static constexpr int PSTRIDE = KEYS + 8;    /* P row stride (elements): conflict-free ldmatrix */
+    static constexpr int SSTRIDE = KEYS + 1;    /* S row stride (floats) */
+    /* a stage: K [KEYS][DQK], and V [KEYS][DVO] unless it is K's start */
+    static constexpr int STAGE_ELEMS = KEYS * DQK + (SHARED ? 0 : KEYS * DVO);
+    static constexpr int STAGES = SHARED ? 3 : 2;
+    static constexpr int KV_BYTES = STAGES * STAGE_ELEMS * 2;
+    static constexpr int Q_BYTES = ROWS * DQK * 2;
+    static constexpr int S_BYTES = KS * ROWS * SSTRIDE * 4;
+    static constexpr int P_BYTES = ROWS * PSTRIDE * 2;
+    /* per-row factor, then the epilogue's 1/d, then each warp's NaN-rule sum */
+    static constexpr int F_BYTES = (2 * ROWS + WARPS * ROWS) * 4;
+    static constexpr int SMEM_BYTES = KV_BYTES + Q_BYTES + S_BYTES + P_BYTES + F_BYTES;
+    static_assert(SMEM_BYTES <= 227 * 1024, "fits one block an SM");
+};
+
+template <int DQK, int DVO, int MT, bool SHARED, typename T>
+__global__ void __launch_bounds__(256, 1) decode_wide_kernel(const attn_params p)
+{
+    typedef wide_traits<DQK, DVO, MT, SHARED> tr;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, KCH = DQK / 8, VCH = DVO / 8;
+    extern __shared__ uint4 smem[];
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    T *stages = (T *)smem;
+    T *qs = (T *)((char *)smem + tr::KV_BYTES);
+    float *S = (float *)((char *)qs + tr::Q_BYTES);
+    T *P = (T *)((char *)S + tr::S_BYTES);
+    float *F = (float *)((char *)P + tr::P_BYTES);
+    float *INV = F + ROWS;
+    float *BADW = INV + ROWS;
+
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
+    const int head0 = kv_head * p.group + row_tile * ROWS;
+    const int rows = min(ROWS, p.group - row_tile * ROWS);
+    const int64_t k_head = kv_head * p.k_stride_head, v_head = kv_head * p.v_stride_head;
+
+    /* keys [t0, t0 + KEYS) into stage s: K rows of DQK, V rows of DVO
+     * (SHARED: none, V is the start of the K row), zero past kv_end and
+     * before lo (no row sees them, and a NaN there must not reach o) */
+    auto issue = [&](int s, int t0, const decode_item &it) {
+        T *ks = stages + s * tr::STAGE_ELEMS;
+        T *vs = ks + KEYS * DQK;
+        constexpr int PER_ROW = SHARED ? KCH : KCH + VCH;
+        for (int i = threadIdx.x; i < KEYS * PER_ROW; i += tr::THREADS) {
+            const int row = i / PER_ROW, c = i - row * PER_ROW;
+            const int key = min(t0 + row, it.kv_end - 1);
+            int slot;
+            const int64_t block = kv_block_of(p, it.page_base, key, slot);
+            const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo ? 16 : 0;
+            if (c < KCH)
+                cp_async_16(ks + swz<DQK>(row, c),
+                            (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot + k_head + c * 8,
+                            bytes);
+            else
+                cp_async_16(vs + swz<DVO>(row, c - KCH),
+                            (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot + v_head +
+                                (c - KCH) * 8,
+                            bytes);
+        }
+    };
+
+    /* this warp's score piece: rows 16 m_piece.., keys 16 n_piece.., k steps
+     * of slice ks_piece */
+    constexpr int PIECES = tr::PIECES, KSTEPS = DQK / 16 / tr::KS;
+    const int piece = warp % PIECES, ks_piece = warp / PIECES;
+    const int m_piece = piece / (KEYS / 16), n_piece = piece % (KEYS / 16);
+    /* the softmax's view: row sr, keys [sk, sk + KPT) */
+    const int sr = threadIdx.x / tr::TPR, sk = (threadIdx.x % tr::TPR) * tr::KPT;
+    const int num_items = p.counts[COUNT_DECODE];
+
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const decode_item it = p.items[w];
+        if (it.req < 0) continue;
+        __syncthreads(); /* the previous item is done with shared memory */
+        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+#pragma unroll
+        for (int s = 0; s < tr::STAGES - 1; s++) {
+            if (s < n_tiles) issue(s, it.kv_begin + s * KEYS, it);
+            cp_async_commit();
+        }
+        /* q: the block's rows, zero past the group */
+        for (int i = threadIdx.x; i < ROWS * KCH; i += tr::THREADS) {
+            const int row = i / KCH, c = i - row * KCH;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (row < rows)
+                v = *(const uint4 *)((const T *)p.q + it.tok * p.q_stride_tok + (head0 + row) * p.q_stride_head +
+                                     c * 8);
+            *(uint4 *)(qs + swz<DQK>(row, c)) = v;
+        }
+        float acc[MT][tr::COLS / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < tr::COLS / 8; n++) acc[mt][n][0] = acc[mt][n][1] = acc[mt][n][2] = acc[mt][n][3] = 0.0f;
+        float m_run = -INFINITY, d_run = 0.0f; /* row sr's state (every thread of the row holds m) */
+
+        for (int t = 0; t < n_tiles; t++) {
+            cp_async_wait<tr::STAGES - 2>();
+            __syncthreads(); /* tile t landed; everyone is done with tile t - 1, P and F */
+            const int next = t + tr::STAGES - 1;
+            if (next < n_tiles) issue(next % tr::STAGES, it.kv_begin + next * KEYS, it);
+            cp_async_commit();
+            const T *ks = stages + (t % tr::STAGES) * tr::STAGE_ELEMS;
+            const T *vs = SHARED ? ks : ks + KEYS * DQK;
+            constexpr int VROW = SHARED ? DQK : DVO; /* V's shared-memory row */
+            const int t0 = it.kv_begin + t * KEYS;
+
+            /* q.k: one 16 x 16 piece over KSTEPS k steps */
+            {
+                float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                const int mi = lane / 8, r = lane % 8;
+#pragma unroll 6
+                for (int j = 0; j < KSTEPS; j++) {
+                    const int kk = ks_piece * KSTEPS + j;
+                    uint32_t a[4], b[4];
+                    ldmatrix_x4(a, qs + swz<DQK>(m_piece * 16 + (mi % 2) * 8 + r, 2 * kk + mi / 2));
+                    ldmatrix_x4(b, ks + swz<DQK>(n_piece * 16 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
+                    mma_16816<T>(s[0], a, b);
+                    mma_16816<T>(s[1], a, b + 2);
+                }
+                float *Sw = S + ks_piece * ROWS * tr::SSTRIDE;
+                const int r0 = m_piece * 16 + lane / 4;
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    const int col = n_piece * 16 + n * 8 + (lane % 4) * 2;
+                    Sw[r0 * tr::SSTRIDE + col] = s[n][0];
+                    Sw[r0 * tr::SSTRIDE + col + 1] = s[n][1];
+                    Sw[(r0 + 8) * tr::SSTRIDE + col] = s[n][2];
+                    Sw[(r0 + 8) * tr::SSTRIDE + col + 1] = s[n][3];
+                }
+            }
+            __syncthreads();
+
+            /* softmax: row sr, keys sk.. */
+            {
+                float x[tr::KPT];
+                float tmax = -INFINITY, bad = 0.0f;
+#pragma unroll
+                for (int j = 0; j < tr::KPT; j++) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < tr::KS; q++) dot += S[(q * ROWS + sr) * tr::SSTRIDE + sk + j];
+                    const int key = t0 + sk + j;
+                    const bool seen = key < it.kv_end && key >= it.lo;
+                    if (seen) add_bad(bad, dot); /* the NaN rule: the raw product */
+                    x[j] = seen ? to_logit2(p, dot) : -INFINITY;
+                    tmax = fmaxf(tmax, x[j]);
+                }
+#pragma unroll
+                for (int o = 1; o < tr::TPR; o *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+                const float m_new = fmaxf(m_run, tmax);
+                const float f = m_run == -INFINITY ? 0.0f : exp2f(m_run - m_new);
+                m_run = m_new;
+                d_run = d_run * f + bad;
+#pragma unroll
+                for (int j = 0; j < tr::KPT; j += 2) {
+                    const float p0 = x[j] == -INFINITY ? 0.0f : exp2f(x[j] - m_new);
+                    const float p1 = x[j + 1] == -INFINITY ? 0.0f : exp2f(x[j + 1] - m_new);
+                    d_run += p0 + p1;
+                    *(uint32_t *)(P + sr * tr::PSTRIDE + sk + j) = dtype_traits<T>::pack(p0, p1);
+                }
+                if (threadIdx.x % tr::TPR == 0) F[sr] = f;
+            }
+            __syncthreads();
+
+            /* p.v: every row x this warp's COLS columns */
+            {
+                const int mi = lane / 8, r = lane % 8;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    const float f0 = F[mt * 16 + lane / 4], f1 = F[mt * 16 + lane / 4 + 8];
+#pragma unroll
+                    for (int n = 0; n < tr::COLS / 8; n++) {
+                        acc[mt][n][0] *= f0;
+                        acc[mt][n][1] *= f0;
+                        acc[mt][n][2] *= f1;
+                        acc[mt][n][3] *= f1;
+                    }
+                }
+#pragma unroll
+                for (int kk = 0; kk < KEYS / 16; kk++) {
+                    uint32_t a[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+                        ldmatrix_x4(a[mt], P + (mt * 16 + (mi % 2) * 8 + r) * tr::PSTRIDE + (2 * kk + mi / 2) * 8);
+#pragma unroll
+                    for (int np = 0; np < tr::COLS / 16; np++) {
+                        uint32_t b[4];
+                        ldmatrix_x4_trans(b, vs + swz<VROW>(kk * 16 + (mi % 2) * 8 + r,
+                                                            warp * (tr::COLS / 8) + 2 * np + mi / 2));
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            mma_16816<T>(acc[mt][2 * np], a[mt], b);
+                            mma_16816<T>(acc[mt][2 * np + 1], a[mt], b + 2);
+                        }
+                    }
+                }
+            }
+        }
+        cp_async_wait<0>();
+
+        /* the NaN rule on o: each warp's sum over its columns, per row */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float bad = 0.0f;
+#pragma unroll
+                for (int n = 0; n < tr::COLS / 8; n++) {
+                    add_bad(bad, acc[mt][n][2 * h]);
+                    add_bad(bad, acc[mt][n][2 * h + 1]);
+                }
+                bad += __shfl_xor_sync(0xffffffffu, bad, 1);
+                bad += __shfl_xor_sync(0xffffffffu, bad, 2);
+                if (lane % 4 == 0) BADW[warp * ROWS + mt * 16 + h * 8 + lane / 4] = bad;
+            }
+        __syncthreads();
+        /* each row's final state: 1/d and the LSE */
+        {
+            float d = d_run;
+#pragma unroll
+            for (int o = 1; o < tr::TPR; o *= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+            if (threadIdx.x % tr::TPR == 0) {
+#pragma unroll
+                for (int w2 = 0; w2 < tr::WARPS; w2++) d += BADW[w2 * ROWS + sr];
+                float inv = 0.0f, lse = -INFINITY;
+                if (sr < rows) {
+                    const int head = head0 + sr;
+                    finish_row(p, head, it.out >= 0, m_run, d, inv, lse);
+                    if (it.out < 0) {
+                        if (p.lse) p.lse[it.tok * p.lse_stride_tok + head] = lse;
+                    } else {
+                        p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head] = lse;
+                    }
+                }
+                INV[sr] = inv;
+            }
+        }
+        __syncthreads();
+        /* o: this warp's columns of every row */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = mt * 16 + h * 8 + lane / 4;
+                if (row >= rows) continue;
+                const float inv = INV[row];
+                const int head = head0 + row;
+#pragma unroll
+                for (int n = 0; n < tr::COLS / 8; n++) {
+                    const int col = warp * tr::COLS + n * 8 + (lane % 4) * 2;
+                    const float o0 = acc[mt][n][2 * h] * inv, o1 = acc[mt][n][2 * h + 1] * inv;
+                    if (it.out < 0) {
+                        *(uint32_t *)((T *)p.o + it.tok * p.o_stride_tok + head * p.o_stride_head + col) =
+                            dtype_traits<T>::pack(o0, o1);
+                    } else {
+                        *(float2 *)(p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * DVO + col) =
+                            make_float2(o0, o1);
+                    }
+                }
+            }
+    }
+}
+
+template <int DQK, int MT, bool SHARED, typename T> static attn_kernel wide_kernel()
+{
+    typedef wide_traits<DQK, 512, MT, SHARED> tr;
+    const attn_kernel k = {decode_wide_kernel<DQK, 512, MT, SHARED, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 0};
+    return k;
+}
+
+template <int DQK, bool SHARED, typename T> static attn_kernel wide_kernel_for(int group)
+{
+    if (group <= 16) return wide_kernel<DQK, 1, SHARED, T>();
+    if (group <= 32) return wide_kernel<DQK, 2, SHARED, T>();
+    return wide_kernel<DQK, 4, SHARED, T>();
+}
+
+attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla)
+{
+    const attn_kernel none = {NULL, 0, 0, 0, 0};
+    if (dvo != 512 || (dtype != AK_BF16 && dtype != AK_F16)) return none;
+    const bool bf = dtype == AK_BF16;
+    if (mla && dqk == 576)
+        return bf ? wide_kernel_for<576, true, __nv_bfloat16>(group) : wide_kernel_for<576, true, __half>(group);
+    if (!mla && dqk == 512)
+        return bf ? wide_kernel_for<512, false, __nv_bfloat16>(group) : wide_kernel_for<512, false, __half>(group);
+    return none;
+}
