@@ -155,7 +155,7 @@ static const bad_case cases[] = {
     {"ragged: k has the wrong dtype", AT_RUN, AK_ERR_INVALID_ARG, "args.k->dtype", k_wrong_dtype, KV_RAGGED, NULL},
     /* the CUDA loader keeps one head offset for K and V */
     {"ragged: v head stride differs from k's", AT_RUN, AK_ERR_INVALID_ARG, "args.v->stride[1]",
-     v_head_stride_differs, KV_RAGGED, "cuda"},
+     v_head_stride_differs, KV_RAGGED, "cuda", 0, 0, 1},
     /* fp8: q and o stay 16/32-bit; scales exactly as the kind says */
     {"q in fp8", AT_CREATE, AK_ERR_UNSUPPORTED, "cfg.q_dtype", q_fp8, KV_EITHER, NULL},
     {"o in fp8", AT_CREATE, AK_ERR_UNSUPPORTED, "cfg.o_dtype", o_fp8, KV_EITHER, NULL},

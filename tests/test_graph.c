@@ -84,7 +84,7 @@ static const graph_case graph_cases[] = {
     /* MLA (DeepSeek, absorbed): decodes, multi-token verifications and chunks over a latent cache */
     {"graph replay mla 576/512 h16 bf16 page 64 mixed", PAGED, 16, 1, 576, AK_BF16, 3, 1, -1, 64, NHD, 1, 0, 0, 0,
      1},
-    {"graph replay mla 576/512 h128 f16 page 16 decode", PAGED, 128, 1, 576, AK_F16, 2, 1, -1, 16, NHD, 0, 0, 0, 0,
+    {"graph replay mla 576/512 h128 f16 page 16 decode", PAGED, 128, 1, 576, AK_F16, 1, 1, -1, 16, NHD, 0, 0, 0, 0,
      1},
 };
 

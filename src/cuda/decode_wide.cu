@@ -29,23 +29,31 @@
  */
 #include "attn.cuh"
 
-template <int DQK, int DVO, int MT, bool SHARED> struct wide_traits {
+/* A block's shape: W warps, ROWS = 16 x MT query heads, KEYS keys a tile,
+ * q.k pieces of PM 16-row tiles x PN 16-key groups (each piece's k steps
+ * split into KS slices so that every warp has one), STAGES tiles of K/V in
+ * shared memory. */
+template <int DQK, int DVO, int MT, bool SHARED, int W, int KEYS_, int PM, int PN, int STAGES_> struct wide_traits {
     static_assert(DVO == 512 && DQK >= DVO && DQK % 64 == 0, "wide decode: DVO 512, DQK a multiple of 64");
-    static constexpr int WARPS = 8, THREADS = WARPS * 32;
+    static constexpr int WARPS = W, THREADS = WARPS * 32;
     static constexpr int ROWS = 16 * MT;
-    static constexpr int KEYS = 32;             /* keys a tile */
-    static constexpr int PIECES = MT * (KEYS / 16); /* 16 x 16 score pieces of a tile */
+    static constexpr int KEYS = KEYS_;
+    static_assert(MT % PM == 0 && (KEYS / 16) % PN == 0, "pieces tile the scores");
+    static constexpr int PIECES = (MT / PM) * (KEYS / 16 / PN);
     static_assert(WARPS % PIECES == 0, "score pieces divide among the warps");
     static constexpr int KS = WARPS / PIECES;   /* head-dim slices of a piece */
     static_assert((DQK / 16) % KS == 0, "k steps divide among the slices");
     static constexpr int COLS = DVO / WARPS;    /* output columns a warp owns */
+    static_assert(COLS % 16 == 0, "whole ldmatrix pairs of columns");
     static constexpr int TPR = THREADS / ROWS;  /* softmax threads a row */
     static constexpr int KPT = KEYS / TPR;      /* keys a softmax thread */
+    static_assert(TPR <= 32 && KPT >= 2 && KPT % 2 == 0, "a row's softmax threads are one warp's, keys in pairs");
     static constexpr int PSTRIDE = KEYS + 8;    /* P row stride (elements): conflict-free ldmatrix */
-    static constexpr int SSTRIDE = KEYS + 1;    /* S row stride (floats) */
+    static constexpr int SSTRIDE = KEYS + 4;    /* S row stride (floats; float2 stores stay aligned) */
+    static constexpr int PIECE_M = PM, PIECE_N = PN;
     /* a stage: K [KEYS][DQK], and V [KEYS][DVO] unless it is K's start */
     static constexpr int STAGE_ELEMS = KEYS * DQK + (SHARED ? 0 : KEYS * DVO);
-    static constexpr int STAGES = SHARED ? 3 : 2;
+    static constexpr int STAGES = STAGES_;
     static constexpr int KV_BYTES = STAGES * STAGE_ELEMS * 2;
     static constexpr int Q_BYTES = ROWS * DQK * 2;
     static constexpr int S_BYTES = KS * ROWS * SSTRIDE * 4;
@@ -56,10 +64,22 @@ template <int DQK, int DVO, int MT, bool SHARED> struct wide_traits {
     static_assert(SMEM_BYTES <= 227 * 1024, "fits one block an SM");
 };
 
+/* The shapes measured best (BENCHMARKS.md): 16 heads on 4 warps, two blocks
+ * an SM; 32 and 64 heads on 8 warps with pieces of 32 x 16 or 32 x 32 (q and
+ * K fragments each serve two mma); 512-wide V rows in tiles of 16 keys where
+ * 32 would leave one block an SM or not fit. */
+template <int DQK, int MT, bool SHARED> struct wide_shape;
+template <int DQK> struct wide_shape<DQK, 1, true> { typedef wide_traits<DQK, 512, 1, true, 4, 32, 1, 1, 2> tr; };
+template <int DQK> struct wide_shape<DQK, 2, true> { typedef wide_traits<DQK, 512, 2, true, 8, 32, 2, 1, 2> tr; };
+template <int DQK> struct wide_shape<DQK, 4, true> { typedef wide_traits<DQK, 512, 4, true, 8, 32, 2, 2, 2> tr; };
+template <int DQK> struct wide_shape<DQK, 1, false> { typedef wide_traits<DQK, 512, 1, false, 4, 16, 1, 1, 2> tr; };
+template <int DQK> struct wide_shape<DQK, 2, false> { typedef wide_traits<DQK, 512, 2, false, 8, 32, 2, 1, 2> tr; };
+template <int DQK> struct wide_shape<DQK, 4, false> { typedef wide_traits<DQK, 512, 4, false, 8, 16, 2, 1, 2> tr; };
+
 template <int DQK, int DVO, int MT, bool SHARED, typename T>
-__global__ void __launch_bounds__(256, 1) decode_wide_kernel(const attn_params p)
+__global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) decode_wide_kernel(const attn_params p)
 {
-    typedef wide_traits<DQK, DVO, MT, SHARED> tr;
+    typedef typename wide_shape<DQK, MT, SHARED>::tr tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, KCH = DQK / 8, VCH = DVO / 8;
     extern __shared__ uint4 smem[];
 #if __CUDA_ARCH__ >= 900
@@ -104,11 +124,11 @@ __global__ void __launch_bounds__(256, 1) decode_wide_kernel(const attn_params p
         }
     };
 
-    /* this warp's score piece: rows 16 m_piece.., keys 16 n_piece.., k steps
-     * of slice ks_piece */
-    constexpr int PIECES = tr::PIECES, KSTEPS = DQK / 16 / tr::KS;
+    /* this warp's score piece: PM row tiles from 16 PM m_piece, PN key groups
+     * from 16 PN n_piece, the k steps of slice ks_piece */
+    constexpr int PIECES = tr::PIECES, KSTEPS = DQK / 16 / tr::KS, PM = tr::PIECE_M, PN = tr::PIECE_N;
     const int piece = warp % PIECES, ks_piece = warp / PIECES;
-    const int m_piece = piece / (KEYS / 16), n_piece = piece % (KEYS / 16);
+    const int m_piece = piece / (KEYS / 16 / PN), n_piece = piece % (KEYS / 16 / PN);
     /* the softmax's view: row sr, keys [sk, sk + KPT) */
     const int sr = threadIdx.x / tr::TPR, sk = (threadIdx.x % tr::TPR) * tr::KPT;
     const int num_items = p.counts[COUNT_DECODE];
@@ -150,28 +170,42 @@ __global__ void __launch_bounds__(256, 1) decode_wide_kernel(const attn_params p
             constexpr int VROW = SHARED ? DQK : DVO; /* V's shared-memory row */
             const int t0 = it.kv_begin + t * KEYS;
 
-            /* q.k: one 16 x 16 piece over KSTEPS k steps */
+            /* q.k: one piece of PM x 16 rows by PN x 16 keys over KSTEPS k steps */
             {
-                float s[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                float s[PM][2 * PN][4];
+#pragma unroll
+                for (int i = 0; i < PM; i++)
+#pragma unroll
+                    for (int n = 0; n < 2 * PN; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
                 const int mi = lane / 8, r = lane % 8;
-#pragma unroll 6
+#pragma unroll 3
                 for (int j = 0; j < KSTEPS; j++) {
                     const int kk = ks_piece * KSTEPS + j;
-                    uint32_t a[4], b[4];
-                    ldmatrix_x4(a, qs + swz<DQK>(m_piece * 16 + (mi % 2) * 8 + r, 2 * kk + mi / 2));
-                    ldmatrix_x4(b, ks + swz<DQK>(n_piece * 16 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
-                    mma_16816<T>(s[0], a, b);
-                    mma_16816<T>(s[1], a, b + 2);
+                    uint32_t a[PM][4], b[PN][4];
+#pragma unroll
+                    for (int i = 0; i < PM; i++)
+                        ldmatrix_x4(a[i], qs + swz<DQK>((m_piece * PM + i) * 16 + (mi % 2) * 8 + r, 2 * kk + mi / 2));
+#pragma unroll
+                    for (int n = 0; n < PN; n++)
+                        ldmatrix_x4(b[n], ks + swz<DQK>((n_piece * PN + n) * 16 + (mi / 2) * 8 + r, 2 * kk + mi % 2));
+#pragma unroll
+                    for (int i = 0; i < PM; i++)
+#pragma unroll
+                        for (int n = 0; n < PN; n++) {
+                            mma_16816<T>(s[i][2 * n], a[i], b[n]);
+                            mma_16816<T>(s[i][2 * n + 1], a[i], b[n] + 2);
+                        }
                 }
                 float *Sw = S + ks_piece * ROWS * tr::SSTRIDE;
-                const int r0 = m_piece * 16 + lane / 4;
 #pragma unroll
-                for (int n = 0; n < 2; n++) {
-                    const int col = n_piece * 16 + n * 8 + (lane % 4) * 2;
-                    Sw[r0 * tr::SSTRIDE + col] = s[n][0];
-                    Sw[r0 * tr::SSTRIDE + col + 1] = s[n][1];
-                    Sw[(r0 + 8) * tr::SSTRIDE + col] = s[n][2];
-                    Sw[(r0 + 8) * tr::SSTRIDE + col + 1] = s[n][3];
+                for (int i = 0; i < PM; i++) {
+                    const int r0 = (m_piece * PM + i) * 16 + lane / 4;
+#pragma unroll
+                    for (int n = 0; n < 2 * PN; n++) {
+                        const int col = n_piece * PN * 16 + n * 8 + (lane % 4) * 2;
+                        *(float2 *)(Sw + r0 * tr::SSTRIDE + col) = make_float2(s[i][n][0], s[i][n][1]);
+                        *(float2 *)(Sw + (r0 + 8) * tr::SSTRIDE + col) = make_float2(s[i][n][2], s[i][n][3]);
+                    }
                 }
             }
             __syncthreads();
@@ -309,7 +343,7 @@ __global__ void __launch_bounds__(256, 1) decode_wide_kernel(const attn_params p
 
 template <int DQK, int MT, bool SHARED, typename T> static attn_kernel wide_kernel()
 {
-    typedef wide_traits<DQK, 512, MT, SHARED> tr;
+    typedef typename wide_shape<DQK, MT, SHARED>::tr tr;
     const attn_kernel k = {decode_wide_kernel<DQK, 512, MT, SHARED, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 0};
     return k;
 }
