@@ -319,7 +319,9 @@ AK_API void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
  * context is extended); pass it explicitly. ak_mla_config_init is
  * ak_attn_config_init, then num_qo_heads = num_heads, num_kv_heads = 1,
  * head_dim_qk = kv_lora_rank + rope_dim, head_dim_vo = kv_lora_rank,
- * sm_scale and mla = 1 (page size, dtypes and device stay to be set). */
+ * sm_scale and mla = 1 (page size, dtypes and device stay to be set).
+ * On NVIDIA GPUs the selector picks cuda_mla (576/512, q/kv/o bf16 or f16);
+ * on the CPU, the cpu backend. */
 AK_API void ak_mla_config_init(ak_attn_config *cfg /* OUT */, int num_heads, int kv_lora_rank, int rope_dim,
                                float sm_scale);
 
