@@ -275,6 +275,12 @@ static const attn_case fixed_cases[] = {
      {{2, 3000}, {1, 5000}}, .mla = 1},
     {"mla fp8 576/512 h16 bf16 page64 per-layer", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
      {{1, 700}, {4, 57}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_LAYER, .mla = 1},
+    {"mla fp8 576/512 h128 f16 page32 no scales mtp split", 128, 1, 576, 512, AK_F16, 0, 0, 1, -1, 0, 32, NHD,
+     PAGED, 3, {{2, 2500}, {1, 40}, {3, 3}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_NONE, .mla = 1},
+    {"mla fp8 576/512 h32 bf16 ragged per-head sinks", 32, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{1, 300}, {4, 40}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_HEAD, .mla = 1},
+    {"head dim 512 fp8 gqa4 decode per-head", 16, 4, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 1500}, {1, 33}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_HEAD},
     {"mla fp8 small 72/64 f32 ragged per-head", 8, 1, 72, 64, AK_F32, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
      {{1, 300}, {8, 40}, {20, 20}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_HEAD, .mla = 1},
 };

@@ -313,7 +313,8 @@ void scene_ragged_scales(const bench_scene *sc, ak_run_args *args)
 {
     if (sc->cfg.kv_dtype != AK_FP8_E4M3) return;
     args->kv_scale_kind = AK_KV_SCALE_PER_HEAD;
-    args->k_scale = args->v_scale = sc->kv_scales;
+    args->k_scale = sc->kv_scales;
+    args->v_scale = sc->cfg.mla ? NULL : sc->kv_scales; /* MLA: k_scale scales the value too */
 }
 
 ak_tensor scene_sinks(const bench_scene *sc)
@@ -493,7 +494,8 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
         }
         if (sc->kv_scales) {
             sc->kv[l].scale_kind = AK_KV_SCALE_PER_HEAD;
-            sc->kv[l].k_scale = sc->kv[l].v_scale = sc->kv_scales;
+            sc->kv[l].k_scale = sc->kv_scales;
+            sc->kv[l].v_scale = c->mla ? NULL : sc->kv_scales; /* MLA: k_scale scales the value too */
         }
         /* whole pools, unused blocks too: never zeros, and a stray read finds noise */
         if (fill_random(ctx, sc->kv[l].k_data, c->kv_dtype, (size_t)sc->b.num_blocks * block_elems_k, K_SCALE,
@@ -763,7 +765,10 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
             goto done;
         kv.k_data = kpool;
         kv.v_data = c->mla ? NULL : vpool;
-        if (sc->kv_scales) kv.k_scale = kv.v_scale = sc->kv_scales_host;
+        if (sc->kv_scales) {
+            kv.k_scale = sc->kv_scales_host;
+            kv.v_scale = c->mla ? NULL : sc->kv_scales_host;
+        }
         kv.device.kind = AK_DEVICE_CPU;
         kv.device.index = 0;
     }

@@ -699,10 +699,11 @@ typedef enum decode_engine {
  * in fp8 e4m3, the fp8 instances, tensor cores or portable). */
 attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dtype dtype, int fp8);
 
-/* The wide-row decode kernel (decode_wide.cu) for 16-bit q, K/V and o: head
- * dims 512/512 (mla 0) or 576/512 with the value read from the K rows (mla
- * 1); its rows (query heads a block: 16, 32 or 64) chosen for the group. */
-attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla);
+/* The wide-row decode kernel (decode_wide.cu) for 16-bit q and o (dtype)
+ * over K/V of dtype or, fp8 1, fp8 e4m3: head dims 512/512 (mla 0) or
+ * 576/512 with the value read from the K rows (mla 1); its rows (query
+ * heads a block: 16, 32 or 64) chosen for the group. */
+attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla, int fp8);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at

@@ -29,11 +29,14 @@
  */
 #include "attn.cuh"
 
+#include <type_traits>
+
 /* A block's shape: W warps, ROWS = 16 x MT query heads, KEYS keys a tile,
  * q.k pieces of PM 16-row tiles x PN 16-key groups (each piece's k steps
  * split into KS slices so that every warp has one), STAGES tiles of K/V in
  * shared memory. */
-template <int DQK, int DVO, int MT, bool SHARED, int W, int KEYS_, int PM, int PN, int STAGES_> struct wide_traits {
+template <int DQK, int DVO, int MT, bool SHARED, int W, int KEYS_, int PM, int PN, int STAGES_, bool FP8>
+struct wide_traits {
     static_assert(DVO == 512 && DQK >= DVO && DQK % 64 == 0, "wide decode: DVO 512, DQK a multiple of 64");
     static constexpr int WARPS = W, THREADS = WARPS * 32;
     static constexpr int ROWS = 16 * MT;
@@ -51,10 +54,13 @@ template <int DQK, int DVO, int MT, bool SHARED, int W, int KEYS_, int PM, int P
     static constexpr int PSTRIDE = KEYS + 8;    /* P row stride (elements): conflict-free ldmatrix */
     static constexpr int SSTRIDE = KEYS + 4;    /* S row stride (floats; float2 stores stay aligned) */
     static constexpr int PIECE_M = PM, PIECE_N = PN;
-    /* a stage: K [KEYS][DQK], and V [KEYS][DVO] unless it is K's start */
+    /* a stage: K [KEYS][DQK], and V [KEYS][DVO] unless it is K's start;
+     * fp8: the stages hold the fp8 rows (one byte an element, unswizzled),
+     * converted tile by tile into one 16-bit tile the products read */
     static constexpr int STAGE_ELEMS = KEYS * DQK + (SHARED ? 0 : KEYS * DVO);
     static constexpr int STAGES = STAGES_;
-    static constexpr int KV_BYTES = STAGES * STAGE_ELEMS * 2;
+    static constexpr int TILE16_BYTES = FP8 ? STAGE_ELEMS * 2 : 0;
+    static constexpr int KV_BYTES = STAGES * STAGE_ELEMS * (FP8 ? 1 : 2) + TILE16_BYTES;
     static constexpr int Q_BYTES = ROWS * DQK * 2;
     static constexpr int S_BYTES = KS * ROWS * SSTRIDE * 4;
     static constexpr int P_BYTES = ROWS * PSTRIDE * 2;
@@ -68,24 +74,38 @@ template <int DQK, int DVO, int MT, bool SHARED, int W, int KEYS_, int PM, int P
  * an SM; 32 and 64 heads on 8 warps with pieces of 32 x 16 or 32 x 32 (q and
  * K fragments each serve two mma); 512-wide V rows in tiles of 16 keys where
  * 32 would leave one block an SM or not fit. */
-template <int DQK, int MT, bool SHARED> struct wide_shape;
-template <int DQK> struct wide_shape<DQK, 1, true> { typedef wide_traits<DQK, 512, 1, true, 4, 32, 1, 1, 2> tr; };
-template <int DQK> struct wide_shape<DQK, 2, true> { typedef wide_traits<DQK, 512, 2, true, 8, 32, 2, 1, 2> tr; };
-template <int DQK> struct wide_shape<DQK, 4, true> { typedef wide_traits<DQK, 512, 4, true, 8, 32, 2, 2, 2> tr; };
-template <int DQK> struct wide_shape<DQK, 1, false> { typedef wide_traits<DQK, 512, 1, false, 4, 16, 1, 1, 2> tr; };
-template <int DQK> struct wide_shape<DQK, 2, false> { typedef wide_traits<DQK, 512, 2, false, 8, 32, 2, 1, 2> tr; };
-template <int DQK> struct wide_shape<DQK, 4, false> { typedef wide_traits<DQK, 512, 4, false, 8, 16, 2, 1, 2> tr; };
+template <int DQK, int MT, bool SHARED, bool FP8> struct wide_shape;
+template <int DQK, bool F> struct wide_shape<DQK, 1, true, F> {
+    typedef wide_traits<DQK, 512, 1, true, 4, 32, 1, 1, 2, F> tr;
+};
+template <int DQK, bool F> struct wide_shape<DQK, 2, true, F> {
+    typedef wide_traits<DQK, 512, 2, true, 8, 32, 2, 1, 2, F> tr;
+};
+template <int DQK, bool F> struct wide_shape<DQK, 4, true, F> {
+    typedef wide_traits<DQK, 512, 4, true, 8, 32, 2, 2, 2, F> tr;
+};
+template <int DQK, bool F> struct wide_shape<DQK, 1, false, F> {
+    typedef wide_traits<DQK, 512, 1, false, 4, 16, 1, 1, 2, F> tr;
+};
+template <int DQK, bool F> struct wide_shape<DQK, 2, false, F> {
+    typedef wide_traits<DQK, 512, 2, false, 8, 32, 2, 1, 2, F> tr;
+};
+template <int DQK, bool F> struct wide_shape<DQK, 4, false, F> {
+    typedef wide_traits<DQK, 512, 4, false, 8, 16, 2, 1, 2, F> tr;
+};
 
-template <int DQK, int DVO, int MT, bool SHARED, typename T>
-__global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) decode_wide_kernel(const attn_params p)
+template <int DQK, int DVO, int MT, bool SHARED, typename T, bool FP8>
+__global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS) decode_wide_kernel(const attn_params p)
 {
-    typedef typename wide_shape<DQK, MT, SHARED>::tr tr;
+    typedef typename wide_shape<DQK, MT, SHARED, FP8>::tr tr;
+    typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, KCH = DQK / 8, VCH = DVO / 8;
     extern __shared__ uint4 smem[];
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
-    T *stages = (T *)smem;
+    KV *stages = (KV *)smem;
+    T *tile16 = (T *)((char *)smem + (tr::KV_BYTES - tr::TILE16_BYTES)); /* fp8: the converted tile */
     T *qs = (T *)((char *)smem + tr::KV_BYTES);
     float *S = (float *)((char *)qs + tr::Q_BYTES);
     T *P = (T *)((char *)S + tr::S_BYTES);
@@ -98,29 +118,42 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) deco
     const int head0 = kv_head * p.group + row_tile * ROWS;
     const int rows = min(ROWS, p.group - row_tile * ROWS);
     const int64_t k_head = kv_head * p.k_stride_head, v_head = kv_head * p.v_stride_head;
+    kv_scales sc = {1.0f, 1.0f};
+    if (FP8) sc = kv_scales_of(p, kv_head);
 
     /* keys [t0, t0 + KEYS) into stage s: K rows of DQK, V rows of DVO
      * (SHARED: none, V is the start of the K row), zero past kv_end and
      * before lo (no row sees them, and a NaN there must not reach o) */
     auto issue = [&](int s, int t0, const decode_item &it) {
-        T *ks = stages + s * tr::STAGE_ELEMS;
-        T *vs = ks + KEYS * DQK;
-        constexpr int PER_ROW = SHARED ? KCH : KCH + VCH;
+        KV *ks = stages + s * tr::STAGE_ELEMS;
+        KV *vs = ks + KEYS * DQK;
+        /* fp8: 16 elements a chunk, rows as they are */
+        constexpr int KC = FP8 ? DQK / 16 : KCH, VC = FP8 ? DVO / 16 : VCH, EPC = FP8 ? 16 : 8;
+        constexpr int PER_ROW = SHARED ? KC : KC + VC;
         for (int i = threadIdx.x; i < KEYS * PER_ROW; i += tr::THREADS) {
             const int row = i / PER_ROW, c = i - row * PER_ROW;
             const int key = min(t0 + row, it.kv_end - 1);
             int slot;
             const int64_t block = kv_block_of(p, it.page_base, key, slot);
             const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo ? 16 : 0;
-            if (c < KCH)
+            if constexpr (FP8) {
+                const bool is_k = c < KC;
+                const int cc = is_k ? c : c - KC;
+                const uint8_t *src = is_k ? (const uint8_t *)p.k_pool + block * p.k_block_stride +
+                                                slot * p.k_stride_slot + k_head + cc * EPC
+                                          : (const uint8_t *)p.v_pool + block * p.v_block_stride +
+                                                slot * p.v_stride_slot + v_head + cc * EPC;
+                cp_async_16((is_k ? ks + row * DQK : vs + row * DVO) + cc * EPC, src, bytes);
+            } else if (c < KCH) {
                 cp_async_16(ks + swz<DQK>(row, c),
                             (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot + k_head + c * 8,
                             bytes);
-            else
+            } else {
                 cp_async_16(vs + swz<DVO>(row, c - KCH),
                             (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot + v_head +
                                 (c - KCH) * 8,
                             bytes);
+            }
         }
     };
 
@@ -165,7 +198,28 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) deco
             const int next = t + tr::STAGES - 1;
             if (next < n_tiles) issue(next % tr::STAGES, it.kv_begin + next * KEYS, it);
             cp_async_commit();
-            const T *ks = stages + (t % tr::STAGES) * tr::STAGE_ELEMS;
+            const KV *ks_stage = stages + (t % tr::STAGES) * tr::STAGE_ELEMS;
+            if constexpr (FP8) {
+                /* the fp8 tile into the 16-bit one (every e4m3 value, NaN
+                 * included, is an f16 and a bf16), in the layout below */
+                constexpr int KC = DQK / 16, VC = SHARED ? 0 : DVO / 16;
+                for (int u = threadIdx.x; u < KEYS * (KC + VC); u += tr::THREADS) {
+                    const int row = u / (KC + VC), c = u - row * (KC + VC);
+                    const bool is_k = c < KC;
+                    const int cc = is_k ? c : c - KC;
+                    const uint4 x = *(const uint4 *)(is_k ? ks_stage + row * DQK + cc * 16
+                                                          : ks_stage + KEYS * DQK + row * DVO + cc * 16);
+                    uint4 lo, hi;
+                    fp8x16_to<T>(x, lo, hi);
+                    T *dst = is_k ? tile16 + swz<DQK>(row, 2 * cc) : tile16 + KEYS * DQK + swz<DVO>(row, 2 * cc);
+                    T *dst2 = is_k ? tile16 + swz<DQK>(row, 2 * cc + 1)
+                                   : tile16 + KEYS * DQK + swz<DVO>(row, 2 * cc + 1);
+                    *(uint4 *)dst = lo;
+                    *(uint4 *)dst2 = hi;
+                }
+                __syncthreads();
+            }
+            const T *ks = FP8 ? tile16 : (const T *)ks_stage;
             const T *vs = SHARED ? ks : ks + KEYS * DQK;
             constexpr int VROW = SHARED ? DQK : DVO; /* V's shared-memory row */
             const int t0 = it.kv_begin + t * KEYS;
@@ -219,6 +273,7 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) deco
                     float dot = 0.0f;
 #pragma unroll
                     for (int q = 0; q < tr::KS; q++) dot += S[(q * ROWS + sr) * tr::SSTRIDE + sk + j];
+                    if (FP8) dot *= sc.k; /* the raw dot of the real values (k_scale) */
                     const int key = t0 + sk + j;
                     const bool seen = key < it.kv_end && key >= it.lo;
                     if (seen) add_bad(bad, dot); /* the NaN rule: the raw product */
@@ -305,7 +360,9 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) deco
                 float inv = 0.0f, lse = -INFINITY;
                 if (sr < rows) {
                     const int head = head0 + sr;
+                    if (FP8) v_scale_rule(sc.v, d);
                     finish_row(p, head, it.out >= 0, m_run, d, inv, lse);
+                    if (FP8) inv *= sc.v;
                     if (it.out < 0) {
                         if (p.lse) p.lse[it.tok * p.lse_stride_tok + head] = lse;
                     } else {
@@ -341,28 +398,35 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED>::tr::THREADS) deco
     }
 }
 
-template <int DQK, int MT, bool SHARED, typename T> static attn_kernel wide_kernel()
+template <int DQK, int MT, bool SHARED, typename T, bool FP8> static attn_kernel wide_kernel()
 {
-    typedef typename wide_shape<DQK, MT, SHARED>::tr tr;
-    const attn_kernel k = {decode_wide_kernel<DQK, 512, MT, SHARED, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 0};
+    typedef typename wide_shape<DQK, MT, SHARED, FP8>::tr tr;
+    const attn_kernel k = {decode_wide_kernel<DQK, 512, MT, SHARED, T, FP8>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS,
+                           0};
     return k;
 }
 
-template <int DQK, bool SHARED, typename T> static attn_kernel wide_kernel_for(int group)
+template <int DQK, bool SHARED, typename T, bool FP8> static attn_kernel wide_kernel_for(int group)
 {
-    if (group <= 16) return wide_kernel<DQK, 1, SHARED, T>();
-    if (group <= 32) return wide_kernel<DQK, 2, SHARED, T>();
-    return wide_kernel<DQK, 4, SHARED, T>();
+    if (group <= 16) return wide_kernel<DQK, 1, SHARED, T, FP8>();
+    if (group <= 32) return wide_kernel<DQK, 2, SHARED, T, FP8>();
+    return wide_kernel<DQK, 4, SHARED, T, FP8>();
 }
 
-attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla)
+template <int DQK, bool SHARED, typename T> static attn_kernel wide_kernel_of(int group, int fp8)
+{
+    return fp8 ? wide_kernel_for<DQK, SHARED, T, true>(group) : wide_kernel_for<DQK, SHARED, T, false>(group);
+}
+
+attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla, int fp8)
 {
     const attn_kernel none = {NULL, 0, 0, 0, 0};
     if (dvo != 512 || (dtype != AK_BF16 && dtype != AK_F16)) return none;
     const bool bf = dtype == AK_BF16;
     if (mla && dqk == 576)
-        return bf ? wide_kernel_for<576, true, __nv_bfloat16>(group) : wide_kernel_for<576, true, __half>(group);
+        return bf ? wide_kernel_of<576, true, __nv_bfloat16>(group, fp8) : wide_kernel_of<576, true, __half>(group, fp8);
     if (!mla && dqk == 512)
-        return bf ? wide_kernel_for<512, false, __nv_bfloat16>(group) : wide_kernel_for<512, false, __half>(group);
+        return bf ? wide_kernel_of<512, false, __nv_bfloat16>(group, fp8)
+                  : wide_kernel_of<512, false, __half>(group, fp8);
     return none;
 }

@@ -232,11 +232,12 @@ int ak_cuda_mla_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_r
     if (cfg->head_dim_qk != 576 || cfg->head_dim_vo != 512)
         ak_reason_add(why, "head dims %d/%d: cuda_mla serves a latent of 512 and a rotary part of 64 (576/512)",
                       cfg->head_dim_qk, cfg->head_dim_vo);
-    if (cfg->kv_dtype == AK_FP8_E4M3)
-        ak_reason_add(why, "kv_dtype fp8_e4m3: cuda_mla reads a 16-bit latent cache (fp8 latent rows: the cpu "
-                      "backend)");
-    else if (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
-             (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16))
+    if (cfg->kv_dtype == AK_FP8_E4M3 && (cfg->q_dtype != cfg->o_dtype ||
+                                         (cfg->q_dtype != AK_F16 && cfg->q_dtype != AK_BF16)))
+        ak_reason_add(why, "fp8 latent rows need q and o of one dtype, f16 or bf16 (got %s/%s)",
+                      ak_dtype_name(cfg->q_dtype), ak_dtype_name(cfg->o_dtype));
+    else if (cfg->kv_dtype != AK_FP8_E4M3 && (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
+                                              (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16)))
         ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
                       ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
     return why->count;
@@ -254,7 +255,7 @@ static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
 {
     /* rows of 512 (and MLA's 576/512): the wide engine (decode_wide.cu) */
     if (cfg->mla) return DECODE_WIDE;
-    if (!portable && !is_fp8(cfg) && cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512) return DECODE_WIDE;
+    if (!portable && cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512) return DECODE_WIDE;
     if (portable || !tc_pair(cfg)) return DECODE_PORTABLE;
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     if (group <= AK_DECODE_CC_MAX_GROUP && ak_cuda_decode_kernel(DECODE_CUDA_CORES, cfg->head_dim_qk,
@@ -319,13 +320,15 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
 {
     if (mode == ENGINE_MODE_MLA) {
         const int group = cfg->num_qo_heads;
-        const attn_kernel k = ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 1);
+        const attn_kernel k =
+            ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 1, is_fp8(cfg));
         const int wrows = k.rows > 0 ? k.rows : 16;
         snprintf(buf, cap,
-                 "%sabsorbed MLA on tensor cores (the wide-row decode kernel): every query token one item "
+                 "%s%sabsorbed MLA on tensor cores (the wide-row decode kernel): every query token one item "
                  "(multi-token requests causal among their tokens), %d heads a block sharing each latent row "
                  "load (%d row tile%s), split-KV with a merge%s",
-                 cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "", wrows, (group + wrows - 1) / wrows,
+                 cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
+                 is_fp8(cfg) ? "fp8 latent rows converted to 16 bits in shared memory, tile by tile; " : "", wrows, (group + wrows - 1) / wrows,
                  (group + wrows - 1) / wrows == 1 ? "" : "s", cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "");
         return;
     }
@@ -426,7 +429,8 @@ static ak_status engine_create_inner(engine_state *s)
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
         s->dec_k = s->engine == DECODE_WIDE
-                       ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, cfg->mla)
+                       ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, cfg->mla,
+                                                    s->fp8)
                        : ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
