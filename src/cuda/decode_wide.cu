@@ -224,17 +224,26 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
             constexpr int VROW = SHARED ? DQK : DVO; /* V's shared-memory row */
             const int t0 = it.kv_begin + t * KEYS;
 
-            /* q.k: one piece of PM x 16 rows by PN x 16 keys over KSTEPS k steps */
+            /* q.k: one piece of PM x 16 rows by PN x 16 keys over KSTEPS k
+             * steps, in NA sets of accumulators taking the k steps in turn
+             * (eight independent mma chains a warp, whatever the piece: one
+             * chain of KSTEPS dependent mma left the tensor pipe waiting on
+             * each result, Nsight Compute's fixed-latency stall), summed at
+             * the end */
             {
-                float s[PM][2 * PN][4];
+                constexpr int NA = PM * PN >= 4 ? 1 : 4 / (PM * PN);
+                float s[NA][PM][2 * PN][4];
 #pragma unroll
-                for (int i = 0; i < PM; i++)
+                for (int x = 0; x < NA; x++)
 #pragma unroll
-                    for (int n = 0; n < 2 * PN; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
+                    for (int i = 0; i < PM; i++)
+#pragma unroll
+                        for (int n = 0; n < 2 * PN; n++)
+                            s[x][i][n][0] = s[x][i][n][1] = s[x][i][n][2] = s[x][i][n][3] = 0.0f;
                 const int mi = lane / 8, r = lane % 8;
-#pragma unroll 3
+#pragma unroll
                 for (int j = 0; j < KSTEPS; j++) {
-                    const int kk = ks_piece * KSTEPS + j;
+                    const int kk = ks_piece * KSTEPS + j, x = j % NA;
                     uint32_t a[PM][4], b[PN][4];
 #pragma unroll
                     for (int i = 0; i < PM; i++)
@@ -246,8 +255,8 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
                     for (int i = 0; i < PM; i++)
 #pragma unroll
                         for (int n = 0; n < PN; n++) {
-                            mma_16816<T>(s[i][2 * n], a[i], b[n]);
-                            mma_16816<T>(s[i][2 * n + 1], a[i], b[n] + 2);
+                            mma_16816<T>(s[x][i][2 * n], a[i], b[n]);
+                            mma_16816<T>(s[x][i][2 * n + 1], a[i], b[n] + 2);
                         }
                 }
                 float *Sw = S + ks_piece * ROWS * tr::SSTRIDE;
@@ -256,9 +265,13 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
                     const int r0 = (m_piece * PM + i) * 16 + lane / 4;
 #pragma unroll
                     for (int n = 0; n < 2 * PN; n++) {
+#pragma unroll
+                        for (int x = 1; x < NA; x++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) s[0][i][n][e] += s[x][i][n][e];
                         const int col = n_piece * PN * 16 + n * 8 + (lane % 4) * 2;
-                        *(float2 *)(Sw + r0 * tr::SSTRIDE + col) = make_float2(s[i][n][0], s[i][n][1]);
-                        *(float2 *)(Sw + (r0 + 8) * tr::SSTRIDE + col) = make_float2(s[i][n][2], s[i][n][3]);
+                        *(float2 *)(Sw + r0 * tr::SSTRIDE + col) = make_float2(s[0][i][n][0], s[0][i][n][1]);
+                        *(float2 *)(Sw + (r0 + 8) * tr::SSTRIDE + col) = make_float2(s[0][i][n][2], s[0][i][n][3]);
                     }
                 }
             }
