@@ -280,19 +280,29 @@ fi
 
 if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
     # rows of 512 on tensor cores (decode_wide.cu): the head-dim-512 and MLA
-    # cases of the case table and the MLA graph replays, under memcheck and
-    # racecheck; then decode speed (attnkit-bench) and bench/mla.py
-    for f in "head dim 512" mla; do
-        tag=${f// /-}
-        timeout 400 $BUILD/attnkit-test --device cuda --filter "$f" >"$LOG/wide-test-$tag.log" 2>&1
-        note "wide tests $tag" "$(tail -1 "$LOG/wide-test-$tag.log")"
-        timeout 400 compute-sanitizer --tool memcheck $BUILD/attnkit-test --device cuda --filter "$f" \
-            >"$LOG/wide-memcheck-$tag.log" 2>&1
-        note "wide memcheck $tag" "$(grep -m1 'ERROR SUMMARY' "$LOG/wide-memcheck-$tag.log")"
+    # cases of the case table (fp8 and the MLA graph replays included) side
+    # by side with memcheck and racecheck on their kernels' cases; then
+    # decode speed (attnkit-bench) and bench/mla.py
+    wide_run() { # tag tool filter
+        local tag=$1 tool=$2 f=$3
+        if [[ $tool == none ]]; then
+            timeout ${AK_TEST_TIMEOUT:-400} $BUILD/attnkit-test --device cuda -v --filter "$f" >"$LOG/wide-$tag.log" 2>&1
+        else
+            timeout ${AK_TEST_TIMEOUT:-400} compute-sanitizer --tool $tool $BUILD/attnkit-test --device cuda \
+                --filter "$f" >"$LOG/wide-$tag.log" 2>&1
+        fi
+    }
+    wide_run test-512 none "head dim 512" &
+    wide_run test-mla none mla &
+    wide_run memcheck-512 memcheck "head dim 512" &
+    wide_run memcheck-mla memcheck "mla decode 576" &
+    wide_run memcheck-mla-fp8 memcheck "mla fp8 576" &
+    wide_run racecheck-mla racecheck "mla decode 576/512 h16" &
+    wait
+    for tag in test-512 test-mla; do note "wide $tag" "$(tail -1 "$LOG/wide-$tag.log")"; done
+    for tag in memcheck-512 memcheck-mla memcheck-mla-fp8 racecheck-mla; do
+        note "wide $tag" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$LOG/wide-$tag.log")"
     done
-    timeout 300 compute-sanitizer --tool racecheck $BUILD/attnkit-test --device cuda \
-        --filter "mla decode 576/512 h16" >"$LOG/wide-racecheck.log" 2>&1
-    note "wide racecheck" "$(grep -m1 'RACECHECK SUMMARY\|ERROR SUMMARY' "$LOG/wide-racecheck.log")"
     {
         for h in 32/8 32/32 64/1; do
             $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --heads $h --head-dim 512 \
