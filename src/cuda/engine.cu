@@ -115,6 +115,7 @@ struct engine_state {
     int decode_ctas;  /* decode grid.x: one wave of the GPU (0: no decode kernel) */
     int max_splits;
     int max_items;    /* decode items */
+    int max_partials; /* partial-state slots of decode splits (the f32 rows the merge reads) */
     /* prefill (workload ANY, or every request in varlen mode) */
     int prefill;      /* this instance launches the prefill kernel */
     int min_prefill_q; /* requests with at least this many query tokens go to prefill */
@@ -469,6 +470,15 @@ static ak_status engine_create_inner(engine_state *s)
                                     (long long)items);
             if (items > s->max_items) s->max_items = (int)items;
         }
+        /* Split items need partial slots (num_qo_heads x head_dim_vo f32 each:
+         * 256 KB a slot for MLA's 128 heads), but only splits that fill the
+         * wave or balance its rounds make them: at most BALANCE_ROUNDS + 2
+         * waves' worth. Sizing them by max_items instead would grow with
+         * limits.max_tokens in MLA mode (every token a unit): 8192 tokens
+         * would hold 2 GB. Batch-invariant splits are not bounded so. */
+        s->max_partials = s->max_items;
+        const int64_t wave_cap = (int64_t)(BALANCE_ROUNDS + 2) * s->decode_ctas;
+        if (!cfg->batch_invariant && wave_cap < s->max_partials) s->max_partials = (int)wave_cap;
         s->max_tasks = s->max_units;
         s->units = (decode_unit *)malloc(sizeof(decode_unit) * ((size_t)s->max_units + 1));
         if (!s->units) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's decode scratch");
@@ -530,7 +540,7 @@ static ak_status engine_create_inner(engine_state *s)
     size_t fixed = 0;
     const size_t meta_bytes = layout_meta(s, NULL, NULL, &fixed);
     s->fixed_bytes = fixed;
-    const size_t partial = ((size_t)s->max_items + s->pf_slots) * cfg->num_qo_heads;
+    const size_t partial = ((size_t)s->max_partials + s->pf_slots) * cfg->num_qo_heads;
     const size_t flags = (size_t)s->max_scans * cfg->num_kv_heads;
     const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float) +
                              flags * sizeof(int32_t);
@@ -662,7 +672,8 @@ static int balance_chunk(const engine_state *s, int num_dec, int max_len, int fi
     int best = first;
     for (int extra = 1; extra <= BALANCE_ROUNDS; extra++) {
         const int64_t budget = (rounds0 + extra) * C;
-        if (budget > s->max_items) break;
+        /* every item of a budget may be a split one: it must fit the slots */
+        if (budget > s->max_items || budget > s->max_partials) break;
         const int chunk = pick_chunk(s, num_dec, (int)budget, max_len);
         const int64_t n = items_at(s, num_dec, chunk);
         const int64_t cost = (n + C - 1) / C * (int64_t)(chunk < max_len ? chunk : max_len);
@@ -691,7 +702,8 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
     int n = 0, partials = 0;
     for (int x = 0; x < num_dec; x++) {
         const decode_unit *u = &s->units[x];
-        const int k = chunks_of(u->end - u->lo, chunk);
+        int k = chunks_of(u->end - u->lo, chunk);
+        if (k > 1 && partials + k > s->max_partials) k = 1; /* never reached: the budgets fit the slots */
         for (int i = 0; i < k; i++) {
             decode_item it;
             it.req = u->req;
@@ -729,7 +741,7 @@ static int by_cost_desc(const void *a, const void *b)
  * (two, or one in varlen mode), in the order the fixed grid takes them, and
  * (when splitting) the merge tasks of split tiles; returns the item count
  * (padding included). Partial slots of prefill splits start after the decode
- * ones (max_items). */
+ * ones (max_partials). */
 /* The scan tasks of a request of q_len query tokens whose keys [lo, kv_len)
  * some token sees: appended to m->scans when the request is long enough and
  * they fit; returns the first task's index, or -1 (its items run checked). */
@@ -813,7 +825,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_pitems ||
             *num_tasks + it.ntok > s->max_tasks)
             continue; /* out of scratch: leave it whole (never reached within the bounds) */
-        const int base = s->max_items + slots;
+        const int base = s->max_partials + slots;
         for (int x = 0; x < k; x++) {
             prefill_item part = it;
             part.kv_begin = it.kv_begin + x * chunk;
