@@ -7,20 +7,29 @@
  *
  * The decode engine of decode.cu keeps a whole 16 x DVO accumulator per warp
  * (256 registers a thread at DVO = 512) and every warp computes over its own
- * keys. Here the 8 warps of a block share each tile instead:
- *   q.k   the tile's scores S [ROWS x 32 keys]: warp w computes one 16-row x
- *         16-key piece over a slice of the head dim (KS slices when there
- *         are fewer pieces than warps), into shared memory;
- *   softmax  ROWS x 32 keys over the 256 threads (a row's threads are
+ * keys. Here the W warps of a block (4 or 8, wide_shape below) share each
+ * tile instead:
+ *   q.k   the tile's scores S [ROWS x KEYS]: warp w computes one piece of
+ *         16-32 rows x 16-32 keys over a slice of the head dim (KS slices
+ *         when there are fewer pieces than warps), into shared memory;
+ *   softmax  ROWS x KEYS over the block's threads (a row's threads are
  *         neighbouring lanes of one warp): the slices summed, the masks,
  *         the NaN rule, the online max and sum; P (16-bit) and each row's
  *         rescale factor into shared memory;
- *   p.v   warp w owns 64 of the 512 output columns for every row: its
- *         accumulator is ROWS x 64 (MT x 32 registers a thread), and no
+ *   p.v   warp w owns 512 / W of the output columns for every row, so no
  *         merge across warps is needed at the end.
  * ROWS = 16 x MT query heads a block: MT = 1, 2 or 4 (16, 32, 64 heads; MLA's
  * 128 heads are two row tiles of 64). With 64 rows a latent row loaded once
  * feeds 64 x 2 x (576 + 512) flops.
+ *
+ * fp8 e4m3 K/V: the stages hold the fp8 rows as they are; each tile is
+ * converted once into a 16-bit tile (exact) that the products read; k_scale
+ * multiplies the raw dots, v_scale (MLA: k_scale) the finished rows.
+ *
+ * Measured (BENCHMARKS.md): decode at 16 heads and d512 is bound by the
+ * block's serial phases more than by bandwidth, and 128-head MLA by the
+ * tensor pipe idling through them (one block of 8 warps an SM): a warpgroup
+ * MMA kernel is the way past it.
  *
  * Items, outputs, split-KV partials, sinks, soft-cap and the NaN rule are
  * those of decode.cu (attn.cuh): an item is one query token's keys [kv_begin,
