@@ -25,11 +25,11 @@ is faster). Outputs are compared with attnkit's (max abs difference).
 import argparse
 import csv
 import math
-import os
 import statistics
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fp8 import copy_ceiling, import_libs  # bench/fp8.py: the same libraries, the same eager copy ceiling
+
 LAT, ROPE, PAGE = 512, 64, 64
 DQK = LAT + ROPE
 
@@ -42,20 +42,6 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--backends", default="fa2,fa3", help="FlashInfer MLA backends to try")
     return p.parse_args()
-
-
-def import_libs(args):
-    import torch
-    if args.lib:
-        os.environ["ATTNKIT_LIB"] = args.lib
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    import attnkit
-    try:
-        import flashinfer
-    except Exception as e:  # optional
-        print(f"# flashinfer not importable ({type(e).__name__}: {e}): its rows are left out", file=sys.stderr)
-        flashinfer = None
-    return torch, attnkit, flashinfer
 
 
 class Scene:
@@ -152,28 +138,6 @@ def time_graph(torch, call, rounds, iters=10):
         b.synchronize()
         ms.append(a.elapsed_time(b) / iters)
     return statistics.median(ms), how
-
-
-def copy_ceiling(torch, rounds):
-    """a device-to-device copy of 1 GiB, timed eagerly (a captured copy ran
-    at 2417 GB/s on an H100 where the same copy launched eagerly runs at
-    ~2990: the ceiling is the faster one)"""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ms = []
-    for _ in range(rounds):
-        a.record()
-        for _ in range(5):
-            dst.copy_(src)
-        b.record()
-        b.synchronize()
-        ms.append(a.elapsed_time(b) / 5)
-    del src, dst
-    return 2 * n / statistics.median(ms) / 1e6  # GB/s
 
 
 def main():

@@ -38,6 +38,17 @@ summary=()
 want() { [[ $what == all || ,$what, == *,$1,* ]]; }
 want_named() { [[ ,$what, == *,$1,* ]]; }
 note() { summary+=("$(printf '%-28s %s' "$1" "$2")"); }
+# for the Python benchmarks: FlashInfer from the wheels in .whl/ (bench/README.md)
+# installed into /tmp/site, its JIT cache under /tmp/fi, and the shared library
+python_peers_env() {
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
+    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+}
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader | tee "$LOG/gpu.txt"
 
@@ -267,13 +278,7 @@ if want_named fp8 && [[ -x $BUILD/attnkit-test ]]; then
     timeout 400 compute-sanitizer --tool memcheck $BUILD/attnkit-test --device cuda --filter fp8 \
         >"$LOG/fp8-memcheck.log" 2>&1
     note "fp8 memcheck" "$(grep -m1 'ERROR SUMMARY' "$LOG/fp8-memcheck.log")"
-    if compgen -G ".whl/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    fi
-    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
-    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    python_peers_env
     timeout 500 python3 bench/fp8.py --lib $BUILD/libattnkit.so --csv "$LOG/fp8.csv" >"$LOG/fp8.txt" 2>&1
     note "fp8 bench" "rc $?; $LOG/fp8.txt"
 fi
@@ -315,13 +320,7 @@ if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
         done
     } >"$LOG/wide-bench.txt" 2>&1
     note "wide bench" "$LOG/wide-bench.txt"
-    if compgen -G ".whl/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    fi
-    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
-    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    python_peers_env
     timeout 500 python3 bench/mla.py --lib $BUILD/libattnkit.so --csv "$LOG/mla.csv" >"$LOG/mla.txt" 2>&1
     note "mla bench" "rc $?; $LOG/mla.txt"
 fi
@@ -331,13 +330,7 @@ if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then
     # and torch's varlen on the same data. FlashInfer comes from the wheels in
     # .whl/ (bench/README.md), installed into /tmp/site; its JIT builds its
     # kernels on first use (~1 min), cached under /tmp/fi
-    if compgen -G ".whl/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl >"$LOG/pip.txt" 2>&1
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    fi
-    export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/fi} PYTHONUNBUFFERED=1 MAX_JOBS=$(nproc)
-    cmake --build $BUILD --target attnkit_shared -j "$(nproc)" >>"$LOG/build.log" 2>&1
+    python_peers_env
     timeout 420 python3 bench/peers.py --quick --lib $BUILD/libattnkit.so --csv "$LOG/peers.csv" \
         >"$LOG/peers.txt" 2>&1
     rc=$?
