@@ -476,6 +476,22 @@ typedef struct ak_batch {
     const int32_t *block_table; /* paged: [num_reqs, block_table_stride]; row r's
                                    first ceil(kv_len / page_size) entries are read */
     int block_table_stride;     /* paged: entries per block-table row */
+    /* paged, in place of block_table (give one of the two): the same table
+     * in the memory of cfg.device, as engines keep it (vLLM's block_table
+     * tensor, SGLang's req_to_token). On a GPU, plan() then copies O(requests)
+     * of metadata instead of O(blocks): the kernels read the table in place
+     * when they run (a captured graph reads it as it is at each replay, at
+     * the address the latest plan named), and the backend's slot mapping is
+     * computed from it on the device, in stream order after plan()'s
+     * copies. The host cannot check its ids: an id outside [0,
+     * args.kv->num_blocks) is never followed (its keys read as rows of
+     * zeros), and a new token whose block is outside [0,
+     * limits.num_cache_blocks) gets slot -1 (ak_kv_update skips it). Rows
+     * hold num_reqs x block_table_stride entries, at most INT32_MAX. On a
+     * CPU config the table is host memory, read and checked as block_table.
+     * ak_batch_build_meta fills kv_indices and slot_mapping only from a
+     * table the host can read (pass them NULL for a device table). */
+    const int32_t *device_block_table;
 } ak_batch;
 
 AK_API void ak_batch_init(ak_batch *batch /* OUT */);

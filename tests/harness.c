@@ -478,7 +478,18 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
             a.v_scale = c->mla ? NULL : tbuf_data(&sc->v_scale_buf);
         }
     }
-    st = ak_backend_plan(b, &sc->b.batch, NULL);
+    ak_batch batch = sc->b.batch;
+    tbuf table;
+    memset(&table, 0, sizeof table);
+    if (sc->device_table && c->kv_storage == AK_KV_PAGED) {
+        const size_t n = (size_t)batch.num_reqs * (size_t)batch.block_table_stride;
+        tbuf_alloc(&table, c->device, sizeof(int32_t) * (n + 1));
+        memcpy(tbuf_host(&table), batch.block_table, sizeof(int32_t) * n);
+        tbuf_upload(&table);
+        batch.device_block_table = tbuf_data(&table);
+        batch.block_table = NULL;
+    }
+    st = ak_backend_plan(b, &batch, NULL);
     if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
     dev_sync(c->device);
     tbuf_download(&ob);
@@ -507,6 +518,7 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
     }
     tbuf_free(&ob);
     tbuf_free(&lb);
+    if (table.raw) tbuf_free(&table);
     ak_backend_destroy(b);
     return st;
 }

@@ -128,6 +128,9 @@ typedef struct scene {
     tbuf sinks_buf;       /* the same on the device, f32 */
     float k_scale[AK_TEST_MAX_KV_HEADS], v_scale[AK_TEST_MAX_KV_HEADS]; /* fp8: each KV head's scale */
     tbuf k_scale_buf, v_scale_buf; /* fp8 with scales: [1] or [Hkv] on the device */
+    /* paged: scene_run plans with the block table on the host (0), or with
+     * the same table in device memory as batch.device_block_table (1) */
+    int device_table;
 } scene;
 
 ak_attn_config case_config(const attn_case *tc, ak_device dev);
@@ -142,7 +145,7 @@ void scene_free(scene *sc);
  * [num_tokens, Hq], fp64. Independent of every backend (no paging). */
 void dense_attention(const scene *sc, double *o, double *lse);
 
-/* Runs backend `name` on the scene. On success fills o (f32, [tokens, Hq, Dvo])
+/* Runs backend `name` on the scene (with its table as sc->device_table says). On success fills o (f32, [tokens, Hq, Dvo])
  * and lse; returns AK_ERR_UNSUPPORTED (with the reasons in ak_last_error) if
  * the backend cannot serve, another status on failure; guards/NaN problems are
  * reported through *bad (a message, "" if none). */

@@ -58,6 +58,9 @@ typedef struct graph_case {
                           device, new values every step (the replay must read them) */
     int mla;           /* paged: multi-head latent attention (cfg.mla), one latent KV head of
                           head_dim values, the value its first head_dim - 64; a K-only cache */
+    int device_table;  /* paged: each step's block table in device memory
+                          (batch.device_block_table), in one of two buffers by turns, so
+                          the replays follow the table each plan names */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -86,6 +89,13 @@ static const graph_case graph_cases[] = {
      1},
     {"graph replay mla 576/512 h128 f16 page 16 decode", PAGED, 128, 1, 576, AK_F16, 1, 1, -1, 16, NHD, 0, 0, 0, 0,
      1},
+    /* the block table on the device, read in place (vLLM's block_table, SGLang's req_to_token) */
+    {"graph replay mixed gqa4 bf16 d128 device table", PAGED, 16, 4, 128, AK_BF16, 6, 1, -1, 16, NHD, 1, 0, 0, 0, 0,
+     1},
+    {"graph replay gqa4 bf16 d128 page 1 window device table", PAGED, 16, 4, 128, AK_BF16, 4, 1, 300, 1, NHD, 0, 0, 0,
+     0, 0, 1},
+    {"graph replay mla 576/512 h16 bf16 page 64 mixed device table", PAGED, 16, 1, 576, AK_BF16, 3, 1, -1, 64, NHD, 1,
+     0, 0, 0, 1, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -385,6 +395,10 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
         cudaMemcpy(sinks_d[l], sinks_h[l], sizeof(float) * Hq, cudaMemcpyHostToDevice);
     }
     float *o_ref = malloc(sizeof(float) * T * Hq * D), *l_ref = malloc(sizeof(float) * T * Hq);
+    /* device block tables, used by turns (gc->device_table) */
+    int32_t *tables_d[2] = {NULL, NULL};
+    const size_t table_bytes = sizeof(int32_t) * (size_t)R * (size_t)(max_blocks + 1);
+    for (int i = 0; i < 2 && gc->device_table; i++) cudaMalloc((void **)&tables_d[i], table_bytes);
     cudaStream_t stream;
     cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     cudaGraphExec_t exec = NULL;
@@ -430,7 +444,14 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             cudaMemset(g.o[l], 0xff, esz * T * Hq * D);
             cudaMemset(g.lse[l], 0xff, 4 * (size_t)T * Hq);
         }
-        for (int i = 0; i < nbk && st == AK_OK; i++) st = ak_backend_plan(bk[i], &sb.batch, stream);
+        ak_batch batch = sb.batch;
+        if (gc->device_table) {
+            int32_t *td = tables_d[s % 2];
+            cudaMemcpy(td, sb.block_table, sizeof(int32_t) * (size_t)R * sb.bt_stride, cudaMemcpyHostToDevice);
+            batch.device_block_table = td;
+            batch.block_table = NULL;
+        }
+        for (int i = 0; i < nbk && st == AK_OK; i++) st = ak_backend_plan(bk[i], &batch, stream);
         if (st != AK_OK) {
             snprintf(why, sizeof why, "plan step %d: %s", s, ak_last_error());
             ok = 0;
@@ -559,6 +580,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     free(l_ref);
     for (int l = 0; l < layers; l++) cudaFree(sinks_d[l]);
     cudaFree(scales_d);
+    cudaFree(tables_d[0]);
+    cudaFree(tables_d[1]);
     for (int i = 0; i < nbk; i++) ak_backend_destroy(bk[i]);
     ak_kv_cache_destroy(cache);
 }

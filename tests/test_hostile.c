@@ -10,6 +10,7 @@
 #include "dtype.h"
 #include "internal.h" /* ak_kv_cache_debug_set_refcount */
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -391,6 +392,137 @@ static void hostile_run_views(test_ctx *t, const char *name)
     scene_free(&sc);
 }
 
+/* ---- a device block table the host cannot check ------------------------------ */
+
+/* One plan + run over `batch` into o (poisoned first); the backend's slot
+ * mapping after it goes to slots (num_tokens of them). */
+static ak_status table_run(ak_backend *b, const ak_batch *batch, const scene *sc, tbuf *ob, int64_t *slots)
+{
+    const ak_attn_config *c = &sc->cfg;
+    const int T = sc->b.num_tokens;
+    ak_tensor q = ak_tensor_3d(tbuf_data(&sc->q_buf), c->q_dtype, T, c->num_qo_heads, c->head_dim_qk);
+    q.stride[1] = c->head_dim_qk + 8; /* the scene pads q's rows */
+    q.stride[0] = (int64_t)c->num_qo_heads * q.stride[1];
+    ak_tensor o = ak_tensor_3d(tbuf_data(ob), c->o_dtype, T, c->num_qo_heads, c->head_dim_vo);
+    tbuf_poison(ob);
+    ak_run_args a;
+    ak_run_args_init(&a);
+    a.q = &q;
+    a.o = &o;
+    a.kv = &sc->kv;
+    ak_status st = ak_backend_plan(b, batch, NULL);
+    if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
+    dev_sync(c->device);
+    tbuf_download(ob);
+    if (st == AK_OK) dev_copy_from(c->device, slots, ak_backend_slot_mapping(b), sizeof(int64_t) * (size_t)T);
+    return st;
+}
+
+/* An engine's device block table is read as it is: plan() cannot check its
+ * ids. Ids out of range (negative, INT32_MAX, num_blocks) in a decode's and
+ * a chunk's rows must be read by no kernel (compute-sanitizer runs this
+ * case clean): run() succeeds, every o row is written and finite, the rows
+ * of a request with valid ids are bit for bit those of the host-table plan,
+ * and the new tokens in bad blocks get slot -1 (kv_update skips them).
+ * Memory the kernels cannot read (a host array) and two tables at once are
+ * refused at plan(), naming the field. On the CPU the "device" table is host
+ * memory, checked as block_table is. */
+static void hostile_device_table(test_ctx *t, const char *name)
+{
+    /* a decode that splits, a chunk on a prefix (the prefill kernel), a clean decode */
+    attn_case tc = {"hostile device table", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, AK_LAYOUT_NHD, AK_KV_PAGED,
+                    3, {{1, 700}, {5, 90}, {1, 300}}};
+    if (t->device.kind == AK_DEVICE_CPU) tc.dtype = AK_F32;
+    if (!t_selected(t, tc.name)) return;
+    uint64_t rng = t->seed ^ scn_name_hash(tc.name);
+    scene sc;
+    ak_backend *b = NULL;
+    if (scene_build(&sc, &tc, t->device, &rng)) {
+        t_fail(t, name, tc.name, "cannot build the scene");
+        return;
+    }
+    if (ak_backend_create(&sc.cfg, &sc.lim, name, &b) != AK_OK) {
+        scene_free(&sc);
+        return; /* a backend that cannot serve the case (cpu_ref's limits, a ragged-only one) */
+    }
+    const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, D = tc.head_dim_vo, stride = sc.b.bt_stride;
+    const size_t esz = ak_dtype_size(tc.dtype), row = esz * (size_t)Hq * D;
+    const int nb = sc.lim.num_cache_blocks;
+    tbuf ob, tab;
+    tbuf_alloc(&ob, t->device, row * (size_t)T);
+    tbuf_alloc(&tab, t->device, sizeof(int32_t) * (size_t)sc.b.num_reqs * stride);
+    int64_t slots_host[8], slots_dev[8];
+    unsigned char *o_host = malloc(row * (size_t)T);
+
+    ak_status st = table_run(b, &sc.b.batch, &sc, &ob, slots_host);
+    memcpy(o_host, tbuf_host(&ob), row * (size_t)T);
+
+    /* the same table with bad ids in request 0 (blocks 3, 10, 43 of 44)
+     * and request 1 (its first and last) */
+    int32_t *bt = tbuf_host(&tab);
+    memcpy(bt, sc.b.block_table, sizeof(int32_t) * (size_t)sc.b.num_reqs * stride);
+    bt[3] = -5;
+    bt[10] = INT32_MAX;
+    bt[43] = nb; /* request 0's last block: its new token's slot */
+    bt[stride + 0] = INT32_MIN;
+    bt[stride + 5] = nb + 1000; /* request 1's last block (keys 80-89): its 5 new tokens' */
+    tbuf_upload(&tab);
+    ak_batch batch = sc.b.batch;
+    batch.block_table = NULL;
+    batch.device_block_table = tbuf_data(&tab);
+    const ak_status st2 = st == AK_OK ? table_run(b, &batch, &sc, &ob, slots_dev) : st;
+    const int gpu = t->device.kind != AK_DEVICE_CPU;
+    if (!gpu) {
+        /* host memory: checked like block_table */
+        const int named = strstr(ak_last_error(), "device_block_table[0][3]") != NULL;
+        if (st == AK_OK && st2 == AK_ERR_INVALID_ARG && named)
+            t_pass(t, name, tc.name, "%s", ak_last_error());
+        else
+            t_fail(t, name, tc.name, "status %s / %s: %s (want device_block_table[0][3] named)",
+                   ak_status_str(st), ak_status_str(st2), ak_last_error());
+    } else {
+        char why[200] = "";
+        if (st != AK_OK || st2 != AK_OK) snprintf(why, sizeof why, "status %s / %s: %s", ak_status_str(st),
+                                                  ak_status_str(st2), ak_last_error());
+        if (!why[0] && !tbuf_guards_ok(&ob)) snprintf(why, sizeof why, "write outside o");
+        for (int i = 0; !why[0] && i < T * Hq * D; i++) {
+            const float x = ak_load_as_f32(tbuf_host(&ob), tc.dtype, i);
+            if (!isfinite(x)) snprintf(why, sizeof why, "o element %d is %g", i, x);
+        }
+        /* request 2 (token 6) has only valid ids: the same bits as with the host table */
+        if (!why[0] && memcmp(o_host + row * 6, (unsigned char *)tbuf_host(&ob) + row * 6, row))
+            snprintf(why, sizeof why, "request 2's o differs from the host-table plan's");
+        /* slots: tokens 0-5 (in request 0's and request 1's last blocks) are -1 */
+        for (int i = 0; !why[0] && i < T; i++) {
+            const int64_t want = i <= 5 ? -1 : slots_host[i];
+            if (slots_dev[i] != want)
+                snprintf(why, sizeof why, "slot of token %d is %lld, want %lld", i, (long long)slots_dev[i],
+                         (long long)want);
+        }
+        if (why[0])
+            t_fail(t, name, tc.name, "%s", why);
+        else
+            t_pass(t, name, tc.name, "bad ids read as zeros, slots -1");
+
+        /* host memory named as a device table, and two tables at once */
+        batch.device_block_table = sc.b.block_table;
+        const ak_status h = ak_backend_plan(b, &batch, NULL);
+        const int h_named = strstr(ak_last_error(), "device_block_table") && strstr(ak_last_error(), "host memory");
+        CHECK(t, "hostile device table: host memory", h == AK_ERR_INVALID_ARG && h_named, "status %s: %s",
+              ak_status_str(h), ak_last_error());
+    }
+    batch.block_table = sc.b.block_table;
+    batch.device_block_table = tbuf_data(&tab);
+    const ak_status both = ak_backend_plan(b, &batch, NULL);
+    CHECK(t, "hostile device table: both tables", both == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "both"),
+          "status %s: %s", ak_status_str(both), ak_last_error());
+    free(o_host);
+    tbuf_free(&ob);
+    tbuf_free(&tab);
+    ak_backend_destroy(b);
+    scene_free(&sc);
+}
+
 /* ---- tensors: shapes whose sizes or addresses pass int64 --------------------- */
 
 /* ak_tensor_*d multiplied dims into int64 strides unchecked. A negative dim,
@@ -647,6 +779,7 @@ void test_hostile(test_ctx *t)
         hostile_huge_heads(t, names[i]);
         hostile_run_views(t, names[i]);
         hostile_run_tensors(t, names[i]);
+        hostile_device_table(t, names[i]);
     }
     hostile_views(t);
     if (t->device.kind != AK_DEVICE_CPU) return; /* device-independent: once, in the CPU run */

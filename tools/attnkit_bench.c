@@ -141,6 +141,7 @@ typedef struct options {
     int kv_dtype_set;
     int check, json, graph, sweep, kv_update;
     int invariant;      /* --invariant: cfg.batch_invariant */
+    int device_table;   /* --device-table: plan with the block table in device memory */
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
     int layers; /* 0: automatic */
     uint64_t seed;
@@ -179,6 +180,8 @@ static void usage(FILE *f)
         "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
         "  --window W       override the preset's window_left (-1: full context)\n"
         "  --invariant      cfg.batch_invariant (fixed KV splits: its cost against the default)\n"
+        "  --device-table   CUDA, paged: plan with the block table in device memory\n"
+        "                   (batch.device_block_table, read in place; plan_us without the O(blocks) copy)\n"
         "  --layout L       nhd (default) | hnd: the paged cache layout\n"
         "  --dtype T        f32 | f16 | bf16 for q, KV and o (default: bf16 on a GPU, f32 on the CPU)\n"
         "  --kv-dtype T     f32 | f16 | bf16 | fp8_e4m3 for KV alone (fp8: q and o bf16 unless --dtype;\n"
@@ -396,6 +399,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--sweep")) o->sweep = 1;
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
+            else if (!strcmp(a, "--device-table")) o->device_table = 1;
             else return usage_error("unknown option '%s'", a);
         }
         i += takes_value;
@@ -753,8 +757,8 @@ failed:
 
 /* Plans, times, checks one backend on the scene; fills r. Returns 0, or -1
  * when the row is an error (r says why). */
-static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
-                         const bd_ceiling *ceil_, ak_backend *b, row *r)
+static int bench_batch(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
+                         const bd_ceiling *ceil_, ak_backend *b, const ak_batch *batch, row *r)
 {
     memset(r, 0, sizeof *r);
     r->backend = ak_backend_name(b);
@@ -767,7 +771,7 @@ static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene 
     double plan_us[PLAN_REPS];
     for (int i = 0; i < PLAN_REPS; i++) {
         const double t0 = bd_now();
-        const ak_status st = ak_backend_plan(b, &sc->b.batch, ctx->stream);
+        const ak_status st = ak_backend_plan(b, batch, ctx->stream);
         plan_us[i] = 1e6 * (bd_now() - t0);
         if (st != AK_OK) {
             snprintf(r->reason, sizeof r->reason, "plan: %s: %s", ak_status_str(st), ak_last_error());
@@ -879,6 +883,33 @@ run_failed:
     snprintf(r->reason, sizeof r->reason, "%s", lr.err[0] ? lr.err : "device error (see stderr)");
 done:
     bd_graph_destroy(&graph);
+    return rc;
+}
+
+/* bench_batch on the scene's batch; with --device-table (CUDA, paged) its
+ * block table goes to device memory first, as an engine keeps it, and every
+ * plan reads it in place. */
+static int bench_backend(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
+                         const bd_ceiling *ceil_, ak_backend *b, row *r)
+{
+    ak_batch batch = sc->b.batch;
+    void *table_d = NULL;
+    if (o->device_table && ctx->dev.kind == AK_DEVICE_CUDA && batch.block_table) {
+        const size_t bytes = sizeof(int32_t) * (size_t)batch.num_reqs * (size_t)batch.block_table_stride;
+        table_d = bd_malloc(ctx, bytes);
+        if (!table_d || bd_upload(ctx, table_d, batch.block_table, bytes)) {
+            bd_free(ctx, table_d);
+            memset(r, 0, sizeof *r);
+            r->backend = ak_backend_name(b);
+            r->status = "error";
+            snprintf(r->reason, sizeof r->reason, "--device-table: cannot place the block table on the device");
+            return -1;
+        }
+        batch.device_block_table = table_d;
+        batch.block_table = NULL;
+    }
+    const int rc = bench_batch(o, ctx, sc, ref, ceil_, b, &batch, r);
+    bd_free(ctx, table_d);
     return rc;
 }
 

@@ -33,6 +33,7 @@ from . import _capi
 from ._errors import BackendNotFound, Error, InvalidArgument, LimitExceeded, Unsupported
 from ._errors import BY_STATUS as _BY_STATUS
 from ._tensor import View, as_arg as _as_arg, host_int_array as _host_int_array
+from ._tensor import is_torch_tensor as _is_torch_tensor, _torch
 from ._tensor import DTYPES as _DTYPES, dtype_name as _dtype_name
 from ._tensor import parse_device as _parse_device, device_str as _device_str
 
@@ -437,6 +438,7 @@ class Backend:
 
     def __init__(self, config, limits=None, name=None):
         self._h = None
+        self._device_table = None
         self.handle = next(_handles)
         limits = limits if limits is not None else Limits()
         c, lc = config.to_c(), limits.to_c()
@@ -491,7 +493,12 @@ class Backend:
         """qo_indptr [num_reqs + 1], kv_lens [num_reqs], block_table [num_reqs,
         stride] (paged; nested lists are padded with -1, a flat array needs
         block_table_stride unless its length divides by num_reqs). Lists,
-        integer buffers or CPU tensors."""
+        integer buffers or CPU tensors; or an int32 torch tensor on the
+        config's GPU with rows of stride 1 apart elements (an engine's
+        persistent block table): that one is read in place
+        (batch.device_block_table), plan() copies O(requests) and the
+        kernels read the table as it is when they run, so keep it alive
+        and at the same address while the plan is in force."""
         qo = _host_int_array(qo_indptr, "qo_indptr")
         kl = _host_int_array(kv_lens, "kv_lens")
         num_reqs = kl.numel()
@@ -505,7 +512,20 @@ class Backend:
         batch.qo_indptr = ctypes.cast(qo.ptr, I32P)
         batch.kv_lens = ctypes.cast(kl.ptr, I32P)
         bt = None
-        if block_table is not None:
+        self._device_table = None
+        if block_table is not None and _is_torch_tensor(block_table) and block_table.device.type != "cpu":
+            torch = _torch()
+            t = block_table
+            if t.dtype != torch.int32 or t.dim() != 2 or t.stride(1) != 1:
+                raise InvalidArgument(f"block_table on {t.device} is read in place: it must be a 2-D int32 "
+                                      f"tensor with contiguous rows (got {t.dtype}, shape {tuple(t.shape)}, "
+                                      f"strides {t.stride()})")
+            if t.shape[0] < num_reqs:
+                raise InvalidArgument(f"block_table has {t.shape[0]} rows for {num_reqs} requests")
+            batch.device_block_table = ctypes.cast(t.data_ptr(), I32P)
+            batch.block_table_stride = int(block_table_stride or t.stride(0))
+            self._device_table = t  # the kernels read it while the plan is in force
+        elif block_table is not None:
             bt = _host_int_array(block_table, "block_table")
             if block_table_stride is None:
                 if len(bt.shape) == 2:

@@ -183,6 +183,7 @@ class ak_batch(ctypes.Structure):
         ("kv_lens", ctypes.POINTER(ctypes.c_int32)),      # [num_reqs]
         ("block_table", ctypes.POINTER(ctypes.c_int32)),  # [num_reqs, block_table_stride]
         ("block_table_stride", c_int),
+        ("device_block_table", ctypes.POINTER(ctypes.c_int32)),  # the same on cfg.device
     ]
 
 

@@ -12,7 +12,8 @@ graph break.
 - CUDA (torch with a GPU and a library with cuda_paged; skipped otherwise):
   the compiled step captured in a CUDA graph; after a new plan (other
   requests, other context lengths, the same number of tokens), a replay
-  equals the eager layer.
+  equals the eager layer; again with the block table in a persistent int32
+  tensor on the GPU, read in place (plan(..., device_table)).
 Every case compares with the eager layer, itself checked against cpu_ref by
 test_binding.py.
 """
@@ -49,8 +50,16 @@ class Step:
             self.kv_lens.append(kv_len)
         self.num_tokens = self.qo_indptr[-1]
 
-    def plan(self, backend):
-        backend.plan(self.qo_indptr, self.kv_lens, self.block_table)
+    def plan(self, backend, device_table=None):
+        """With device_table (an engine's persistent int32 table on the GPU):
+        this step's rows are copied into it, and the plan reads it in place."""
+        if device_table is None:
+            backend.plan(self.qo_indptr, self.kv_lens, self.block_table)
+            return
+        device_table.fill_(-1)
+        rows = torch.tensor(self.block_table, dtype=torch.int32)
+        device_table[:rows.shape[0]].copy_(rows)
+        backend.plan(self.qo_indptr, self.kv_lens, device_table)
 
 
 if torch is not None:
@@ -194,6 +203,14 @@ class TestCudaGraph(unittest.TestCase):
         self.backend.close()
 
     def test_compiled_step_in_cuda_graph(self):
+        self._graph_step(device_table=None)
+
+    def test_device_block_table_in_cuda_graph(self):
+        # the engine's block table stays on the GPU: the plans read it in place
+        self._graph_step(device_table=torch.full((8, MAX_BLOCKS_PER_REQ), -1, dtype=torch.int32,
+                                                 device="cuda"))
+
+    def _graph_step(self, device_table):
         model = TinyAttention(self.backend, torch.bfloat16, "cuda")
         compiled = torch.compile(model, fullgraph=True)
         # the same number of tokens (6) in both steps: the graph's x and output
@@ -203,7 +220,7 @@ class TestCudaGraph(unittest.TestCase):
         x1 = torch.randn(6, HIDDEN, dtype=torch.bfloat16, device="cuda", generator=gen)
         x2 = torch.randn(6, HIDDEN, dtype=torch.bfloat16, device="cuda", generator=gen)
         with torch.no_grad():
-            first.plan(self.backend)
+            first.plan(self.backend, device_table)
             eager1 = model(x1)
             # kv_update writes the same rows to the same slots again: the
             # compiled step and the capture leave the cache as eager left it
@@ -219,11 +236,12 @@ class TestCudaGraph(unittest.TestCase):
             with torch.cuda.graph(graph):
                 static_out = compiled(static_x)
 
-            second.plan(self.backend)  # a new plan, then a replay of the capture
+            second.plan(self.backend, device_table)  # a new plan, then a replay of the capture
             static_x.copy_(x2)
             graph.replay()
             replayed = static_out.clone()
             k_after, v_after = model.k_cache.clone(), model.v_cache.clone()
+            second.plan(self.backend)  # the eager reference plans with the host table
             eager2 = model(x2)
             torch.cuda.synchronize()
         self.assertFalse(torch.isnan(replayed).any())

@@ -30,6 +30,20 @@ static int first_block(const ak_attn_config *cfg, int trim, int q_len, int kv_le
     return ak_visible_lo(kv_len - q_len, cfg->window_left) / cfg->page_size;
 }
 
+/* The block table the host reads: block_table, or a device_block_table of
+ * a CPU config (host memory); NULL for a device table on a GPU. */
+static const int32_t *host_table(const ak_batch *b, const ak_attn_config *cfg)
+{
+    if (b->block_table) return b->block_table;
+    return cfg->device.kind == AK_DEVICE_CPU ? b->device_block_table : NULL;
+}
+
+int ak_batch_table_on_device(const ak_batch *b, const ak_attn_config *cfg)
+{
+    return b && b->struct_size == sizeof *b && cfg->kv_storage == AK_KV_PAGED && !b->block_table &&
+           b->device_block_table && cfg->device.kind != AK_DEVICE_CPU;
+}
+
 /* Everything the metadata needs, checked (trim: only the blocks some query
  * sees). Returns the totals. */
 static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim, int trim,
@@ -54,11 +68,22 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
 
     const int paged = cfg->kv_storage == AK_KV_PAGED;
     if (paged && b->num_reqs > 0) {
-        if (!b->block_table) return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table is NULL");
+        if (!b->block_table && !b->device_block_table)
+            return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table is NULL (and so is batch.device_block_table)");
+        if (b->block_table && b->device_block_table)
+            return ak_set_error(AK_ERR_INVALID_ARG,
+                                "batch.block_table and batch.device_block_table are both set: give one of them");
         if (b->block_table_stride <= 0)
             return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table_stride = %d must be positive",
                                 b->block_table_stride);
+        /* a device table's rows are found by r x stride in int32 (the kernels' page_base) */
+        if (!b->block_table && (int64_t)b->num_reqs * b->block_table_stride > INT32_MAX)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                                "batch.device_block_table of batch.num_reqs = %d rows of batch.block_table_stride = "
+                                "%d entries is above INT32_MAX entries",
+                                b->num_reqs, b->block_table_stride);
     }
+    const int32_t *table = paged ? host_table(b, cfg) : NULL;
 
     const int32_t num_blocks = lim ? lim->num_cache_blocks : INT32_MAX;
     int64_t tokens = 0, indices = 0, kv_rows = 0;
@@ -116,16 +141,17 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                                 "batch.kv_lens[%d] = %d needs %d blocks, above "
                                 "limits.max_blocks_per_req = %d",
                                 r, kv_len, need, lim->max_blocks_per_req);
-        const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
-        const int first = first_block(cfg, trim, q_len, kv_len);
-        if (!row_in_range(row + first, need - first, num_blocks)) {
+        const int first = first_block(cfg, trim && table, q_len, kv_len);
+        const int32_t *row = table ? table + (int64_t)r * b->block_table_stride : NULL;
+        if (row && !row_in_range(row + first, need - first, num_blocks)) {
             /* the slow path, only to name the first bad entry */
             for (int i = first; i < need; i++)
                 if (row[i] < 0 || row[i] >= num_blocks)
                     return ak_set_error(AK_ERR_INVALID_ARG,
-                                        "batch.block_table[%d][%d] = %d is out of range [0, %d) "
+                                        "batch.%s[%d][%d] = %d is out of range [0, %d) "
                                         "(limits.num_cache_blocks)",
-                                        r, i, row[i], num_blocks);
+                                        b->block_table ? "block_table" : "device_block_table", r, i, row[i],
+                                        num_blocks);
         }
         indices += need - first;
         /* kv_indptr, in blocks, is int32 */
@@ -166,6 +192,12 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
 
     const int paged = cfg->kv_storage == AK_KV_PAGED;
     const int page = cfg->page_size;
+    const int32_t *table = paged ? host_table(b, cfg) : NULL;
+    if (paged && b->num_reqs > 0 && !table && (meta->kv_indices || meta->slot_mapping))
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "meta.%s is set, but batch.device_block_table is device memory, which the host does "
+                            "not read: pass NULL (a backend reads the table in place)",
+                            meta->kv_indices ? "kv_indices" : "slot_mapping");
     meta->qo_indptr[0] = 0;
     meta->kv_indptr[0] = 0;
     int32_t kv_acc = 0;
@@ -179,8 +211,8 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
             if (trim) meta->kv_first_block[r] = 0;
         } else {
             const int need = ak_ceil_div(kv_len, page);
-            const int first = first_block(cfg, trim, q_len, kv_len);
-            const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
+            const int first = first_block(cfg, trim && table, q_len, kv_len);
+            const int32_t *row = table ? table + (int64_t)r * b->block_table_stride : NULL;
             if (meta->kv_indices) memcpy(meta->kv_indices + kv_acc, row + first, sizeof(int32_t) * (need - first));
             if (trim) meta->kv_first_block[r] = first;
             kv_acc += need - first;
@@ -195,7 +227,7 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
             if (meta->slot_mapping) {
                 int64_t slot = -1; /* a non-causal query beyond its keys has no slot */
                 if (paged && pos >= 0) {
-                    const int32_t *row = b->block_table + (int64_t)r * b->block_table_stride;
+                    const int32_t *row = table + (int64_t)r * b->block_table_stride;
                     slot = (int64_t)row[pos / page] * page + pos % page;
                 }
                 meta->slot_mapping[q_lo + i] = slot;

@@ -85,6 +85,11 @@ ak_status ak_run_args_validate(const ak_attn_config *cfg, const ak_limits *lim,
                                int num_tokens, int64_t num_kv_tokens,
                                const ak_run_args *args);
 
+/* 1 if the batch names its block table by batch.device_block_table on a GPU
+ * config (paged): the host cannot read it, so plan() builds no kv_indices or
+ * slot mapping from it (the backend reads the table in place). */
+int ak_batch_table_on_device(const ak_batch *b, const ak_attn_config *cfg);
+
 /* Host metadata arrays sized by the limits, for backends that keep a host copy
  * of the plan (CPU backends; CUDA backends use pinned memory of the same shape). */
 typedef struct ak_meta_capacity {

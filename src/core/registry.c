@@ -397,6 +397,13 @@ static ak_status plan_batch(ak_backend *b, const ak_batch *batch, ak_stream stre
 {
     ak_batch_meta meta = b->meta;
     if (b->vt->meta_buffers) AK_TRY(b->vt->meta_buffers(b->state, &meta));
+    if (ak_batch_table_on_device(batch, &b->cfg)) {
+        /* the backend reads the table in place, and finds each request's
+         * row at r x stride: no list is built, none is trimmed */
+        meta.kv_indices = NULL;
+        meta.slot_mapping = NULL;
+        meta.kv_first_block = NULL;
+    }
     AK_TRY(ak_batch_build_meta(batch, &b->cfg, &b->lim, &meta));
     AK_TRY(b->vt->plan(b->state, batch, &meta, stream));
     int64_t kv_total = 0;

@@ -14,7 +14,7 @@
  *
  * Every kernel runs on a grid fixed when the backend is created and loops
  * over a work list that plan() fills; the list lengths are read from device
- * memory (attn_params.counts). So no launch depends on the plan, and a graph
+ * memory (attn_params.head). So no launch depends on the plan, and a graph
  * captured once replays after any later plan within the limits.
  */
 #ifndef AK_CUDA_ATTN_CUH
@@ -76,6 +76,19 @@ struct __align__(16) merge_task {
 /* Lengths of the work lists of the current plan, on the device. */
 enum { COUNT_DECODE = 0, COUNT_PREFILL = 1, COUNT_MERGE = 2, COUNT_SCAN = 3, NUM_COUNTS = 4 /* 16 bytes */ };
 
+/* The head of a plan's device metadata, written by every plan (one copy with
+ * the decode items): the work-list lengths, and where the block ids are.
+ * The kernels read both at every launch, so a captured graph follows each
+ * later plan, whichever table it names. */
+struct __align__(16) plan_head {
+    int32_t counts[NUM_COUNTS];
+    /* paged: the block ids, request r's from its items' page_base on: the
+     * plan's CSR list (a host block table, copied), or the caller's device
+     * block table, read in place (page_base = r x its stride); ragged: NULL */
+    const int32_t *kv_table;
+    int64_t unused;
+};
+
 /* Everything the kernels read, by value. Strides in elements. */
 struct attn_params {
     const void *q;          /* [num_tokens, num_qo_heads, head_dim_qk] */
@@ -90,13 +103,14 @@ struct attn_params {
     int64_t lse_stride_tok;
     float *o_tmp;           /* [partial slots, num_qo_heads, head_dim_vo] partial outputs */
     float *lse_tmp;         /* [partial slots, num_qo_heads] partial LSEs (natural log) */
-    const int32_t *counts;        /* [NUM_COUNTS] work-list lengths */
+    const plan_head *head;        /* work-list lengths and the block table */
     const decode_item *items;     /* decode work list */
     const prefill_item *pitems;   /* prefill work list */
     const merge_task *tasks;      /* merge work list */
     const scan_task *scans;       /* scan-pass work list */
     int32_t *scan_flags;          /* [scan tasks][num_kv_heads] the scan pass's findings */
-    const int32_t *kv_indices;    /* paged: block ids, each request's from its item's page_base */
+    int num_blocks;         /* paged: blocks of the pools; a block id outside [0, num_blocks) is
+                               never followed (kv_block_of); ragged: INT_MAX */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
     int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
     int prow_tiles;         /* prefill: row tiles per KV head (group > the tile's rows only) */
@@ -236,10 +250,8 @@ __device__ __forceinline__ kv_lane kv_lane_fp8(const attn_params &p, int kv_head
     return l;
 }
 
-/* The block (paged: its id; ragged: the row) and slot of key `key` of a
- * request whose block ids (or rows) start at page_base; see load_kv_tile. */
-template <int ADDR = -1>
-__device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_base, int key, int &slot)
+/* The page of key `key` (a block's worth of keys) and its slot in the block. */
+__device__ __forceinline__ int kv_page_of(const attn_params &p, int key, int &slot)
 {
     int page;
     if (p.page_shift >= 0) {
@@ -249,12 +261,63 @@ __device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_ba
         page = key / p.page_size;
         slot = key - page * p.page_size;
     }
-    /* ragged runs with page_shift 0: page = key, slot 0 */
+    return page; /* ragged runs with page_shift 0: page = key, slot 0 */
+}
+
+/* The block id of page `page` of a request whose block ids (or rows) start
+ * at page_base in `table` (plan_head.kv_table); ragged: the row itself.
+ * ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel, at
+ * 236 registers, spilled with the select); -1: p.ragged. */
+template <int ADDR = -1>
+__device__ __forceinline__ int32_t kv_id_of(const attn_params &p, const int32_t *table, int page_base, int page)
+{
     const int idx = page_base + page;
-    /* ADDR 0 / 1: paged / ragged fixed at compile time (the wgmma kernel,
-     * at 236 registers, spilled with the select); -1: p.ragged */
     const bool ragged = ADDR < 0 ? p.ragged != 0 : ADDR == 1;
-    return ragged ? idx : __ldg(p.kv_indices + idx);
+    return ragged ? idx : __ldg(table + idx);
+}
+
+/* A block id the kernels may follow, or -1: a device block table is read
+ * as the caller wrote it (plan() cannot check it on the host), and an id
+ * outside the pools is never followed; the loaders read its keys as rows of
+ * zeros. One unsigned compare. */
+__device__ __forceinline__ int64_t kv_block_checked(const attn_params &p, int32_t id)
+{
+    return (uint32_t)id < (uint32_t)p.num_blocks ? (int64_t)id : -1;
+}
+
+/* The block (paged: its id, -1 out of range; ragged: the row) and slot of
+ * key `key` of a request whose block ids (or rows) start at page_base; see
+ * load_kv_tile. */
+template <int ADDR = -1>
+__device__ __forceinline__ int64_t kv_block_of(const attn_params &p, const int32_t *table, int page_base, int key,
+                                               int &slot)
+{
+    const int page = kv_page_of(p, key, slot);
+    return kv_block_checked(p, kv_id_of<ADDR>(p, table, page_base, page));
+}
+
+/* The block ids of the key rows one thread of load_kv_tile copies (CHUNKS
+ * chunks a row, THREADS threads, a tile of TILE keys): looked up for a tile
+ * ahead of its copy, the loads' latency is hidden behind the tile before
+ * (fetch_tile_ids). At pages of one key every row has its own id, and a
+ * decode that waited for them at each copy spent half its cycles on that
+ * dependency. */
+template <int CHUNKS, int TILE, int THREADS> struct tile_ids {
+    static constexpr int N = TILE * CHUNKS / THREADS;
+    int32_t id[N];
+};
+
+template <int CHUNKS, int TILE, int THREADS, int ADDR = -1>
+__device__ __forceinline__ void fetch_tile_ids(const attn_params &p, const int32_t *table, int page_base, int t0,
+                                               int kv_end, tile_ids<CHUNKS, TILE, THREADS> &ids)
+{
+    const int row0 = threadIdx.x / CHUNKS;
+#pragma unroll
+    for (int i = 0; i < ids.N; i++) {
+        const int key = min(t0 + row0 + i * (THREADS / CHUNKS), kv_end - 1);
+        int slot;
+        ids.id[i] = kv_id_of<ADDR>(p, table, page_base, kv_page_of(p, key, slot));
+    }
 }
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
@@ -265,7 +328,8 @@ __device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_ba
  * decode's window: no row of the tile sees them, and a NaN there must not
  * reach o as 0 * NaN). Two addressing schemes, one loader:
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
- *          block kv_indices[page_base + j / page_size];
+ *          block table[page_base + j / page_size] (an id out of range:
+ *          zeros, see kv_block_checked);
  *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
  *          (page_base = the request's first row: kv_indptr in tokens). The
  *          engine runs it as pages of one token (page_shift 0, so page = j
@@ -282,10 +346,12 @@ __device__ __forceinline__ int64_t kv_block_of(const attn_params &p, int page_ba
  * bandwidth. Power-of-two pages use shift and mask, the per-CTA part of the
  * offset (head, chunk) is hoisted by the caller into kv_lane, rows past the
  * end are clamped, not branched, and with equal head dims K and V share one
- * offset (their strides are equal). */
-template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
-__device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base, kv_lane lane, int t0, int kv_end,
-                                             T *ks, T *vs, int kv_lo = INT_MIN)
+ * offset (their strides are equal).
+ * load_kv_tile_ids copies with the ids fetch_tile_ids looked up (a tile
+ * ahead); load_kv_tile looks them up and copies. */
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false>
+__device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const tile_ids<DP / 8, TILE, THREADS> &ids,
+                                                 kv_lane lane, int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
 {
     constexpr int CHUNKS = DP / 8;
     static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
@@ -296,10 +362,11 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
         const int row = row0 + i * (THREADS / CHUNKS);
         const int key = min(t0 + row, kv_end - 1);
         int slot;
-        const int64_t block = kv_block_of<ADDR>(p, page_base, key, slot);
+        kv_page_of(p, key, slot);
+        const int64_t id = kv_block_checked(p, ids.id[i]), block = id < 0 ? 0 : id;
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
-        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo && id >= 0 ? 16 : 0;
         /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
          * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
         const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
@@ -309,13 +376,23 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, int page_base
     }
 }
 
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
+__device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *table, int page_base, kv_lane lane,
+                                             int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
+{
+    tile_ids<DP / 8, TILE, THREADS> ids;
+    fetch_tile_ids<DP / 8, TILE, THREADS, ADDR>(p, table, page_base, t0, kv_end, ids);
+    load_kv_tile_ids<DQK, DVO, DP, TILE, THREADS, T, SW128>(p, ids, lane, t0, kv_end, ks, vs, kv_lo);
+}
+
 /* load_kv_tile for fp8 pools: keys [t0, t0 + TILE) of K and V, 16 elements
  * a cp.async, into [TILE][DP]-byte stages at fp8_at (rows of DQK and DVO
  * bytes, the rest left as it is); the same addressing, the same zero fill
  * past kv_end and before kv_lo. lane: kv_lane_fp8. */
-template <int DQK, int DVO, int DP, int TILE, int THREADS, int ADDR = -1>
-__device__ __forceinline__ void load_kv_tile_fp8(const attn_params &p, int page_base, kv_lane lane, int t0,
-                                                 int kv_end, uint8_t *ks, uint8_t *vs, int kv_lo = INT_MIN)
+template <int DQK, int DVO, int DP, int TILE, int THREADS>
+__device__ __forceinline__ void load_kv_tile_fp8_ids(const attn_params &p, const tile_ids<DP / 16, TILE, THREADS> &ids,
+                                                     kv_lane lane, int t0, int kv_end, uint8_t *ks, uint8_t *vs,
+                                                     int kv_lo = INT_MIN)
 {
     constexpr int CHUNKS = DP / 16;
     static_assert(DQK % 16 == 0 && DVO % 16 == 0, "fp8 rows are whole 16-byte chunks");
@@ -327,16 +404,27 @@ __device__ __forceinline__ void load_kv_tile_fp8(const attn_params &p, int page_
         const int row = row0 + i * (THREADS / CHUNKS);
         const int key = min(t0 + row, kv_end - 1);
         int slot;
-        const int64_t block = kv_block_of<ADDR>(p, page_base, key, slot);
+        kv_page_of(p, key, slot);
+        const int64_t id = kv_block_checked(p, ids.id[i]), block = id < 0 ? 0 : id;
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
-        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo && id >= 0 ? 16 : 0;
         const int at = fp8_at<DP>(row, chunk);
         if (chunk < DQK / 16)
             cp_async_16(ks + at, (const uint8_t *)p.k_pool + block * p.k_block_stride + k_off, bytes);
         if (chunk < DVO / 16)
             cp_async_16(vs + at, (const uint8_t *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
+}
+
+template <int DQK, int DVO, int DP, int TILE, int THREADS, int ADDR = -1>
+__device__ __forceinline__ void load_kv_tile_fp8(const attn_params &p, const int32_t *table, int page_base,
+                                                 kv_lane lane, int t0, int kv_end, uint8_t *ks, uint8_t *vs,
+                                                 int kv_lo = INT_MIN)
+{
+    tile_ids<DP / 16, TILE, THREADS> ids;
+    fetch_tile_ids<DP / 16, TILE, THREADS, ADDR>(p, table, page_base, t0, kv_end, ids);
+    load_kv_tile_fp8_ids<DQK, DVO, DP, TILE, THREADS>(p, ids, lane, t0, kv_end, ks, vs, kv_lo);
 }
 
 /* Zeroes the NaN and infinite elements of a 16-byte chunk of 16-bit T;
@@ -730,6 +818,15 @@ attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
  * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
  * of 8). */
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
+
+/* The slot mapping of a plan over a device block table (table.cu): slots[t]
+ * for the plan's num_tokens tokens from the table (rows of `stride`) and the
+ * plan's qo_indptr [num_reqs + 1] and kv_lens [num_reqs] on the device; -1
+ * for tokens [num_tokens, total) and for a block outside [0, num_blocks).
+ * Asynchronous on stream. */
+ak_status ak_cuda_table_slots(const int32_t *table, int stride, int page_size, int num_blocks,
+                              const int32_t *qo_indptr, const int32_t *kv_lens, int num_reqs, int num_tokens,
+                              int total, int64_t *slots, cudaStream_t stream);
 
 /* CTAs per SM a kernel reaches (raising its dynamic shared-memory limit
  * first, once), and the PTX version it was compiled for (below 90 it carries

@@ -556,17 +556,22 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     void *qs = (char *)smem + tr::KV_BYTES;
     kv_scales sc = {1.0f, 1.0f};
     if (FP8) sc = kv_scales_of(p, kv_head);
-    /* keys [t0, t0 + TILE) into stage s */
+    const int32_t *table = p.head->kv_table;
+    /* the block ids of the next tile to copy, looked up one tile ahead */
+    constexpr int CHUNKS = FP8 ? DP / 16 : DP / 8;
+    tile_ids<CHUNKS, tr::TILE, tr::THREADS> ids;
+    auto fetch = [&](int t0, const decode_item &it) {
+        fetch_tile_ids<CHUNKS, tr::TILE, tr::THREADS>(p, table, it.page_base, t0, it.kv_end, ids);
+    };
+    /* keys [t0, t0 + TILE) into stage s, at the ids fetched for them */
     auto issue = [&](int s, int t0, const decode_item &it) {
         KV *ks = kv_stages + (2 * s) * tr::TILE * DP, *vs = kv_stages + (2 * s + 1) * tr::TILE * DP;
         if constexpr (FP8)
-            load_kv_tile_fp8<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs,
-                                                                   it.lo);
+            load_kv_tile_fp8_ids<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, ids, lane_off, t0, it.kv_end, ks, vs, it.lo);
         else
-            load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs,
-                                                                 it.lo);
+            load_kv_tile_ids<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, ids, lane_off, t0, it.kv_end, ks, vs, it.lo);
     };
-    const int num_items = p.counts[COUNT_DECODE];
+    const int num_items = p.head->counts[COUNT_DECODE];
 
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const decode_item it = p.items[w];
@@ -579,9 +584,13 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
         const int n_tiles = (it.kv_end - it.kv_begin + tr::TILE - 1) / tr::TILE;
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
-            if (s < n_tiles) issue(s, it.kv_begin + s * tr::TILE, it);
+            if (s < n_tiles) {
+                fetch(it.kv_begin + s * tr::TILE, it);
+                issue(s, it.kv_begin + s * tr::TILE, it);
+            }
             cp_async_commit();
         }
+        if (tr::STAGES - 1 < n_tiles) fetch(it.kv_begin + (tr::STAGES - 1) * tr::TILE, it);
         ENGINE::load_q(p, tok, head0, rows, qs);
         ENGINE eng;
         eng.init();
@@ -589,7 +598,11 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
             cp_async_wait<tr::STAGES - 2>();
             __syncthreads(); /* tile t landed; every warp is done with tile t - 1 */
             const int next = t + tr::STAGES - 1;
-            if (next < n_tiles) issue(next % tr::STAGES, it.kv_begin + next * tr::TILE, it);
+            if (next < n_tiles) {
+                issue(next % tr::STAGES, it.kv_begin + next * tr::TILE, it);
+                /* the ids' loads fly while this tile is computed */
+                if (next + 1 < n_tiles) fetch(it.kv_begin + (next + 1) * tr::TILE, it);
+            }
             cp_async_commit();
             const int s = t % tr::STAGES;
             eng.tile(p, qs, kv_stages + (2 * s) * tr::TILE * DP, kv_stages + (2 * s + 1) * tr::TILE * DP,

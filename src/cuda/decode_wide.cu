@@ -127,6 +127,7 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
     const int head0 = kv_head * p.group + row_tile * ROWS;
     const int rows = min(ROWS, p.group - row_tile * ROWS);
     const int64_t k_head = kv_head * p.k_stride_head, v_head = kv_head * p.v_stride_head;
+    const int32_t *table = p.head->kv_table;
     kv_scales sc = {1.0f, 1.0f};
     if (FP8) sc = kv_scales_of(p, kv_head);
 
@@ -143,8 +144,8 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
             const int row = i / PER_ROW, c = i - row * PER_ROW;
             const int key = min(t0 + row, it.kv_end - 1);
             int slot;
-            const int64_t block = kv_block_of(p, it.page_base, key, slot);
-            const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo ? 16 : 0;
+            const int64_t id = kv_block_of(p, table, it.page_base, key, slot), block = id < 0 ? 0 : id;
+            const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo && id >= 0 ? 16 : 0;
             if constexpr (FP8) {
                 const bool is_k = c < KC;
                 const int cc = is_k ? c : c - KC;
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
     const int m_piece = piece / (KEYS / 16 / PN), n_piece = piece % (KEYS / 16 / PN);
     /* the softmax's view: row sr, keys [sk, sk + KPT) */
     const int sr = threadIdx.x / tr::TPR, sk = (threadIdx.x % tr::TPR) * tr::KPT;
-    const int num_items = p.counts[COUNT_DECODE];
+    const int num_items = p.head->counts[COUNT_DECODE];
 
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const decode_item it = p.items[w];

@@ -63,9 +63,12 @@
 #define SCAN_CTAS_PER_SM 4
 
 /* Metadata of one plan, host or device. The device part is what the kernels
- * read; counts and the decode items are contiguous so one copy moves both. */
+ * read; the head, the request arrays and the decode items are contiguous so
+ * one copy moves them. */
 struct plan_meta {
-    int32_t *counts;       /* [NUM_COUNTS] */
+    plan_head *head;       /* work-list lengths, the block table */
+    int32_t *req_qo;       /* [max_reqs + 1] qo_indptr, and */
+    int32_t *req_kv;       /* [max_reqs] kv_lens: a device table's slot mapping reads them (table.cu) */
     decode_item *items;    /* [max_items] */
     merge_task *tasks;     /* [max_tasks] */
     prefill_item *pitems;  /* [max_pitems] */
@@ -129,7 +132,7 @@ struct engine_state {
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
     int merge_ctas;
-    size_t fixed_bytes; /* bytes from counts to the end of the decode items */
+    size_t fixed_bytes; /* bytes from the head to the end of the decode items */
     char *dev;          /* one device allocation: metadata, then partials */
     plan_meta d;
     float *o_tmp, *lse_tmp;
@@ -141,6 +144,8 @@ struct engine_state {
     /* the current plan */
     int num_items, num_pitems, num_tasks, num_scans;
     int slot_hw; /* device slot_mapping entries past it are -1 */
+    const int32_t *plan_table;    /* the device block table of the plan being made (NULL: none) */
+    const int32_t *checked_table; /* the last device block table whose memory plan() checked */
 };
 
 /* Lays out a metadata block (host or device) starting at base; returns its
@@ -155,7 +160,9 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
         if (m) m->field = (type *)(base + off);                                \
         off += sizeof(type) * (size_t)(count);                                 \
     } while (0)
-    AK_CARVE_(counts, int32_t, NUM_COUNTS);
+    AK_CARVE_(head, plan_head, 1);
+    AK_CARVE_(req_qo, int32_t, lim->max_reqs + 1);
+    AK_CARVE_(req_kv, int32_t, lim->max_reqs);
     AK_CARVE_(items, decode_item, s->max_items);
     *fixed = off;
     AK_CARVE_(tasks, merge_task, s->max_tasks);
@@ -581,11 +588,14 @@ ak_status ak_cuda_engine_create(const ak_attn_config *cfg, const ak_limits *lim,
 /* ---- plan: decode items, split-KV on the host ---------------------------------- */
 
 /* Where the kernels find request r's blocks: key j's block id is
- * kv_indices[page_base + j / page_size], so a windowed plan's list, which
- * starts at the request's first visible block (kv_first_block, batch.c),
- * has its page_base moved back by as many blocks (ragged: the first row). */
-static int page_base_of(const ak_batch_meta *bm, int r)
+ * table[page_base + j / page_size] (plan_head.kv_table). In the plan's own
+ * list a windowed request's blocks start at its first visible block
+ * (kv_first_block, batch.c), so its page_base is moved back by as many
+ * blocks; ragged: the first row. A device block table is read in place:
+ * row r starts at r x its stride (batch.c keeps that within int32). */
+static int page_base_of(const engine_state *s, const ak_batch *b, const ak_batch_meta *bm, int r)
 {
+    if (s->plan_table) return r * b->block_table_stride;
     return bm->kv_indptr[r] - (bm->kv_first_block ? bm->kv_first_block[r] : 0);
 }
 
@@ -627,11 +637,13 @@ static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chun
 
 static int round_up(int x, int q) { return (x + q - 1) / q * q; }
 
-/* Items the units take in chunks of `chunk` keys. */
-static int64_t items_at(const engine_state *s, int num_dec, int chunk)
+/* Items the units take in chunks of `chunk` keys; the count stops once it
+ * passes `cap` (a bisection only asks whether it fits a budget, and plan()'s
+ * host time is budgeted in microseconds). */
+static int64_t items_at(const engine_state *s, int num_dec, int chunk, int64_t cap = INT64_MAX)
 {
     int64_t n = 0;
-    for (int i = 0; i < num_dec; i++) n += chunks_of(s->units[i].end - s->units[i].lo, chunk);
+    for (int i = 0; i < num_dec && n <= cap; i++) n += chunks_of(s->units[i].end - s->units[i].lo, chunk);
     return n;
 }
 
@@ -645,7 +657,7 @@ static int pick_chunk(const engine_state *s, int num_dec, int budget, int max_le
     if (hi < lo) hi = lo;
     while (lo < hi) {
         const int mid = (lo + hi) / 2 / CHUNK_QUANTUM * CHUNK_QUANTUM;
-        if (items_at(s, num_dec, mid) <= budget)
+        if (items_at(s, num_dec, mid, budget) <= budget)
             hi = mid;
         else
             lo = mid + CHUNK_QUANTUM;
@@ -708,7 +720,7 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
             decode_item it;
             it.req = u->req;
             it.tok = u->tok;
-            it.page_base = page_base_of(bm, u->req);
+            it.page_base = page_base_of(s, b, bm, u->req);
             it.lo = u->lo;
             it.unused = 0;
             it.kv_begin = u->lo + i * (k > 1 ? chunk : 0);
@@ -776,14 +788,14 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         if (q_len < s->min_prefill_q) continue;
         const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
         int scan_n = 0;
-        const int scan = plan_scan(s, m, page_base_of(bm, r), q_len, ak_visible_lo(prefix, c->window_left), kv_len,
+        const int scan = plan_scan(s, m, page_base_of(s, b, bm, r), q_len, ak_visible_lo(prefix, c->window_left), kv_len,
                                    num_scans, &scan_n);
         for (int j = 0; j < q_len; j += nt) {
             prefill_item it;
             it.tok0 = q0 + j;
             it.ntok = q_len - j < nt ? q_len - j : nt;
             it.pos0 = prefix + j;
-            it.page_base = page_base_of(bm, r);
+            it.page_base = page_base_of(s, b, bm, r);
             const int pos_last = it.pos0 + it.ntok - 1;
             const int lo = ak_visible_lo(it.pos0, c->window_left);
             const int hi = ak_visible_hi(pos_last, kv_len, c->causal);
@@ -882,27 +894,63 @@ ak_status ak_cuda_engine_meta_buffers(void *state, ak_batch_meta *meta)
     return AK_OK;
 }
 
+/* A device block table must be memory the kernels of cfg's device read:
+ * device or managed memory of that device (pageable host memory would fault
+ * in the kernels). Asked once per table address. */
+static ak_status check_table_memory(engine_state *s, const int32_t *table)
+{
+    if (table == s->checked_table) return AK_OK;
+    cudaPointerAttributes at;
+    const cudaError_t e = cudaPointerGetAttributes(&at, table);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.device_block_table (%p): %s", (const void *)table,
+                            cudaGetErrorString(e));
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+        return ak_set_error(AK_ERR_INVALID_ARG,
+                            "batch.device_block_table (%p) is host memory, not memory of cuda:%d (cfg.device); a "
+                            "host table goes in batch.block_table",
+                            (const void *)table, s->cfg.device.index);
+    if (at.type == cudaMemoryTypeDevice && at.device != s->cfg.device.index)
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.device_block_table (%p) is memory of cuda:%d, cfg.device is cuda:%d",
+                            (const void *)table, at.device, s->cfg.device.index);
+    s->checked_table = table;
+    return AK_OK;
+}
+
 ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_meta *bm, ak_stream stream)
 {
     engine_state *s = (engine_state *)state;
     staging *st = &s->stg[s->next_stg]; /* bm's arrays: ak_cuda_engine_meta_buffers */
     const int R = b->num_reqs;
     int num_tasks = 0, num_pitems = 0, num_scans = 0;
+    /* a device block table: read in place, no block list (the core built none) */
+    s->plan_table = !s->ragged && !bm->kv_indices && R > 0 ? b->device_block_table : NULL;
+    if (s->plan_table) AK_TRY(check_table_memory(s, s->plan_table));
     const int num_items = s->split ? plan_decode(s, b, bm, &st->m, &num_tasks) : 0;
     /* a decode instance of cuda_paged never gets here with q_len > 1
      * (ak_batch_build_meta refuses such a batch) */
     if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems, &num_scans));
-    st->m.counts[COUNT_DECODE] = num_items;
-    st->m.counts[COUNT_PREFILL] = num_pitems;
-    st->m.counts[COUNT_MERGE] = num_tasks;
-    st->m.counts[COUNT_SCAN] = num_scans;
+    plan_head *h = st->m.head;
+    h->counts[COUNT_DECODE] = num_items;
+    h->counts[COUNT_PREFILL] = num_pitems;
+    h->counts[COUNT_MERGE] = num_tasks;
+    h->counts[COUNT_SCAN] = num_scans;
+    h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
+    h->unused = 0;
+    if (s->plan_table) {
+        memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
+        memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);
+    }
 
-    /* asynchronous copies into the fixed device buffers, used lengths only */
+    /* asynchronous copies into the fixed device buffers, used lengths only:
+     * the head, the request arrays and the decode items in one */
     cudaStream_t cs = ak_cuda_stream(stream);
     const int num_tokens = bm->qo_indptr[R];
-    const int num_indices = s->ragged ? 0 : bm->kv_indptr[R];
-    const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.counts) + sizeof(decode_item) * num_items;
-    AK_CUDA_TRY(cudaMemcpyAsync(s->d.counts, st->m.counts, head_bytes, cudaMemcpyHostToDevice, cs));
+    const int num_indices = s->ragged || s->plan_table ? 0 : bm->kv_indptr[R];
+    const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.head) + sizeof(decode_item) * num_items;
+    AK_CUDA_TRY(cudaMemcpyAsync(s->d.head, st->m.head, head_bytes, cudaMemcpyHostToDevice, cs));
     if (num_tasks > 0)
         AK_CUDA_TRY(cudaMemcpyAsync(s->d.tasks, st->m.tasks, sizeof(merge_task) * num_tasks, cudaMemcpyHostToDevice,
                                     cs));
@@ -920,10 +968,17 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
      * with more tokens than this plan has then skips the extra rows. */
     if (!s->ragged) {
         const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
-        for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
-        if (slots > 0)
-            AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
-                                        cudaMemcpyHostToDevice, cs));
+        if (s->plan_table) {
+            /* from the table itself, after the request arrays land */
+            AK_TRY(ak_cuda_table_slots(s->plan_table, b->block_table_stride, s->cfg.page_size,
+                                       s->lim.num_cache_blocks, s->d.req_qo, s->d.req_kv, R, num_tokens, slots,
+                                       s->d.slot_mapping, cs));
+        } else {
+            for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
+            if (slots > 0)
+                AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
+                                            cudaMemcpyHostToDevice, cs));
+        }
         s->slot_hw = num_tokens;
     }
     AK_CUDA_TRY(cudaEventRecord(st->copied, cs));
@@ -1000,7 +1055,7 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
         p->kv_scale_kind = a->kv_scale_kind;
         p->k_scale = a->k_scale;
         p->v_scale = a->v_scale;
-        p->kv_indices = NULL;
+        p->num_blocks = INT_MAX;
         p->page_size = 1;
         p->page_shift = 0;
         p->ragged = 1;
@@ -1014,7 +1069,7 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     p->kv_scale_kind = kv->scale_kind;
     p->k_scale = kv->k_scale;
     p->v_scale = kv->v_scale;
-    p->kv_indices = s->d.kv_indices;
+    p->num_blocks = kv->num_blocks;
     p->page_size = s->cfg.page_size;
     p->page_shift = (s->cfg.page_size & (s->cfg.page_size - 1)) == 0 ? __builtin_ctz(s->cfg.page_size) : -1;
     p->ragged = 0;
@@ -1044,7 +1099,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.lse_stride_tok = a->lse ? a->lse->stride[0] : 0;
     p.o_tmp = s->o_tmp;
     p.lse_tmp = s->lse_tmp;
-    p.counts = s->d.counts;
+    p.head = s->d.head;
     p.items = s->d.items;
     p.pitems = s->d.pitems;
     p.tasks = s->d.tasks;

@@ -78,7 +78,7 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     const int head = blockIdx.y;
-    const int num_tasks = p.counts[COUNT_MERGE];
+    const int num_tasks = p.head->counts[COUNT_MERGE];
     const int group = threadIdx.x / tr::LANES, lane = threadIdx.x % tr::LANES;
     for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
         const merge_task task = p.tasks[t];
@@ -128,7 +128,7 @@ template <typename T> __global__ void __launch_bounds__(MERGE_ANY_THREADS) merge
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
     const int head = blockIdx.y, D = p.head_dim_vo;
-    const int num_tasks = p.counts[COUNT_MERGE];
+    const int num_tasks = p.head->counts[COUNT_MERGE];
     for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
         const merge_task task = p.tasks[t];
         const int64_t step = (int64_t)task.stride * p.num_qo_heads;

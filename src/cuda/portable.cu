@@ -66,17 +66,12 @@ __device__ __forceinline__ void pt_rows(const attn_params &p, int kv_head, int p
 {
     if (threadIdx.x >= PT_KEYS) return;
     const int key = min(t0 + (int)threadIdx.x, kv_end - 1);
-    int page, slot;
-    if (p.page_shift >= 0) {
-        page = key >> p.page_shift;
-        slot = key & ((1 << p.page_shift) - 1);
-    } else {
-        page = key / p.page_size;
-        slot = key - page * p.page_size;
-    }
-    const int64_t block = p.ragged ? (int64_t)page_base + page : __ldg(p.kv_indices + page_base + page);
-    off[threadIdx.x] = block * p.k_block_stride + slot * p.k_stride_slot + kv_head * p.k_stride_head;
-    off[PT_KEYS + threadIdx.x] = block * p.v_block_stride + slot * p.v_stride_slot + kv_head * p.v_stride_head;
+    int slot;
+    const int64_t block = kv_block_of(p, p.head->kv_table, page_base, key, slot);
+    /* an id out of range (kv_block_checked): no offset, the rows read as zeros */
+    off[threadIdx.x] = block < 0 ? -1 : block * p.k_block_stride + slot * p.k_stride_slot + kv_head * p.k_stride_head;
+    off[PT_KEYS + threadIdx.x] =
+        block < 0 ? -1 : block * p.v_block_stride + slot * p.v_stride_slot + kv_head * p.v_stride_head;
 }
 
 /* One tile of keys [t0, t0 + KEYS) of K and V into a stage, at the row
@@ -96,9 +91,10 @@ __device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layo
         const int w = is_v ? u - PT_KEYS * kc : u;
         const int per_row = is_v ? vc : kc;
         const int row = w / per_row, c = w - row * per_row;
-        const T *src = (const T *)(is_v ? p.v_pool : p.k_pool) + off[(is_v ? PT_KEYS : 0) + row];
+        const int64_t o = off[(is_v ? PT_KEYS : 0) + row];
+        const T *src = (const T *)(is_v ? p.v_pool : p.k_pool) + (o < 0 ? 0 : o);
         T *dst = is_v ? vs + row * l.vs : ks + row * l.ks;
-        const bool live = t0 + row < kv_end;
+        const bool live = t0 + row < kv_end && o >= 0;
         if (VEC) {
             cp_async_16(dst + c * EPC, src + c * EPC, live ? 16 : 0);
         } else {
@@ -160,7 +156,7 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     const int hb = DECODE ? PT_ROWS : p.prow_heads; /* heads a row tile holds */
     const int head0 = kv_head * p.group + row_tile * hb;
     const int heads = min(hb, p.group - row_tile * hb);
-    const int num_items = p.counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
+    const int num_items = p.head->counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
     const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
     const int qc = l.qs / 8; /* 8-element chunks of a q / K row */
     kv_scales sc = {1.0f, 1.0f};

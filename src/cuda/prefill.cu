@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
     kv_scales sc8 = {1.0f, 1.0f};
     if (FP8) sc8 = kv_scales_of(p, kv_head);
     const int warp_row0 = warp * tr::WARP_ROWS;
-    const int num_items = p.counts[COUNT_PREFILL];
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    const int32_t *table = p.head->kv_table;
     int gt = 0; /* tiles of the earlier items */
 
     /* No return before the griddepcontrol.wait at the end: the merge after
@@ -111,10 +112,11 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
         auto issue = [&](int s, int t0) {
             KV *ks = stages + s * 2 * tr::TILE * DP, *vs = ks + tr::TILE * DP;
             if constexpr (FP8)
-                load_kv_tile_fp8<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, it.page_base, lane_off, t0, it.kv_end, ks,
-                                                                       vs);
+                load_kv_tile_fp8<DQK, DVO, DP, tr::TILE, tr::THREADS>(p, table, it.page_base, lane_off, t0, it.kv_end,
+                                                                       ks, vs);
             else
-                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, it.page_base, lane_off, t0, it.kv_end, ks, vs);
+                load_kv_tile<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, table, it.page_base, lane_off, t0, it.kv_end,
+                                                                     ks, vs);
         };
         /* the item's path (the NaN rule, attn.cuh): checked, or not */
         auto item = [&](auto check) {

@@ -217,7 +217,8 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
     const int heads = min(hb, p.group - row_tile * hb);
     const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
     const int warp_row0 = warp * 16;
-    const int num_items = p.counts[COUNT_PREFILL];
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    const int32_t *table = p.head->kv_table;
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -255,7 +256,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
             auto fill = [&](int t) {
                 const int g = g0 + t, st = g % STAGES;
                 if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-                load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, it.page_base, lane_off,
+                load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, table, it.page_base, lane_off,
                                                                              it.kv_begin + t * KEYS, it.kv_end,
                                                                              stages + st * 2 * KEYS * DP,
                                                                              stages + st * 2 * KEYS * DP + KEYS * DP);

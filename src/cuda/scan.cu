@@ -40,7 +40,8 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL, C = SCAN_LANE_CHUNKS;
-    const int n = p.counts[COUNT_SCAN];
+    const int n = p.head->counts[COUNT_SCAN];
+    const int32_t *table = p.head->kv_table;
     constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
     const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
     for (int w = blockIdx.x; w < n; w += gridDim.x) {
@@ -52,7 +53,10 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
             for (int u = 0; u < U; u++) {
                 int slot;
                 const int key = min(key0 + u, t.k1 - 1); /* rows past the end: the last one again */
-                const int64_t block = kv_block_of(p, t.page_base, key, slot);
+                /* an id out of range: block 0 is scanned in its place (the
+                 * attention kernels read such keys as zeros; a finding
+                 * here only sends the item down the checked path) */
+                const int64_t id = kv_block_of(p, table, t.page_base, key, slot), block = id < 0 ? 0 : id;
                 k[u] = (const uint4 *)((const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot +
                                        kv_head * p.k_stride_head);
                 v[u] = (const uint4 *)((const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot +
