@@ -484,9 +484,10 @@ typedef struct ak_batch {
      * the address the latest plan named), and the backend's slot mapping is
      * computed from it on the device, in stream order after plan()'s
      * copies. The host cannot check its ids: an id outside [0,
-     * args.kv->num_blocks) is never followed (its keys read as rows of
-     * zeros), and a new token whose block is outside [0,
-     * limits.num_cache_blocks) gets slot -1 (ak_kv_update skips it). Rows
+     * args.kv->num_blocks) is clamped into the pools (no read leaves them;
+     * that request's output means nothing), and a new token whose block is
+     * outside [0, limits.num_cache_blocks) gets slot -1 (ak_kv_update skips
+     * it, so no other request's rows are overwritten). Rows
      * hold num_reqs x block_table_stride entries, at most INT32_MAX. On a
      * CPU config the table is host memory, read and checked as block_table.
      * ak_batch_build_meta fills kv_indices and slot_mapping only from a

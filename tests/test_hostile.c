@@ -420,10 +420,11 @@ static ak_status table_run(ak_backend *b, const ak_batch *batch, const scene *sc
 
 /* An engine's device block table is read as it is: plan() cannot check its
  * ids. Ids out of range (negative, INT32_MAX, num_blocks) in a decode's and
- * a chunk's rows must be read by no kernel (compute-sanitizer runs this
- * case clean): run() succeeds, every o row is written and finite, the rows
- * of a request with valid ids are bit for bit those of the host-table plan,
- * and the new tokens in bad blocks get slot -1 (kv_update skips them).
+ * a chunk's rows are clamped into the pools, so no kernel reads outside them
+ * (compute-sanitizer runs this case clean): run() succeeds, every o row is
+ * written and finite, the rows of a request with valid ids are bit for bit
+ * those of the host-table plan, and the new tokens in bad blocks get slot
+ * -1 (kv_update skips them).
  * Memory the kernels cannot read (a host array) and two tables at once are
  * refused at plan(), naming the field. On the CPU the "device" table is host
  * memory, checked as block_table is. */
@@ -502,7 +503,7 @@ static void hostile_device_table(test_ctx *t, const char *name)
         if (why[0])
             t_fail(t, name, tc.name, "%s", why);
         else
-            t_pass(t, name, tc.name, "bad ids read as zeros, slots -1");
+            t_pass(t, name, tc.name, "bad ids clamped into the pools, their slots -1");
 
         /* host memory named as a device table, and two tables at once */
         batch.device_block_table = sc.b.block_table;

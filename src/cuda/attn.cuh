@@ -276,24 +276,26 @@ __device__ __forceinline__ int32_t kv_id_of(const attn_params &p, const int32_t 
     return ragged ? idx : __ldg(table + idx);
 }
 
-/* A block id the kernels may follow, or -1: a device block table is read
- * as the caller wrote it (plan() cannot check it on the host), and an id
- * outside the pools is never followed; the loaders read its keys as rows of
- * zeros. One unsigned compare. */
-__device__ __forceinline__ int64_t kv_block_checked(const attn_params &p, int32_t id)
+/* A block id the kernels may follow: a device block table is read as the
+ * caller wrote it (plan() cannot check it on the host), so an id outside
+ * [0, num_blocks) (a negative one too, as unsigned) is clamped to the last
+ * block of the pools: no read leaves them, and the request's output is as
+ * meaningless as its table. One unsigned min: a zero fill instead (a
+ * compare and a byte count per row) cost the wgmma prefill 3% of its time. */
+__device__ __forceinline__ int64_t kv_block_clamped(const attn_params &p, int32_t id)
 {
-    return (uint32_t)id < (uint32_t)p.num_blocks ? (int64_t)id : -1;
+    return (int64_t)min((uint32_t)id, (uint32_t)p.num_blocks - 1u);
 }
 
-/* The block (paged: its id, -1 out of range; ragged: the row) and slot of
- * key `key` of a request whose block ids (or rows) start at page_base; see
+/* The block (paged: its id, clamped; ragged: the row) and slot of key `key`
+ * of a request whose block ids (or rows) start at page_base; see
  * load_kv_tile. */
 template <int ADDR = -1>
 __device__ __forceinline__ int64_t kv_block_of(const attn_params &p, const int32_t *table, int page_base, int key,
                                                int &slot)
 {
     const int page = kv_page_of(p, key, slot);
-    return kv_block_checked(p, kv_id_of<ADDR>(p, table, page_base, page));
+    return kv_block_clamped(p, kv_id_of<ADDR>(p, table, page_base, page));
 }
 
 /* The block ids of the key rows one thread of load_kv_tile copies (CHUNKS
@@ -329,7 +331,7 @@ __device__ __forceinline__ void fetch_tile_ids(const attn_params &p, const int32
  * reach o as 0 * NaN). Two addressing schemes, one loader:
  *   paged  (p.ragged == 0): key j of the request is slot j % page_size of
  *          block table[page_base + j / page_size] (an id out of range:
- *          zeros, see kv_block_checked);
+ *          clamped, see kv_block_clamped);
  *   ragged (p.ragged == 1): key j is row page_base + j of contiguous K/V
  *          (page_base = the request's first row: kv_indptr in tokens). The
  *          engine runs it as pages of one token (page_shift 0, so page = j
@@ -348,7 +350,8 @@ __device__ __forceinline__ void fetch_tile_ids(const attn_params &p, const int32
  * end are clamped, not branched, and with equal head dims K and V share one
  * offset (their strides are equal).
  * load_kv_tile_ids copies with the ids fetch_tile_ids looked up (a tile
- * ahead); load_kv_tile looks them up and copies. */
+ * ahead: the decode kernel); load_kv_tile looks each up as it copies (one
+ * loop: the prefill kernels, at 255 registers, lost 2% to the two loops). */
 template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false>
 __device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const tile_ids<DP / 8, TILE, THREADS> &ids,
                                                  kv_lane lane, int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
@@ -363,10 +366,10 @@ __device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const til
         const int key = min(t0 + row, kv_end - 1);
         int slot;
         kv_page_of(p, key, slot);
-        const int64_t id = kv_block_checked(p, ids.id[i]), block = id < 0 ? 0 : id;
+        const int64_t block = kv_block_clamped(p, ids.id[i]);
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
-        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo && id >= 0 ? 16 : 0;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
         /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
          * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
         const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
@@ -380,9 +383,24 @@ template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW12
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *table, int page_base, kv_lane lane,
                                              int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
 {
-    tile_ids<DP / 8, TILE, THREADS> ids;
-    fetch_tile_ids<DP / 8, TILE, THREADS, ADDR>(p, table, page_base, t0, kv_end, ids);
-    load_kv_tile_ids<DQK, DVO, DP, TILE, THREADS, T, SW128>(p, ids, lane, t0, kv_end, ks, vs, kv_lo);
+    constexpr int CHUNKS = DP / 8;
+    static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
+    const int chunk = threadIdx.x % CHUNKS;
+    const int row0 = threadIdx.x / CHUNKS;
+#pragma unroll
+    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+        const int row = row0 + i * (THREADS / CHUNKS);
+        const int key = min(t0 + row, kv_end - 1);
+        int slot;
+        const int64_t block = kv_block_of<ADDR>(p, table, page_base, key, slot);
+        const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
+        const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
+        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
+                             : swz<DP>(row, chunk);
+        if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+    }
 }
 
 /* load_kv_tile for fp8 pools: keys [t0, t0 + TILE) of K and V, 16 elements
@@ -405,10 +423,10 @@ __device__ __forceinline__ void load_kv_tile_fp8_ids(const attn_params &p, const
         const int key = min(t0 + row, kv_end - 1);
         int slot;
         kv_page_of(p, key, slot);
-        const int64_t id = kv_block_checked(p, ids.id[i]), block = id < 0 ? 0 : id;
+        const int64_t block = kv_block_clamped(p, ids.id[i]);
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
-        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo && id >= 0 ? 16 : 0;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
         const int at = fp8_at<DP>(row, chunk);
         if (chunk < DQK / 16)
             cp_async_16(ks + at, (const uint8_t *)p.k_pool + block * p.k_block_stride + k_off, bytes);
@@ -422,9 +440,25 @@ __device__ __forceinline__ void load_kv_tile_fp8(const attn_params &p, const int
                                                  kv_lane lane, int t0, int kv_end, uint8_t *ks, uint8_t *vs,
                                                  int kv_lo = INT_MIN)
 {
-    tile_ids<DP / 16, TILE, THREADS> ids;
-    fetch_tile_ids<DP / 16, TILE, THREADS, ADDR>(p, table, page_base, t0, kv_end, ids);
-    load_kv_tile_fp8_ids<DQK, DVO, DP, TILE, THREADS>(p, ids, lane, t0, kv_end, ks, vs, kv_lo);
+    constexpr int CHUNKS = DP / 16;
+    static_assert(THREADS % CHUNKS == 0 && (TILE * CHUNKS) % THREADS == 0, "tile chunks divide among the threads");
+    const int chunk = threadIdx.x % CHUNKS;
+    const int row0 = threadIdx.x / CHUNKS;
+#pragma unroll
+    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+        const int row = row0 + i * (THREADS / CHUNKS);
+        const int key = min(t0 + row, kv_end - 1);
+        int slot;
+        const int64_t block = kv_block_of<ADDR>(p, table, page_base, key, slot);
+        const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
+        const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
+        const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
+        const int at = fp8_at<DP>(row, chunk);
+        if (chunk < DQK / 16)
+            cp_async_16(ks + at, (const uint8_t *)p.k_pool + block * p.k_block_stride + k_off, bytes);
+        if (chunk < DVO / 16)
+            cp_async_16(vs + at, (const uint8_t *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+    }
 }
 
 /* Zeroes the NaN and infinite elements of a 16-byte chunk of 16-bit T;

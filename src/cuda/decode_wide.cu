@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
             const int row = i / PER_ROW, c = i - row * PER_ROW;
             const int key = min(t0 + row, it.kv_end - 1);
             int slot;
-            const int64_t id = kv_block_of(p, table, it.page_base, key, slot), block = id < 0 ? 0 : id;
-            const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo && id >= 0 ? 16 : 0;
+            const int64_t block = kv_block_of(p, table, it.page_base, key, slot);
+            const int bytes = t0 + row < it.kv_end && t0 + row >= it.lo ? 16 : 0;
             if constexpr (FP8) {
                 const bool is_k = c < KC;
                 const int cc = is_k ? c : c - KC;

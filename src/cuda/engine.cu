@@ -206,20 +206,29 @@ static ak_status portable_forced(int *forced)
     return AK_OK;
 }
 
-int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+/* The reasons every mode of the engine shares: the device (cp.async and
+ * bf16 mma), and the dtypes (q, K/V and o of one 16-bit dtype, or K/V in
+ * fp8 e4m3 with q and o of one); `kv` names the K/V rows in the messages. */
+static void device_dtype_reasons(const ak_attn_config *cfg, const ak_device_info *dev, const char *kv,
+                                 ak_reasons *why)
 {
     if (dev->cc_major < 8)
         ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
                       dev->cc_minor);
     if (cfg->kv_dtype == AK_FP8_E4M3 && (cfg->q_dtype != cfg->o_dtype ||
                                          (cfg->q_dtype != AK_F16 && cfg->q_dtype != AK_BF16)))
-        ak_reason_add(why, "fp8 K/V needs q and o of one dtype, f16 or bf16 (got %s/%s)", ak_dtype_name(cfg->q_dtype),
-                      ak_dtype_name(cfg->o_dtype));
+        ak_reason_add(why, "fp8 %s need q and o of one dtype, f16 or bf16 (got %s/%s)", kv,
+                      ak_dtype_name(cfg->q_dtype), ak_dtype_name(cfg->o_dtype));
     else if (cfg->kv_dtype != AK_FP8_E4M3 &&
              (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
               (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16)))
         ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16, or kv fp8_e4m3 (got %s/%s/%s)",
                       ak_dtype_name(cfg->q_dtype), ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
+}
+
+int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
+{
+    device_dtype_reasons(cfg, dev, "K/V rows", why);
     if (cfg->head_dim_qk > AK_PORTABLE_MAX_DIM || cfg->head_dim_vo > AK_PORTABLE_MAX_DIM)
         ak_reason_add(why, "head dims %d/%d: the CUDA kernels serve head dims up to %d", cfg->head_dim_qk,
                       cfg->head_dim_vo, AK_PORTABLE_MAX_DIM);
@@ -230,9 +239,7 @@ int ak_cuda_engine_check(const ak_attn_config *cfg, const ak_device_info *dev, a
 
 int ak_cuda_mla_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_reasons *why)
 {
-    if (dev->cc_major < 8)
-        ak_reason_add(why, "needs sm_80 or newer (cp.async, bf16 mma); device is sm_%d%d", dev->cc_major,
-                      dev->cc_minor);
+    device_dtype_reasons(cfg, dev, "latent rows", why);
     if (!cfg->mla) {
         ak_reason_add(why, "cfg.mla = 0: cuda_mla serves multi-head latent attention only");
         return why->count;
@@ -240,14 +247,6 @@ int ak_cuda_mla_check(const ak_attn_config *cfg, const ak_device_info *dev, ak_r
     if (cfg->head_dim_qk != 576 || cfg->head_dim_vo != 512)
         ak_reason_add(why, "head dims %d/%d: cuda_mla serves a latent of 512 and a rotary part of 64 (576/512)",
                       cfg->head_dim_qk, cfg->head_dim_vo);
-    if (cfg->kv_dtype == AK_FP8_E4M3 && (cfg->q_dtype != cfg->o_dtype ||
-                                         (cfg->q_dtype != AK_F16 && cfg->q_dtype != AK_BF16)))
-        ak_reason_add(why, "fp8 latent rows need q and o of one dtype, f16 or bf16 (got %s/%s)",
-                      ak_dtype_name(cfg->q_dtype), ak_dtype_name(cfg->o_dtype));
-    else if (cfg->kv_dtype != AK_FP8_E4M3 && (cfg->q_dtype != cfg->kv_dtype || cfg->o_dtype != cfg->kv_dtype ||
-                                              (cfg->kv_dtype != AK_F16 && cfg->kv_dtype != AK_BF16)))
-        ak_reason_add(why, "q, kv and o must share one dtype, f16 or bf16 (got %s/%s/%s)", ak_dtype_name(cfg->q_dtype),
-                      ak_dtype_name(cfg->kv_dtype), ak_dtype_name(cfg->o_dtype));
     return why->count;
 }
 

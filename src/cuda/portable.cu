@@ -68,10 +68,8 @@ __device__ __forceinline__ void pt_rows(const attn_params &p, int kv_head, int p
     const int key = min(t0 + (int)threadIdx.x, kv_end - 1);
     int slot;
     const int64_t block = kv_block_of(p, p.head->kv_table, page_base, key, slot);
-    /* an id out of range (kv_block_checked): no offset, the rows read as zeros */
-    off[threadIdx.x] = block < 0 ? -1 : block * p.k_block_stride + slot * p.k_stride_slot + kv_head * p.k_stride_head;
-    off[PT_KEYS + threadIdx.x] =
-        block < 0 ? -1 : block * p.v_block_stride + slot * p.v_stride_slot + kv_head * p.v_stride_head;
+    off[threadIdx.x] = block * p.k_block_stride + slot * p.k_stride_slot + kv_head * p.k_stride_head;
+    off[PT_KEYS + threadIdx.x] = block * p.v_block_stride + slot * p.v_stride_slot + kv_head * p.v_stride_head;
 }
 
 /* One tile of keys [t0, t0 + KEYS) of K and V into a stage, at the row
@@ -91,10 +89,9 @@ __device__ __forceinline__ void pt_load_tile(const attn_params &p, const pt_layo
         const int w = is_v ? u - PT_KEYS * kc : u;
         const int per_row = is_v ? vc : kc;
         const int row = w / per_row, c = w - row * per_row;
-        const int64_t o = off[(is_v ? PT_KEYS : 0) + row];
-        const T *src = (const T *)(is_v ? p.v_pool : p.k_pool) + (o < 0 ? 0 : o);
+        const T *src = (const T *)(is_v ? p.v_pool : p.k_pool) + off[(is_v ? PT_KEYS : 0) + row];
         T *dst = is_v ? vs + row * l.vs : ks + row * l.ks;
-        const bool live = t0 + row < kv_end && o >= 0;
+        const bool live = t0 + row < kv_end;
         if (VEC) {
             cp_async_16(dst + c * EPC, src + c * EPC, live ? 16 : 0);
         } else {

@@ -53,10 +53,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
             for (int u = 0; u < U; u++) {
                 int slot;
                 const int key = min(key0 + u, t.k1 - 1); /* rows past the end: the last one again */
-                /* an id out of range: block 0 is scanned in its place (the
-                 * attention kernels read such keys as zeros; a finding
-                 * here only sends the item down the checked path) */
-                const int64_t id = kv_block_of(p, table, t.page_base, key, slot), block = id < 0 ? 0 : id;
+                const int64_t block = kv_block_of(p, table, t.page_base, key, slot);
                 k[u] = (const uint4 *)((const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot +
                                        kv_head * p.k_stride_head);
                 v[u] = (const uint4 *)((const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot +
