@@ -491,7 +491,9 @@ typedef struct ak_batch {
      * hold num_reqs x block_table_stride entries, at most INT32_MAX. On a
      * CPU config the table is host memory, read and checked as block_table.
      * ak_batch_build_meta fills kv_indices and slot_mapping only from a
-     * table the host can read (pass them NULL for a device table). */
+     * table the host can read (pass them NULL for a device table). The
+     * slot mapping is the table's at plan() time: rows of the step's new
+     * tokens that change after it need a new plan before kv_update. */
     const int32_t *device_block_table;
 } ak_batch;
 

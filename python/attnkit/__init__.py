@@ -512,19 +512,32 @@ class Backend:
         batch.qo_indptr = ctypes.cast(qo.ptr, I32P)
         batch.kv_lens = ctypes.cast(kl.ptr, I32P)
         bt = None
-        self._device_table = None
+        device_table = None
         if block_table is not None and _is_torch_tensor(block_table) and block_table.device.type != "cpu":
             torch = _torch()
             t = block_table
+            if self._device[0] != _capi.AK_DEVICE_CUDA:
+                raise InvalidArgument(f"block_table is on {t.device}, but config.device is the CPU: give a "
+                                      "host table")
             if t.dtype != torch.int32 or t.dim() != 2 or t.stride(1) != 1:
                 raise InvalidArgument(f"block_table on {t.device} is read in place: it must be a 2-D int32 "
                                       f"tensor with contiguous rows (got {t.dtype}, shape {tuple(t.shape)}, "
                                       f"strides {t.stride()})")
             if t.shape[0] < num_reqs:
                 raise InvalidArgument(f"block_table has {t.shape[0]} rows for {num_reqs} requests")
+            if block_table_stride is not None and int(block_table_stride) != t.stride(0):
+                raise InvalidArgument(f"block_table_stride = {block_table_stride}, but the tensor's rows are "
+                                      f"{t.stride(0)} entries apart (it is read in place)")
+            # the kernels read the row entries a request's keys need: they must be in the tensor
+            page, lens = self.config.page_size, ctypes.cast(kl.ptr, I32P)
+            for r in range(num_reqs):
+                need = -(-lens[r] // page) if page > 0 else 0
+                if need > t.shape[1]:
+                    raise InvalidArgument(f"kv_lens[{r}] = {lens[r]} needs {need} blocks of {page}, but "
+                                          f"block_table has {t.shape[1]} columns")
             batch.device_block_table = ctypes.cast(t.data_ptr(), I32P)
-            batch.block_table_stride = int(block_table_stride or t.stride(0))
-            self._device_table = t  # the kernels read it while the plan is in force
+            batch.block_table_stride = int(t.stride(0))
+            device_table = t
         elif block_table is not None:
             bt = _host_int_array(block_table, "block_table")
             if block_table_stride is None:
@@ -543,6 +556,9 @@ class Backend:
             batch.block_table_stride = int(block_table_stride)
         _check(_lib.ak_backend_plan(self._handle(), ctypes.byref(batch),
                                     _stream_handle(stream, self._device)))
+        # the kernels read a device table while the plan is in force (and a
+        # captured graph reads the last successful plan's): held from here
+        self._device_table = device_table
 
     def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None, sinks=None):
         """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the

@@ -203,14 +203,15 @@ class TestCudaGraph(unittest.TestCase):
         self.backend.close()
 
     def test_compiled_step_in_cuda_graph(self):
-        self._graph_step(device_table=None)
+        self._graph_step(tables=(None, None))
 
     def test_device_block_table_in_cuda_graph(self):
-        # the engine's block table stays on the GPU: the plans read it in place
-        self._graph_step(device_table=torch.full((8, MAX_BLOCKS_PER_REQ), -1, dtype=torch.int32,
-                                                 device="cuda"))
+        # the engine's block table stays on the GPU, read in place; the second
+        # plan names another tensor, which the captured replay must follow
+        self._graph_step(tables=[torch.full((8, MAX_BLOCKS_PER_REQ), -1, dtype=torch.int32, device="cuda")
+                                 for _ in range(2)])
 
-    def _graph_step(self, device_table):
+    def _graph_step(self, tables):
         model = TinyAttention(self.backend, torch.bfloat16, "cuda")
         compiled = torch.compile(model, fullgraph=True)
         # the same number of tokens (6) in both steps: the graph's x and output
@@ -220,7 +221,7 @@ class TestCudaGraph(unittest.TestCase):
         x1 = torch.randn(6, HIDDEN, dtype=torch.bfloat16, device="cuda", generator=gen)
         x2 = torch.randn(6, HIDDEN, dtype=torch.bfloat16, device="cuda", generator=gen)
         with torch.no_grad():
-            first.plan(self.backend, device_table)
+            first.plan(self.backend, tables[0])
             eager1 = model(x1)
             # kv_update writes the same rows to the same slots again: the
             # compiled step and the capture leave the cache as eager left it
@@ -236,7 +237,7 @@ class TestCudaGraph(unittest.TestCase):
             with torch.cuda.graph(graph):
                 static_out = compiled(static_x)
 
-            second.plan(self.backend, device_table)  # a new plan, then a replay of the capture
+            second.plan(self.backend, tables[1])  # a new plan, then a replay of the capture
             static_x.copy_(x2)
             graph.replay()
             replayed = static_out.clone()

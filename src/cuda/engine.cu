@@ -898,6 +898,9 @@ ak_status ak_cuda_engine_meta_buffers(void *state, ak_batch_meta *meta)
  * in the kernels). Asked once per table address. */
 static ak_status check_table_memory(engine_state *s, const int32_t *table)
 {
+    if ((uintptr_t)table % sizeof(int32_t))
+        return ak_set_error(AK_ERR_INVALID_ARG, "batch.device_block_table (%p) is not 4-byte aligned",
+                            (const void *)table);
     if (table == s->checked_table) return AK_OK;
     cudaPointerAttributes at;
     const cudaError_t e = cudaPointerGetAttributes(&at, table);
