@@ -110,7 +110,7 @@ struct attn_params {
     const scan_task *scans;       /* scan-pass work list */
     int32_t *scan_flags;          /* [scan tasks][num_kv_heads] the scan pass's findings */
     int num_blocks;         /* paged: blocks of the pools; a block id outside [0, num_blocks) is
-                               never followed (kv_block_of); ragged: INT_MAX */
+                               clamped into them (kv_block_clamped); ragged: INT_MAX */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
     int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
     int prow_tiles;         /* prefill: row tiles per KV head (group > the tile's rows only) */
