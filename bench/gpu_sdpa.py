@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gpu_sdpa.py - attnkit's cuda_paged prefill beside PyTorch's SDPA flash and cuDNN backends.
 
-For each shape (batch x prompt tokens, heads, head_dim, causal, bf16) it times
+For each shape (batch x prompt tokens, heads, head_dim, causal or not (--non-causal), bf16) it times
 torch.nn.functional.scaled_dot_product_attention on the GPU with the
 FLASH_ATTENTION and the CUDNN_ATTENTION backends (dense [batch, heads, tokens,
 head_dim] tensors, GQA through enable_gqa), then runs
@@ -16,7 +16,7 @@ the peers read contiguous tensors. FLOPs are counted alike on both sides:
 
 Needs torch with CUDA; nothing else.
 Usage: python3 bench/gpu_sdpa.py [--shapes 16x1024,4x4096,1x16384] [--head-dims 128]
-                                 [--heads 32/8] [--iters 20] [--bench PATH]
+                                 [--heads 32/8] [--iters 20] [--bench PATH] [--non-causal]
 Exit status: 0 when every side ran, 1 otherwise, 2 without torch or a GPU.
 """
 
@@ -32,12 +32,12 @@ DEFAULT_BENCH = os.path.join(REPO_ROOT, "build-gpu", "attnkit-bench")
 WARMUP = 3
 
 
-def causal_flops(batch, seq, heads, dim):
-    return 4.0 * dim * heads * batch * seq * (seq + 1) / 2
+def attention_flops(batch, seq, heads, dim, causal=True):
+    return 4.0 * dim * heads * batch * seq * ((seq + 1) / 2 if causal else seq)
 
 
-def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters):
-    """Median ms of one causal SDPA call with the given backend, or (None, why)."""
+def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters, causal=True):
+    """Median ms of one SDPA call with the given backend, or (None, why)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
     which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
@@ -50,7 +50,7 @@ def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters):
     try:
         with sdpa_kernel([which]):
             def call():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hq != hk)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hk)
             call()
             torch.cuda.synchronize()
             times = []
@@ -68,10 +68,10 @@ def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters):
     return statistics.median(times), ""
 
 
-def attnkit_ms(bench, batch, seq, hq, hk, dim, iters):
+def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True):
     cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
            "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
-           "bf16", "--page-size", "16", "--iters", str(iters), "--json"]
+           "bf16", "--page-size", "16", "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -89,6 +89,7 @@ def main():
     ap.add_argument("--heads", default="32/8", help="query/KV heads")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--bench", default=DEFAULT_BENCH)
+    ap.add_argument("--non-causal", action="store_true", help="every token sees every key (an encoder)")
     args = ap.parse_args()
     try:
         import torch
@@ -101,22 +102,23 @@ def main():
     hq, hk = (int(x) for x in args.heads.split("/"))
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     dims = [int(d) for d in args.head_dims.split(",") if d]
-    print("# %s, torch %s, bf16, causal, %d/%d heads, attnkit page size 16; medians of %d calls" % (
-        torch.cuda.get_device_name(), torch.__version__, hq, hk, args.iters))
+    causal = not args.non_causal
+    print("# %s, torch %s, bf16, %s, %d/%d heads, attnkit page size 16; medians of %d calls" % (
+        torch.cuda.get_device_name(), torch.__version__, "causal" if causal else "non-causal", hq, hk, args.iters))
     hdr = ("D", "batch", "tokens", "flash_ms", "flash_TF", "cudnn_ms", "cudnn_TF", "attnkit_ms", "attnkit_TF",
            "vs_flash", "vs_cudnn")
     print("%4s %6s %7s %9s %8s %9s %8s %10s %10s %8s %8s" % hdr)
     status, notes = 0, []
     for dim in dims:
         for batch, seq in shapes:
-            fl = causal_flops(batch, seq, hq, dim)
+            fl = attention_flops(batch, seq, hq, dim, causal)
             res = {}
             for name in ("flash", "cudnn"):
-                ms, why = sdpa_ms(torch, name, batch, seq, hq, hk, dim, args.iters)
+                ms, why = sdpa_ms(torch, name, batch, seq, hq, hk, dim, args.iters, causal)
                 res[name] = ms
                 if why:
                     notes.append("D%d %dx%d %s: %s" % (dim, batch, seq, name, why))
-            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters)
+            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters, causal)
             res["attnkit"] = ms
             if why:
                 notes.append("D%d %dx%d attnkit: %s" % (dim, batch, seq, why))

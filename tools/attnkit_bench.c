@@ -141,6 +141,7 @@ typedef struct options {
     int kv_dtype_set;
     int check, json, graph, sweep, kv_update;
     int invariant;      /* --invariant: cfg.batch_invariant */
+    int non_causal;     /* --non-causal: every query sees every key (an encoder) */
     int device_table;   /* --device-table: plan with the block table in device memory */
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
     int layers; /* 0: automatic */
@@ -180,6 +181,7 @@ static void usage(FILE *f)
         "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
         "  --window W       override the preset's window_left (-1: full context)\n"
         "  --invariant      cfg.batch_invariant (fixed KV splits: its cost against the default)\n"
+        "  --non-causal     cfg.causal = 0: every query token sees every key (an encoder)\n"
         "  --device-table   CUDA, paged: plan with the block table in device memory\n"
         "                   (batch.device_block_table, read in place; plan_us without the O(blocks) copy)\n"
         "  --layout L       nhd (default) | hnd: the paged cache layout\n"
@@ -400,6 +402,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
             else if (!strcmp(a, "--device-table")) o->device_table = 1;
+            else if (!strcmp(a, "--non-causal")) o->non_causal = 1;
             else return usage_error("unknown option '%s'", a);
         }
         i += takes_value;
@@ -419,6 +422,7 @@ static int parse_options(int argc, char **argv, options *o)
             m->head_dim_vo = o->custom.head_dim_vo;
         }
         if (o->window_set) m->window_left = o->window;
+        if (o->non_causal) m->non_causal = 1;
     }
     o->model = &o->models[0];
     /* MLA engines page the latent cache by 64 tokens (FlashMLA's block size) */
@@ -561,7 +565,7 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
     printf(",\"layout\":\"%s\"", c->kv_layout == AK_LAYOUT_HND ? "hnd" : "nhd");
     printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"head_dim_vo\":%d", c->num_qo_heads,
            c->num_kv_heads, c->head_dim_qk, c->head_dim_vo);
-    printf(",\"window_left\":%d,\"sinks\":%s,\"batch_invariant\":%s", c->window_left,
+    printf(",\"causal\":%s,\"window_left\":%d,\"sinks\":%s,\"batch_invariant\":%s", c->causal ? "true" : "false", c->window_left,
            c->use_sinks ? "true" : "false", c->batch_invariant ? "true" : "false");
     printf(",\"num_tokens\":%d,\"num_kv_tokens\":%lld,\"layers\":%d,\"graph\":%s,\"kv_update\":%s",
            sc->b.num_tokens, (long long)sc->b.num_kv_tokens, sc->num_layers, r->graph ? "true" : "false",

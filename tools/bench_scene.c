@@ -25,18 +25,18 @@
  * deepseek-v3 and -tp8 its absorbed MLA (cfg.mla: one latent row of 576
  * values per token, V its first 512, a K-only cache), 128 and 16 heads. */
 const bench_model bench_models[] = {
-    /* name                  Hq  Hkv  Dqk  Dvo  window soft-cap sinks layers mla */
-    {"llama3-8b",            32, 8,   128, 128, -1,    0.0f,    0,    32, 0},
-    {"llama3-70b-tp8",       8,  1,   128, 128, -1,    0.0f,    0,    80, 0}, /* 64/8 heads over 8 GPUs */
-    {"qwen2.5-7b",           28, 4,   128, 128, -1,    0.0f,    0,    28, 0},
-    {"mistral-7b",           32, 8,   128, 128, 4095,  0.0f,    0,    32, 0},
-    {"gemma2-9b",            16, 8,   256, 256, -1,    50.0f,   0,    42, 0},
-    {"phi3-mini",            32, 32,  96,  96,  -1,    0.0f,    0,    32, 0},
-    {"gpt-oss-20b",          64, 8,   64,  64,  127,   0.0f,    1,    24, 0},
-    {"deepseek-v3-prefill",  16, 16,  192, 128, -1,    0.0f,    0,    61, 0},
+    /* name                  Hq  Hkv  Dqk  Dvo  window soft-cap sinks layers mla non-causal */
+    {"llama3-8b",            32, 8,   128, 128, -1,    0.0f,    0,    32, 0, 0},
+    {"llama3-70b-tp8",       8,  1,   128, 128, -1,    0.0f,    0,    80, 0, 0}, /* 64/8 heads over 8 GPUs */
+    {"qwen2.5-7b",           28, 4,   128, 128, -1,    0.0f,    0,    28, 0, 0},
+    {"mistral-7b",           32, 8,   128, 128, 4095,  0.0f,    0,    32, 0, 0},
+    {"gemma2-9b",            16, 8,   256, 256, -1,    50.0f,   0,    42, 0, 0},
+    {"phi3-mini",            32, 32,  96,  96,  -1,    0.0f,    0,    32, 0, 0},
+    {"gpt-oss-20b",          64, 8,   64,  64,  127,   0.0f,    1,    24, 0, 0},
+    {"deepseek-v3-prefill",  16, 16,  192, 128, -1,    0.0f,    0,    61, 0, 0},
     /* MLA decode in the absorbed form: one latent row of 512 + 64 per token */
-    {"deepseek-v3",          128, 1,  576, 512, -1,    0.0f,    0,    61, 1},
-    {"deepseek-v3-tp8",      16, 1,   576, 512, -1,    0.0f,    0,    61, 1}, /* 128 heads over 8 GPUs */
+    {"deepseek-v3",          128, 1,  576, 512, -1,    0.0f,    0,    61, 1, 0},
+    {"deepseek-v3-tp8",      16, 1,   576, 512, -1,    0.0f,    0,    61, 1, 0}, /* 128 heads over 8 GPUs */
 };
 const int bench_num_models = (int)(sizeof bench_models / sizeof bench_models[0]);
 
@@ -160,7 +160,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     c->num_kv_heads = m->num_kv_heads;
     c->head_dim_qk = m->head_dim_qk;
     c->head_dim_vo = m->head_dim_vo;
-    c->causal = 1;
+    c->causal = !m->non_causal;
     c->window_left = m->window_left;
     c->logits_soft_cap = m->soft_cap;
     c->use_sinks = m->sinks;

@@ -27,6 +27,7 @@ typedef struct bench_model {
     int sinks;         /* attention sinks (cfg.use_sinks) */
     int num_layers;    /* the model's layers (said when the rotation needs more) */
     int mla;           /* multi-head latent attention (cfg.mla): one KV head, a K-only cache */
+    int non_causal;    /* cfg.causal = 0 (an encoder's attention; --non-causal) */
 } bench_model;
 
 extern const bench_model bench_models[];

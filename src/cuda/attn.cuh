@@ -507,7 +507,8 @@ __device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
  * elements in a layout of DP-element rows, the block's THREADS threads
  * striding over the DP / 8 chunks of each row (chunks past DQK are left
  * alone); rows past the item's tokens or heads are zero-filled. at(row,
- * chunk) is the element offset of a chunk in the kernel's layout. */
+ * chunk) is the element offset of a chunk in the kernel's layout. THREADS
+ * may be a warpgroup of a larger block (threads from a multiple of THREADS). */
 template <int ROWS, int THREADS, int DQK, int DP, typename T, typename At>
 __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_item &it, int head0, int hb, int heads,
                                             T *qs, At at)
@@ -517,7 +518,7 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
     const int c = threadIdx.x % CHUNKS;
     if (c >= DQK / 8) return;
 #pragma unroll 4
-    for (int row = threadIdx.x / CHUNKS; row < ROWS; row += THREADS / CHUNKS) {
+    for (int row = threadIdx.x % THREADS / CHUNKS; row < ROWS; row += THREADS / CHUNKS) {
         const int i = row / hb, g = row - i * hb;
         const bool valid = i < it.ntok && g < heads;
         const T *src =

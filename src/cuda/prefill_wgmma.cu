@@ -3,9 +3,10 @@
  * the same work items, masks, online softmax and outputs, with the two
  * matrix products on warpgroup MMA (wgmma.mma_async) instead of mma.sync.
  *
- * A thread block is two warpgroups of 4 warps; warpgroup g owns query rows
- * [64 g, 64 g + 64) of the tile's 128 (packed (token, query head) as in
- * prefill.cu), each warp 16 of them with their softmax state in registers.
+ * A thread block is three warpgroups of 4 warps, specialized: two consumers
+ * and a producer. Consumer g owns query rows [64 g, 64 g + 64) of the
+ * tile's 128 (packed (token, query head) as in prefill.cu), each warp 16 of
+ * them with their softmax state in registers.
  * Per tile of KEYS keys, a warpgroup computes S = Q K^T with both operands
  * read by the tensor cores from shared memory (descriptors; no ldmatrix, no
  * register copies of K), turns S into P in registers, and accumulates
@@ -15,15 +16,15 @@
  * them.
  *
  * Q, K and V tiles share one layout (wgmma.cuh: 64-element column blocks,
- * 128-byte swizzle), filled with cp.async through the page table (or the
- * ragged rows) by the same loader as the other kernels (load_kv_tile,
- * attn.cuh), STAGES deep. Every thread loads its part of each tile one tile
- * ahead; the stages pass between loaders and readers through mbarriers
- * (full: every thread's copies landed; empty: every thread finished reading
- * it), so there is no block barrier per tile, only one per item. Within a
- * warpgroup S of tile t is issued with P.V of tile t - 1 (the softmax of t
- * overlaps that P.V); between the warpgroups, named barriers make them take
- * turns at issuing their MMAs. Measured steps: BENCHMARKS.md.
+ * 128-byte swizzle, as load_kv_tile's SW128 in attn.cuh), STAGES deep. The
+ * producer warpgroup fills them with cp.async through the page table (or
+ * the ragged rows), running ahead of the consumers across items, with its
+ * registers given to the consumers (setmaxnreg). Stages pass between it and
+ * the consumers through mbarriers, K and V apart (ws_barriers), so there is
+ * no block barrier at all. Within a consumer, S of tile t is issued with
+ * P.V of tile t - 1 (the softmax of t overlaps that P.V); between the two,
+ * named barriers make them take turns at issuing their MMAs. Measured
+ * steps: BENCHMARKS.md.
  *
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
  * DP-element rows (both rounded up to 64), S over the real DQK (one k step
@@ -45,10 +46,17 @@ template <int DQK, int DVO> struct wg_traits {
      * MN-major operand's swizzle atom); the columns past DVO are computed
      * from whatever the stage holds there and never stored */
     static constexpr int DVN = (DVO + 63) / 64 * 64;
-    static constexpr int THREADS = 256; /* two warpgroups */
+    /* two consumer warpgroups (the MMAs and the softmax of 64 rows each)
+     * and a producer warpgroup (the copies); registers move from the
+     * producer to the consumers at the start (setmaxnreg), within the 168 a
+     * thread of 384 the launch gives. Measured (H100, d128 4 x 4096): the
+     * producer spills at 24 (and stalled its copies: 22% slower than 40);
+     * consumers at 224 spill more than at 232 */
+    static constexpr int CONSUMERS = 256, PRODUCERS = 128, THREADS = CONSUMERS + PRODUCERS;
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
     static constexpr int ROWS = 128;
     /* keys per K/V stage: the S accumulator is KEYS / 2 floats a thread and
-     * o is DVN / 2; at DP = 256 a 64-key tile keeps both within 255 registers */
+     * o is DVN / 2; at DP = 256 a 64-key tile keeps both within 232 registers */
     static constexpr int KEYS = DP <= 128 ? 128 : 64;
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
@@ -61,9 +69,10 @@ template <int DQK, int DVO> struct wg_traits {
     static constexpr int Q_BYTES = ROWS * DP * 2;
     static constexpr int STAGE_BYTES = 2 * KEYS * DP * 2;
     /* + 1024: the tiles start on a 1024-byte boundary (the swizzle); then
-     * a full and an empty barrier per stage */
-    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + 2 * STAGES * 8;
-    static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
+     * the barriers (ws_barriers) */
+    static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + (4 * STAGES + 2) * 8;
+    static_assert((ROWS * CHUNKS) % PRODUCERS == 0, "q chunks divide among the producers");
+    static_assert(PRODUCERS * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
     /* the most a block may use (DP 128: 230,448 bytes) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
@@ -173,54 +182,153 @@ __device__ __forceinline__ void issue_pv(float (&o)[DVN / 8][4], const uint32_t 
     wgmma_commit();
 }
 
-/* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
-template <int DQK, int DVO, typename T, int ADDR>
-__device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
+/* The producer's copies of a tile: TPR threads a key row, each every TPR-th
+ * 16-byte chunk of it, so a thread's copies of a row differ only by
+ * immediate offsets (the swizzle of chunk TPR j + q is the thread's base XOR
+ * a constant): a block lookup a row, one instruction a copy. load_kv_tile
+ * (one chunk a thread, rows strided over the threads, a lookup per copy)
+ * made a producer at its registers the kernel's bottleneck. */
+template <int DP, int KEYS, int THREADS> struct producer_rows {
+    /* measured (H100, 4 x 4096): 2 at DP 64 (32-byte runs of a row), 4
+     * above (64 bytes); 8 (128 bytes, more rows a thread) was slower at
+     * each, 2 at DP 128 and 256 by 10% and 25% */
+    static constexpr int TPR = DP <= 64 ? 2 : 4;
+    static constexpr int N = KEYS * TPR / THREADS; /* rows a thread copies */
+    int32_t block[N];
+};
+
+template <int DP, int KEYS, int THREADS, int ADDR>
+__device__ __forceinline__ void tile_blocks(const attn_params &p, const int32_t *table, int page_base, int t0,
+                                            int kv_end, producer_rows<DP, KEYS, THREADS> &r)
 {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int TPR = producer_rows<DP, KEYS, THREADS>::TPR;
+    const int tid = threadIdx.x % THREADS;
+#pragma unroll
+    for (int i = 0; i < r.N; i++) {
+        int slot;
+        r.block[i] = (int32_t)kv_block_of<ADDR>(p, table, page_base,
+                                               min(t0 + tid / TPR + i * (THREADS / TPR), kv_end - 1), slot);
+    }
+}
+
+/* Keys [t0, t0 + KEYS) of K (V_: of V) into a stage, in load_kv_tile's
+ * SW128 layout, from the blocks of r. */
+template <int D, int DP, int KEYS, int THREADS, bool V_, typename T>
+__device__ __forceinline__ void producer_copy(const attn_params &p, const producer_rows<DP, KEYS, THREADS> &r,
+                                              int kv_head, int t0, int kv_end, T *dst)
+{
+    constexpr int CHUNKS = DP / 8, TPR = producer_rows<DP, KEYS, THREADS>::TPR;
+    static_assert(r.N >= 1 && TPR <= 8 && CHUNKS % TPR == 0, "TPR threads a row");
+    const int tid = threadIdx.x % THREADS, q = tid % TPR;
+#pragma unroll
+    for (int i = 0; i < r.N; i++) {
+        const int row = tid / TPR + i * (THREADS / TPR);
+        int slot;
+        kv_page_of(p, min(t0 + row, kv_end - 1), slot);
+        const int64_t block = r.block[i];
+        const T *src = V_ ? (const T *)p.v_pool + block * p.v_block_stride + (int64_t)slot * p.v_stride_slot +
+                                (int64_t)kv_head * p.v_stride_head + q * 8
+                          : (const T *)p.k_pool + block * p.k_block_stride + (int64_t)slot * p.k_stride_slot +
+                                (int64_t)kv_head * p.k_stride_head + q * 8;
+        const int bytes = t0 + row < kv_end ? 16 : 0;
+        const int base = row * 64 + ((q ^ (row & 7)) << 3); /* chunk q's element offset */
+#pragma unroll
+        for (int j = 0; j < CHUNKS / TPR; j++) /* chunk TPR j + q: column block of 8, slot (c % 8) ^ (row % 8) */
+            if ((D / 8) % TPR == 0 ? TPR * j < D / 8 : TPR * j + q < D / 8)
+                cp_async_16(dst + (TPR * j / 8) * (KEYS * 64) + (base ^ ((TPR * j % 8) << 3)), src + TPR * j * 8,
+                            bytes);
+    }
+}
+
+/* The block's shared-memory barriers. Tile number g of the block (over all
+ * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
+ * its V are filled and freed apart (K is done with once S is, V only after
+ * P.V a tile later), so the producer runs two tiles ahead of S. *_full: the
+ * producers' copies landed; *_empty: every consumer is done reading. q_full
+ * and q_empty: the same for q, once an item (an item without key tiles has
+ * no q to load, but its epilogue stages its rows in qs). */
+template <int STAGES> struct ws_barriers {
+    uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
+};
+
+/* The producer warpgroup: for each of the block's items (in the consumers'
+ * order), its K/V tiles into the stages and its q rows into qs. The first
+ * tile of an item is issued before the item's q, whose buffer the
+ * consumers free only after the previous item's epilogue: the copy of that
+ * tile runs under the epilogue. */
+template <int DQK, int DVO, typename T, int ADDR>
+__device__ __forceinline__ void prefill_wgmma_producer(const attn_params &p, T *qs, T *stages,
+                                                       ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar, int kv_head,
+                                                       int head0, int hb, int heads)
+{
+    typedef wg_traits<DQK, DVO> tr;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    const int32_t *table = p.head->kv_table;
+    int g = 0, n = 0; /* tiles and items so far */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const prefill_item it = p.pitems[w];
+        if (it.ntok == 0) continue; /* padding */
+        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+        /* tile t into stage g % STAGES, once every consumer finished reading
+         * what it held (tile g - STAGES) */
+        producer_rows<DP, KEYS, tr::PRODUCERS> cur;
+        auto fill = [&](int t) {
+            const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
+            T *ks = stages + st * 2 * KEYS * DP;
+            tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
+            if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+            producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);
+            mbar_arrive_cp_async(&bar.k_full[st]);
+            if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+            producer_copy<DVO, DP, KEYS, tr::PRODUCERS, true, T>(p, cur, kv_head, t0, it.kv_end, ks + KEYS * DP);
+            mbar_arrive_cp_async(&bar.v_full[st]);
+            g++;
+        };
+        if (n_tiles > 0) fill(0);
+        if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+        n++;
+        /* q's rows, unless no key tile follows (then nothing reads them);
+         * q_full completes once an item either way, so that the consumers
+         * never run a phase of q_empty ahead of this wait */
+        if (n_tiles > 0) {
+            load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                     [](int row, int c) { return sw128<ROWS>(row, c); });
+            mbar_arrive_cp_async(&bar.q_full);
+        } else {
+            mbar_arrive(&bar.q_full);
+        }
+        for (int t = 1; t < n_tiles; t++) fill(t);
+    }
+    cp_async_wait<0>();
+}
+
+/* The consumer warpgroups (threads 0-255): for each item, S = q K^T and
+ * O += P V on the tensor cores with the online softmax between, then the
+ * epilogue. */
+template <int DQK, int DVO, typename T>
+__device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
+                                                        ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
+                                                        uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
+                                                        int kv_head, int head0, int hb, int heads)
+{
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
-    constexpr int NT = KEYS / 8;   /* n tiles (8 keys) of S */
-    constexpr int DN = DVN / 8;    /* n tiles of o */
+    constexpr int CONSUMERS = tr::CONSUMERS;
+    constexpr int NT = KEYS / 8;     /* n tiles (8 keys) of S */
+    constexpr int DN = DVN / 8;      /* n tiles of o */
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
-    extern __shared__ uint8_t smem_raw[];
-    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
-    T *qs = (T *)(smem_raw + ((1024 - (raw & 1023)) & 1023));
-    T *stages = qs + ROWS * DP;
-    /* full[s]: every thread's copies into stage s landed; empty[s]: every
-     * thread is done reading it. Tile number g of this block (over all its
-     * items) uses stage g % STAGES, for the (g / STAGES)-th time. */
-    uint64_t *full = (uint64_t *)(stages + STAGES * 2 * KEYS * DP), *empty = full + STAGES;
-    /* the NaN rule's marks of V's bad keys in a mixed tile (attn.cuh), three
-     * sets used in turn by the block's mixed tiles (mk counts them): a set is
-     * written before a mixed tile's block barrier, read after it, and cleared
-     * after the next one's, for the one after that */
-    __shared__ uint32_t bad_keys[3][KEYS / 32];
-    if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
-    int mk = 0;
-    if (threadIdx.x == 0)
-        for (int i = 0; i < STAGES; i++) {
-            mbar_init(&full[i], tr::THREADS);
-            mbar_init(&empty[i], tr::THREADS);
-        }
-    __syncthreads();
-    asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
     /* The two warpgroups take turns to issue their MMAs (named barriers 1
      * and 2), so one's softmax runs while the other's MMAs do rather than
      * both contending at once; warpgroup 0 goes first. */
-    if (wg == 1) bar_arrive(1, tr::THREADS);
+    if (wg == 1) bar_arrive(1, CONSUMERS);
     int g0 = 0; /* tiles of the earlier items */
-    const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
-    const int hb = p.prow_heads;
-    const int head0 = kv_head * p.group + row_tile * hb;
-    const int heads = min(hb, p.group - row_tile * hb);
-    const kv_lane lane_off = kv_lane_of<DP>(p, kv_head);
+    int nq = 0; /* items so far */
+    int mk = 0; /* mixed tiles */
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
-    const int32_t *table = p.head->kv_table;
 
-    /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
@@ -228,14 +336,8 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
             const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-            __syncthreads(); /* every warp is done with the previous item's shared memory */
-
-            /* q's rows, unless no key tile follows: then nothing reads them and
-             * the epilogue writes its zero rows there, while other warps' copies
-             * (each warp's rows come from several warps) could still land */
-            if (n_tiles > 0)
-                load_q_tile<ROWS, tr::THREADS, DQK, DP>(p, it, head0, hb, heads, qs,
-                                                        [](int row, int c) { return sw128<ROWS>(row, c); });
+            mbar_wait(&bar.q_full, nq & 1); /* q, and the previous epilogue's turn at qs is over */
+            nq++;
 
             const int pos_last = it.pos0 + it.ntok - 1;
             /* the positions of this thread's two rows, and of the warp's first
@@ -250,30 +352,21 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
 #pragma unroll
             for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-            /* Tile t is loaded one tile ahead, by every thread, into a stage
-             * every thread has finished reading (with PIPE, the P.V that read
-             * it ended two tiles earlier). */
-            auto fill = [&](int t) {
-                const int g = g0 + t, st = g % STAGES;
-                if (g >= STAGES) mbar_wait(&empty[st], (g / STAGES - 1) & 1);
-                load_kv_tile<DQK, DVO, DP, KEYS, tr::THREADS, T, true, ADDR>(p, table, it.page_base, lane_off,
-                                                                             it.kv_begin + t * KEYS, it.kv_end,
-                                                                             stages + st * 2 * KEYS * DP,
-                                                                             stages + st * 2 * KEYS * DP + KEYS * DP);
-                mbar_arrive_cp_async(&full[st]); /* (q's copies, issued before, land first) */
-            };
             auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
-            /* Step t: load t + 1, wait for tile t, and take this warpgroup's
-             * turn at the tensor cores (the caller issues, then passes the turn).
-             * A mixed tile (some key below kv_end hidden from some row of the
-             * block: the diagonal, a window's edge) first has its V scanned by
-             * the NaN rule, with a block barrier (the one per tile, only there);
-             * returns the set of its bad-key marks, or -1 */
-            auto begin_tile = [&](int t) {
-                if (t + 1 < n_tiles) fill(t + 1);
+            auto wait_v = [&](int t) {
                 const int g = g0 + t;
-                mbar_wait(&full[g % STAGES], (g / STAGES) & 1);
-                if (t == 0) { /* q landed with tile 0: the NaN rule's check of this warp's q rows */
+                mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);
+            };
+            /* Step t: wait for tile t, and take this warpgroup's turn at the
+             * tensor cores (the caller issues, then passes the turn). A mixed
+             * tile (some key below kv_end hidden from some row of the block:
+             * the diagonal, a window's edge) first has its V scanned by the
+             * NaN rule, with a consumer barrier (the one per tile, only
+             * there); returns the set of its bad-key marks, or -1 */
+            auto begin_tile = [&](int t) {
+                const int g = g0 + t;
+                mbar_wait(&bar.k_full[g % STAGES], (g / STAGES) & 1);
+                if (t == 0) { /* q landed: the NaN rule's check of this warp's q rows */
                     const uint32_t qb = q_rows_bad<DQK, T>(
                         qs, [](int row, int c) { return sw128<ROWS>(row, c); }, warp_row0, lane);
 #pragma unroll
@@ -285,20 +378,22 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
                 const bool mixed =
                     (p.causal && t0 + KEYS - 1 > it.pos0) || (p.window_left >= 0 && t0 < pos_last - p.window_left);
                 if (CHECK && mixed) {
+                    wait_v(t);
                     set = mk % 3;
-                    scan_v_tile<DVO, DP, KEYS, tr::THREADS>(
+                    scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
                         v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set]);
                     fence_proxy_async(); /* its zeros, visible to wgmma */
-                    __syncthreads();
+                    bar_sync(3, CONSUMERS);
                     if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
                     mk++;
                 }
                 fence_proxy_async(); /* the copies, visible to wgmma */
-                bar_sync(1 + wg, tr::THREADS);
+                bar_sync(1 + wg, CONSUMERS);
                 return set;
             };
-            auto pass_turn = [&]() { bar_arrive(2 - wg, tr::THREADS); };
-            auto release = [&](int t) { mbar_arrive(&empty[(g0 + t) % STAGES]); };
+            auto pass_turn = [&]() { bar_arrive(2 - wg, CONSUMERS); };
+            auto release_k = [&](int t) { mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]); };
+            auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
              * operands, 16 elements (32 bytes) of the head dim a step */
             auto issue_s = [&](int t, float (&s)[NT][4]) {
@@ -328,36 +423,38 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
                 uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
                 {
                     float s[NT][4], f[2];
-                    fill(0);
                     const int set = begin_tile(0);
                     issue_s(0, s);
                     pass_turn();
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    release_k(0);
                     softmax(0, set, s, f); /* o is still 0: no rescale */
                     pack_p<NT, T>(s, pa);
                 }
                 for (int t = 1; t < n_tiles; t++) {
                     float s[NT][4], f[2];
+                    wait_v(t - 1); /* (copied before K of t) */
                     const int set = begin_tile(t);
                     issue_s(t, s);
                     issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
                     pass_turn();
                     wgmma_wait<1>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    release_k(t);
                     const bool raise = softmax(t, set, s, f);
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                    release(t - 1);
+                    release_v(t - 1);
                     if (raise) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pa);
                 }
+                wait_v(n_tiles - 1);
                 issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                release(n_tiles - 1);
+                release_v(n_tiles - 1);
             } else {
-                if (n_tiles > 0) fill(0);
                 for (int t = 0; t < n_tiles; t++) {
                     float s[NT][4], f[2];
                     uint32_t pn[NT / 2][4];
@@ -368,18 +465,17 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     if (softmax(t, set, s, f)) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pn);
+                    wait_v(t);
                     issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                    release(t);
+                    release_k(t); /* (late: with two stages, measured 10% faster at d256 than at S's end) */
+                    release_v(t);
                 }
             }
             g0 += n_tiles;
-            /* every copy landed (the full barriers covered them); this warp's q
-             * rows are free for the epilogue: its warpgroup's MMAs are done and
-             * the other reads only its own rows */
-            cp_async_commit();
-            cp_async_wait<0>();
+            /* this warp's q rows are free for the epilogue: its warpgroup's
+             * MMAs are done and the other reads only its own rows */
             /* epilogue (prefill.cu's, one m tile a warp) */
             float inv[2], lse[2];
 #pragma unroll
@@ -430,19 +526,67 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
                     *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
                 if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
             }
+            mbar_arrive(&bar.q_empty); /* (the staging reads of qs are done) */
         };
         /* (at DP 256 only the checked path: a kernel with both spills) */
         if (!tr::PIPE || item_checked(p, it, kv_head)) item(bool_c<true>());
         else item(bool_c<false>());
     }
-    if (wg == 0) bar_sync(1, tr::THREADS); /* warpgroup 1's last pass of the turn */
+    if (wg == 0) bar_sync(1, CONSUMERS); /* warpgroup 1's last pass of the turn */
+}
+
+/* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
+template <int DQK, int DVO, typename T, int ADDR>
+__device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef wg_traits<DQK, DVO> tr;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
+    constexpr int CONSUMERS = tr::CONSUMERS;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    T *qs = (T *)(smem_raw + ((1024 - (raw & 1023)) & 1023));
+    T *stages = qs + ROWS * DP;
+    ws_barriers<STAGES> &bar = *(ws_barriers<STAGES> *)(stages + STAGES * 2 * KEYS * DP);
+    /* the NaN rule's marks of V's bad keys in a mixed tile (attn.cuh), three
+     * sets used in turn by the block's mixed tiles (mk counts them): a set is
+     * written before a mixed tile's consumer barrier, read after it, and
+     * cleared after the next one's, for the one after that */
+    __shared__ uint32_t bad_keys[3][KEYS / 32];
+    if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; i++) {
+            mbar_init(&bar.k_full[i], tr::PRODUCERS);
+            mbar_init(&bar.k_empty[i], CONSUMERS);
+            mbar_init(&bar.v_full[i], tr::PRODUCERS);
+            mbar_init(&bar.v_empty[i], CONSUMERS);
+        }
+        mbar_init(&bar.q_full, tr::PRODUCERS);
+        mbar_init(&bar.q_empty, CONSUMERS);
+    }
+    __syncthreads();
+    asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
+    const int wg = threadIdx.x / 128;
+    const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
+    const int hb = p.prow_heads;
+    const int head0 = kv_head * p.group + row_tile * hb;
+    const int heads = min(hb, p.group - row_tile * hb);
+
+    /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
+    if (wg == 2) {
+        setmaxnreg_dec<tr::PRODUCER_REGS>();
+        prefill_wgmma_producer<DQK, DVO, T, ADDR>(p, qs, stages, bar, kv_head, head0, hb, heads);
+    } else {
+        setmaxnreg_inc<tr::CONSUMER_REGS>();
+        prefill_wgmma_consumers<DQK, DVO, T>(p, qs, stages, bar, bad_keys, kv_head, head0, hb, heads);
+    }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
 
 template <int DQK, int DVO, typename T>
-__global__ void __launch_bounds__(256, 1) prefill_wgmma_kernel(const attn_params p)
+__global__ void __launch_bounds__(384, 1) prefill_wgmma_kernel(const attn_params p)
 {
     /* the addressing as a template argument: a runtime select costs this
      * kernel registers it does not have */
