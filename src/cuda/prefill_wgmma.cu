@@ -72,8 +72,11 @@ template <int DQK, int DVO> struct wg_traits {
      * the barriers (ws_barriers) */
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + (4 * STAGES + 2) * 8;
     static_assert((ROWS * CHUNKS) % PRODUCERS == 0, "q chunks divide among the producers");
-    static_assert(PRODUCERS * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 65536, "the register file");
-    /* the most a block may use (DP 128: 230,448 bytes) */
+    /* the launch's registers: 65536 / THREADS a thread, in units of 8 (168);
+     * asking more than they hold would leave setmaxnreg.inc waiting forever */
+    static_assert(PRODUCERS * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+                  "the register file");
+    /* the most a block may use (DP 128: 230,512 bytes, and 48 static) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
@@ -300,7 +303,7 @@ __device__ __forceinline__ void prefill_wgmma_producer(const attn_params &p, T *
         }
         for (int t = 1; t < n_tiles; t++) fill(t);
     }
-    cp_async_wait<0>();
+    asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
 }
 
 /* The consumer warpgroups (threads 0-255): for each item, S = q K^T and
@@ -358,9 +361,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
             auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
+            /* V of tile t landed, and is visible to wgmma (the producer's
+             * cp.async writes are generic-proxy writes; each wait is
+             * followed by the fence before an MMA may read them) */
             auto wait_v = [&](int t) {
                 const int g = g0 + t;
                 mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);
+                fence_proxy_async();
             };
             /* Step t: wait for tile t, and take this warpgroup's turn at the
              * tensor cores (the caller issues, then passes the turn). A mixed
@@ -385,6 +392,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 if (CHECK && mixed) {
                     wait_v(t);
                     set = mk % 3;
+                    /* (the producer's copies, which wait_v waited for) */
                     scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
                         v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set]);
                     fence_proxy_async(); /* its zeros, visible to wgmma */
