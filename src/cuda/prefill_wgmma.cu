@@ -257,8 +257,9 @@ template <int STAGES> struct ws_barriers {
 /* The producer warpgroup: for each of the block's items (in the consumers'
  * order), its K/V tiles into the stages and its q rows into qs. The first
  * tile of an item is issued before the item's q, whose buffer the
- * consumers free only after the previous item's epilogue: the copy of that
- * tile runs under the epilogue. */
+ * consumers free only when the previous item is done with it (after its
+ * MMAs; after its epilogue where that stages o there): the copy of that
+ * tile runs under the end of the previous item. */
 template <int DQK, int DVO, typename T, int ADDR>
 __device__ __forceinline__ void prefill_wgmma_producer(const attn_params &p, T *qs, T *stages,
                                                        ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar, int kv_head,
