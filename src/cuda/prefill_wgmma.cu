@@ -249,7 +249,7 @@ __device__ __forceinline__ void producer_copy(const attn_params &p, const produc
  * P.V a tile later), so the producer runs two tiles ahead of S. *_full: the
  * producers' copies landed; *_empty: every consumer is done reading. q_full
  * and q_empty: the same for q, once an item (an item without key tiles has
- * no q to load, but its epilogue stages its rows in qs). */
+ * no q to load, but at d > 128 its epilogue stages its rows in qs). */
 template <int STAGES> struct ws_barriers {
     uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
 };
