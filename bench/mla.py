@@ -14,7 +14,7 @@ Hopper default behind 'auto').
 
 Each side's call is captured 10 times into one CUDA graph and the graph is
 replayed (median of rounds), so no Python cost is timed. Printed per shape:
-microseconds a call, TFLOP/s (2 x tokens x heads x kv_len x (576 + 512)), the
+microseconds a call (one side per --kernels entry for attnkit), TFLOP/s (2 x tokens x heads x kv_len x (576 + 512)), the
 fraction of a device-to-device copy's bandwidth (measured in the same run)
 that reading each latent row once (plus q and o) would take, and which bound
 applies: an H100 does about 240 FLOP per latent byte at its balance point,
@@ -25,6 +25,7 @@ is faster). Outputs are compared with attnkit's (max abs difference).
 import argparse
 import csv
 import math
+import os
 import statistics
 import sys
 
@@ -41,6 +42,11 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="fewer shapes")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--backends", default="fa2,fa3", help="FlashInfer MLA backends to try")
+    p.add_argument("--kernels", default="",
+                   help="attnkit's MLA kernels to time, each a side (AK_CUDA_MLA: wgmma, wide); default: the one "
+                        "cuda_mla picks")
+    p.add_argument("--shapes", default="",
+                   help="HEADSxBATCHxKV_LENxQ_LEN,... instead of the default list (e.g. 128x64x8192x1)")
     return p.parse_args()
 
 
@@ -70,7 +76,13 @@ class Scene:
         return self.batch * self.kv_len * DQK * 2 + self.tokens * self.heads * (DQK + LAT) * 2
 
 
-def attnkit_side(torch, attnkit, sc):
+def attnkit_side(torch, attnkit, sc, kernel=""):
+    """kernel: AK_CUDA_MLA for this backend (read when it is created), or
+    "" for cuda_mla's own choice"""
+    if kernel:
+        os.environ["AK_CUDA_MLA"] = kernel
+    else:
+        os.environ.pop("AK_CUDA_MLA", None)
     cfg = attnkit.Config(num_qo_heads=sc.heads, num_kv_heads=1, head_dim_qk=DQK, head_dim_vo=LAT, mla=True,
                          sm_scale=sc.sm_scale, dtype="bf16", device="cuda", page_size=PAGE)
     lim = attnkit.Limits(max_reqs=sc.batch, max_tokens=sc.tokens, max_blocks_per_req=sc.block_table.shape[1],
@@ -146,7 +158,9 @@ def main():
     ceiling = copy_ceiling(torch, args.rounds)
     print(f"# {torch.cuda.get_device_name()}; device-to-device copy: {ceiling:.1f} GB/s (read + written)")
     shapes = [(128, 64, 8192, 1), (16, 64, 8192, 1), (128, 1, 32768, 1), (128, 128, 4096, 2)]
-    if not args.quick:
+    if args.shapes:
+        shapes = [tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",")]
+    elif not args.quick:
         shapes = [(128, 64, 8192, 1), (128, 128, 4096, 1), (128, 1, 32768, 1), (128, 128, 4096, 2),
                   (16, 64, 8192, 1), (16, 128, 4096, 1), (16, 1, 32768, 1), (64, 64, 8192, 1), (32, 64, 8192, 1)]
     rows = []
@@ -157,7 +171,9 @@ def main():
     for heads, batch, kv_len, q_len in shapes:
         sc = Scene(torch, heads, batch, kv_len, q_len, gen)
         bound = "compute" if sc.flops() / (sc.batch * sc.kv_len * DQK * 2) > 240 else "memory"
-        sides = [("attnkit cuda_mla", lambda: attnkit_side(torch, attnkit, sc))]
+        kernels = [k for k in args.kernels.split(",") if k] or [""]
+        sides = [(f"attnkit cuda_mla{' ' + k if k else ''}", lambda k=k: attnkit_side(torch, attnkit, sc, k))
+                 for k in kernels]
         if fi:
             for be in [x for x in args.backends.split(",") if x]:
                 sides.append((f"flashinfer mla {be}", lambda be=be: flashinfer_side(torch, fi, sc, be)))

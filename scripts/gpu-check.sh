@@ -9,8 +9,9 @@
 # and peers (bench/peers.py --quick with FlashInfer, ~4 min), fp8 (the fp8
 # cases on the three kernel families and under memcheck, then bench/fp8.py
 # with FlashInfer, ~5 min), wide (rows of 512: head dim 512 and cuda_mla's
-# MLA cases, graph replays, memcheck and racecheck, attnkit-bench's d512 and
-# deepseek-v3 decode, bench/mla.py beside FlashInfer's MLA, ~6 min): name
+# MLA cases on both MLA kernels, graph replays, memcheck, racecheck and
+# synccheck, attnkit-bench's d512 and deepseek-v3 decode, bench/mla.py beside
+# FlashInfer's MLA, ~7 min): name
 # them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
 # the device tool.
 set -uo pipefail
@@ -290,26 +291,40 @@ if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
     # cases of the case table (fp8 and the MLA graph replays included) side
     # by side with memcheck and racecheck on their kernels' cases; then
     # decode speed (attnkit-bench) and bench/mla.py
-    wide_run() { # tag tool filter
+    # MLA runs on two kernels: mla_wgmma.cu (cuda_mla's choice on an H100
+    # for 16-bit rows) and the wide-row one (fp8 rows, other GPUs; forced by
+    # AK_CUDA_MLA=wide); FlashInfer's MLA modules compile beside the tests
+    wide_run() { # tag tool filter [env...]
         local tag=$1 tool=$2 f=$3
+        shift 3
         if [[ $tool == none ]]; then
-            timeout ${AK_TEST_TIMEOUT:-400} $BUILD/attnkit-test --device cuda -v --filter "$f" >"$LOG/wide-$tag.log" 2>&1
+            env "$@" timeout ${AK_TEST_TIMEOUT:-400} $BUILD/attnkit-test --device cuda -v --filter "$f" \
+                >"$LOG/wide-$tag.log" 2>&1
         else
-            timeout ${AK_TEST_TIMEOUT:-400} compute-sanitizer --tool $tool $BUILD/attnkit-test --device cuda \
+            env "$@" timeout ${AK_TEST_TIMEOUT:-400} compute-sanitizer --tool $tool $BUILD/attnkit-test --device cuda \
                 --filter "$f" >"$LOG/wide-$tag.log" 2>&1
         fi
     }
+    python_peers_env
+    timeout 400 python3 bench/mla.py --lib $BUILD/libattnkit.so --shapes 16x2x128x1 --rounds 1 \
+        >"$LOG/mla-jit.txt" 2>&1 &
     wide_run test-512 none "head dim 512" &
     wide_run test-mla none mla &
+    wide_run test-mla-wide none mla AK_CUDA_MLA=wide &
     wide_run memcheck-512 memcheck "head dim 512" &
-    wide_run memcheck-mla memcheck "mla decode 576" &
+    wide_run memcheck-mla memcheck "576/512" &
+    wide_run memcheck-mla-wide memcheck "mla decode 576" AK_CUDA_MLA=wide &
     wide_run memcheck-mla-fp8 memcheck "mla fp8 576" &
     wide_run racecheck-mla racecheck "mla decode 576/512 h16" &
+    wide_run racecheck-mla-h128 racecheck "mla 576/512 h128" &
+    wide_run synccheck-mla synccheck "576/512" &
     wait
-    for tag in test-512 test-mla; do note "wide $tag" "$(tail -1 "$LOG/wide-$tag.log")"; done
-    for tag in memcheck-512 memcheck-mla memcheck-mla-fp8 racecheck-mla; do
+    for tag in test-512 test-mla test-mla-wide; do note "wide $tag" "$(tail -1 "$LOG/wide-$tag.log")"; done
+    for tag in memcheck-512 memcheck-mla memcheck-mla-wide memcheck-mla-fp8 racecheck-mla racecheck-mla-h128 \
+        synccheck-mla; do
         note "wide $tag" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$LOG/wide-$tag.log")"
     done
+    grep -h "^FAIL" "$LOG"/wide-test-*.log | head -10
     {
         for h in 32/8 32/32 64/1; do
             $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --heads $h --head-dim 512 \
@@ -317,14 +332,19 @@ if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
         done
         for m in deepseek-v3 deepseek-v3-tp8; do
             for shape in "--batch 64 --kv-len 8192" "--batch 128 --kv-len 4096" "--batch 1 --kv-len 32768"; do
-                $BUILD/attnkit-bench --device cuda --model $m --workload decode $shape
+                for k in wgmma wide; do
+                    echo "# AK_CUDA_MLA=$k"
+                    AK_CUDA_MLA=$k $BUILD/attnkit-bench --device cuda --model $m --workload decode $shape
+                done
             done
         done
     } >"$LOG/wide-bench.txt" 2>&1
+    grep -E "^# AK|^cuda" "$LOG/wide-bench.txt" | cut -c1-160
     note "wide bench" "$LOG/wide-bench.txt"
-    python_peers_env
-    timeout 500 python3 bench/mla.py --lib $BUILD/libattnkit.so --csv "$LOG/mla.csv" >"$LOG/mla.txt" 2>&1
+    timeout 500 python3 bench/mla.py --lib $BUILD/libattnkit.so --kernels wgmma,wide --csv "$LOG/mla.csv" \
+        >"$LOG/mla.txt" 2>&1
     note "mla bench" "rc $?; $LOG/mla.txt"
+    grep -vE "^#" "$LOG/mla.txt"
 fi
 
 if want_named peers && [[ -x $BUILD/attnkit-bench ]]; then

@@ -55,6 +55,8 @@ void t_skip(test_ctx *t, const char *backend, const char *name, const char *fmt,
 int t_selected(const test_ctx *t, const char *name)
 {
     if (t->shards > 1 && scn_name_hash(name) % (uint64_t)t->shards != (uint64_t)t->shard) return 0;
+    for (int i = 0; i < t->num_skip; i++)
+        if (strstr(name, t->skip[i])) return 0;
     return !t->filter || strstr(name, t->filter) != NULL;
 }
 

@@ -18,6 +18,8 @@ typedef struct test_ctx {
     ak_device device;     /* which device's backends are under test */
     const char *backend;  /* only this backend (NULL = all) */
     const char *filter;   /* only cases whose name contains this */
+    const char *skip[8];  /* ... and none of these (num_skip of them) */
+    int num_skip;
     int shard, shards;    /* only cases whose name hashes to shard (mod shards); shards 0: all */
     int storage;          /* -1: every case; else only cases on this ak_kv_storage */
     uint64_t seed;

@@ -273,6 +273,10 @@ static const attn_case fixed_cases[] = {
      3, {{2, 300}, {1, 40}, {4, 4}}, .mla = 1},
     {"mla 576/512 h128 bf16 page32 mtp split", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 32, NHD, PAGED, 2,
      {{2, 3000}, {1, 5000}}, .mla = 1},
+    /* more items than a 128-head grid has blocks (66 on an H100): blocks
+     * go on to further items, their stages' phases carried across items */
+    {"mla 576/512 h128 bf16 page16 several items a block", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD,
+     PAGED, 3, {{70, 90}, {1, 900}, {3, 3}}, .mla = 1},
     {"mla fp8 576/512 h16 bf16 page64 per-layer", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
      {{1, 700}, {4, 57}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_LAYER, .mla = 1},
     {"mla fp8 576/512 h128 f16 page32 no scales mtp split", 128, 1, 576, 512, AK_F16, 0, 0, 1, -1, 0, 32, NHD,

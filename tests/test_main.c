@@ -1,7 +1,9 @@
 /*
  * test_main.c - attnkit-test: runs every suite for one device.
- *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged]
- *                [--shard I/N] [--seed N] [-v]
+ *   attnkit-test [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--skip TEXT]...
+ *                [--storage paged|ragged] [--shard I/N] [--seed N] [-v]
+ * --filter runs only the cases whose name contains TEXT, --skip (up to 8)
+ * leaves out those whose name contains any of its TEXTs.
  * --shard I/N runs the cases whose name hashes to I mod N: N processes with
  * I = 0 .. N-1 run the whole suite between them, side by side.
  * Exit 0 if nothing failed, 1 otherwise, 77 (skipped) for --device cuda
@@ -31,6 +33,12 @@ int main(int argc, char **argv)
             t.backend = argv[++i];
         } else if (!strcmp(argv[i], "--filter") && i + 1 < argc) {
             t.filter = argv[++i];
+        } else if (!strcmp(argv[i], "--skip") && i + 1 < argc) {
+            if (t.num_skip == (int)(sizeof t.skip / sizeof t.skip[0])) {
+                fprintf(stderr, "--skip: at most %d\n", t.num_skip);
+                return 2;
+            }
+            t.skip[t.num_skip++] = argv[++i];
         } else if (!strcmp(argv[i], "--storage") && i + 1 < argc) {
             const char *s = argv[++i];
             if (!strcmp(s, "paged")) t.storage = AK_KV_PAGED;
@@ -47,8 +55,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "-v")) {
             t.verbose = 1;
         } else {
-            fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--storage paged|ragged] "
-                            "[--shard I/N] [--seed N] [-v]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device cpu|cuda] [--backend NAME] [--filter TEXT] [--skip TEXT]... "
+                            "[--storage paged|ragged] [--shard I/N] [--seed N] [-v]\n", argv[0]);
             return 2;
         }
     }

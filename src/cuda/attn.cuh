@@ -323,8 +323,7 @@ __device__ __forceinline__ void fetch_tile_ids(const attn_params &p, const int32
 }
 
 /* Cooperative cp.async of keys [t0, t0 + TILE) of K and V (THREADS threads)
- * into one stage of two swizzled [TILE][DP] tiles (SW128: wgmma's layout of
- * 64-element column blocks); K rows are DQK elements, V rows DVO, the rest of
+ * into one stage of two swizzled [TILE][DP] tiles (swz); K rows are DQK elements, V rows DVO, the rest of
  * a DP row is left as it is (no kernel reads it). Keys at or past kv_end are
  * zero-filled (and masked by the caller), and so are keys before kv_lo (a
  * decode's window: no row of the tile sees them, and a NaN there must not
@@ -352,7 +351,7 @@ __device__ __forceinline__ void fetch_tile_ids(const attn_params &p, const int32
  * load_kv_tile_ids copies with the ids fetch_tile_ids looked up (a tile
  * ahead: the decode kernel); load_kv_tile looks each up as it copies (one
  * loop: the prefill kernels, at 255 registers, lost 2% to the two loops). */
-template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false>
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T>
 __device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const tile_ids<DP / 8, TILE, THREADS> &ids,
                                                  kv_lane lane, int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
 {
@@ -370,16 +369,13 @@ __device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const til
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
-        /* the tile's layout: rows of DP elements (swz), or the wgmma layout of
-         * 64-element column blocks (sw128 in wgmma.cuh, written out here) */
-        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
-                             : swz<DP>(row, chunk);
+        const int at = swz<DP>(row, chunk);
         if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
         if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
 }
 
-template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T, bool SW128 = false, int ADDR = -1>
+template <int DQK, int DVO, int DP, int TILE, int THREADS, typename T>
 __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t *table, int page_base, kv_lane lane,
                                              int t0, int kv_end, T *ks, T *vs, int kv_lo = INT_MIN)
 {
@@ -392,12 +388,11 @@ __device__ __forceinline__ void load_kv_tile(const attn_params &p, const int32_t
         const int row = row0 + i * (THREADS / CHUNKS);
         const int key = min(t0 + row, kv_end - 1);
         int slot;
-        const int64_t block = kv_block_of<ADDR>(p, table, page_base, key, slot);
+        const int64_t block = kv_block_of(p, table, page_base, key, slot);
         const int64_t k_off = lane.k + (int64_t)slot * p.k_stride_slot;
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
-        const int at = SW128 ? (chunk >> 3) * (TILE * 64) + row * 64 + (((chunk & 7) ^ (row & 7)) << 3)
-                             : swz<DP>(row, chunk);
+        const int at = swz<DP>(row, chunk);
         if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
         if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
     }
@@ -827,6 +822,12 @@ attn_kernel ak_cuda_decode_kernel(decode_engine engine, int dqk, int dvo, ak_dty
  * 576/512 with the value read from the K rows (mla 1); its rows (query
  * heads a block: 16, 32 or 64) chosen for the group. */
 attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int group, int mla, int fp8);
+
+/* Absorbed MLA decode (576/512, the value read from the K rows) on Hopper
+ * warpgroup MMA (mla_wgmma.cu, sm_90a): 64 query heads a block, 16-bit q, o
+ * and latent rows of dtype; the same items and outputs as the wide-row
+ * kernel. fn NULL in a build without sm_90. */
+attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at

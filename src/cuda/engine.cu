@@ -271,6 +271,39 @@ static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
     return DECODE_TENSOR_CORES;
 }
 
+/* The absorbed MLA decode kernel: warpgroup MMA (mla_wgmma.cu, 64 heads a
+ * block) on an sm_90 GPU with 16-bit latent rows and at least
+ * MLA_WGMMA_MIN_HEADS query heads when the build has it, else the wide-row
+ * kernel (decode_wide.cu: mma.sync, 16 to 64 heads a block, fp8 rows too).
+ * AK_CUDA_MLA=wide|wgmma forces one; a forced kernel that cannot run here
+ * is an error. */
+#define MLA_WGMMA_MIN_HEADS 32 /* measured: BENCHMARKS.md, the wgmma MLA kernel */
+static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_info *dev, attn_kernel *k, int *wgmma)
+{
+    const attn_kernel wg = ak_cuda_mla_wgmma_kernel(cfg->o_dtype);
+    const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 && !is_fp8(cfg) && wg.fn != NULL;
+    *wgmma = wg_ok && cfg->num_qo_heads >= MLA_WGMMA_MIN_HEADS;
+    const char *env = getenv("AK_CUDA_MLA");
+    if (env && *env) {
+        if (!strcmp(env, "wide")) {
+            *wgmma = 0;
+        } else if (!strcmp(env, "wgmma")) {
+            if (!wg_ok)
+                return ak_set_error(AK_ERR_UNSUPPORTED,
+                                    "AK_CUDA_MLA=wgmma: the wgmma MLA kernel needs compute capability 9.0, a build "
+                                    "for sm_90 and 16-bit latent rows (this GPU is %d.%d%s%s)",
+                                    dev->cc_major, dev->cc_minor, wg.fn ? "" : ", not built",
+                                    is_fp8(cfg) ? ", latent rows fp8_e4m3" : "");
+        } else {
+            return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_MLA=%s: expected wide or wgmma", env);
+        }
+    }
+    *k = *wgmma ? wg
+                : ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, cfg->num_qo_heads, 1,
+                                             is_fp8(cfg));
+    return AK_OK;
+}
+
 /* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
  * equal in size, and whole tokens per tile when a group fits in one. */
 static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, int *heads, int *tokens)
@@ -327,16 +360,22 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
 {
     if (mode == ENGINE_MODE_MLA) {
         const int group = cfg->num_qo_heads;
-        const attn_kernel k =
-            ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 1, is_fp8(cfg));
+        attn_kernel k;
+        int wgmma;
+        if (choose_mla_kernel(cfg, dev, &k, &wgmma) != AK_OK) {
+            snprintf(buf, cap, "%s", ak_last_error());
+            return;
+        }
         const int wrows = k.rows > 0 ? k.rows : 16;
         snprintf(buf, cap,
-                 "%s%sabsorbed MLA on tensor cores (the wide-row decode kernel): every query token one item "
+                 "%s%sabsorbed MLA on tensor cores (%s): every query token one item "
                  "(multi-token requests causal among their tokens), %d heads a block sharing each latent row "
                  "load (%d row tile%s), split-KV with a merge%s",
                  cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
-                 is_fp8(cfg) ? "fp8 latent rows converted to 16 bits in shared memory, tile by tile; " : "", wrows, (group + wrows - 1) / wrows,
-                 (group + wrows - 1) / wrows == 1 ? "" : "s", cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "");
+                 is_fp8(cfg) ? "fp8 latent rows converted to 16 bits in shared memory, tile by tile; " : "",
+                 wgmma ? "wgmma, sm_90a, a producer warpgroup and two consumers" : "the wide-row decode kernel",
+                 wrows, (group + wrows - 1) / wrows, (group + wrows - 1) / wrows == 1 ? "" : "s",
+                 cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "");
         return;
     }
     int portable = 0;
@@ -435,10 +474,15 @@ static ak_status engine_create_inner(engine_state *s)
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
-        s->dec_k = s->engine == DECODE_WIDE
-                       ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, cfg->mla,
-                                                    s->fp8)
-                       : ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
+        int mla_wgmma;
+        if (cfg->mla)
+            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, &mla_wgmma));
+        else
+            s->dec_k = s->engine == DECODE_WIDE
+                           ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 0,
+                                                        s->fp8)
+                           : ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype,
+                                                   s->fp8);
         if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         /* programmatic dependent launches need the kernels' griddepcontrol,

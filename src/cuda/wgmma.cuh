@@ -35,6 +35,20 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void *smem, uint32_t lbo, u
     return d;
 }
 
+/* The descriptor of the operand `bytes` further on than desc's (the
+ * address field counts 16 bytes; a block's shared memory never carries out
+ * of it). */
+__device__ __forceinline__ uint64_t wgmma_desc_add(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
+/* desc, as a value the compiler cannot see through: descriptors derived
+ * from it are computed where they are used, not hoisted out of a loop
+ * (where they would hold registers across it). */
+__device__ __forceinline__ uint64_t wgmma_opaque(uint64_t desc)
+{
+    asm volatile("" : "+l"(desc));
+    return desc;
+}
+
 /* Orders this thread's earlier register writes (accumulators, A operands)
  * before the wgmma that follow. */
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

@@ -1,0 +1,501 @@
+/*
+ * mla_wgmma.cu - absorbed multi-head latent attention decode (cuda_mla: q
+ * rows of 576 = a 512-value latent and a 64-value rotary part, the value
+ * the first 512 values of the same latent row) on Hopper warpgroup MMA
+ * (sm_90a). The items, outputs, split-KV partials, sinks, soft-cap and the
+ * NaN rule are decode_wide.cu's (one query token's keys [kv_begin, kv_end)
+ * an item); only the block differs.
+ *
+ * A block serves 64 query heads (a row tile: MLA's 128 heads are two, the
+ * grid's y) of one item at a time, over 64-key tiles of latent rows. Three
+ * warpgroups, specialized:
+ *   producer (2)  copies q (64 x 576) and the key tiles (64 x 576, 72 KB)
+ *                 into two stages with cp.async (producer.cuh), running
+ *                 ahead across items, its registers given to the others
+ *                 (setmaxnreg);
+ *   scores (0)    S = q K^T (64 x 64 over 576, both operands read by the
+ *                 tensor cores from shared memory), the online softmax, P
+ *                 in registers and in shared memory for warpgroup 1, and
+ *                 o[:, 0:256] += P V;
+ *   values (1)    o[:, 256:512] += P V, P read from shared memory.
+ * The o accumulator of 64 x 512 floats would be 256 registers a thread in
+ * one warpgroup; split over two it is 128. Warpgroup 0 issues S of tile t
+ * together with its P V of tile t - 1, so the softmax of t overlaps that
+ * product, as prefill_wgmma.cu does; warpgroup 1's P V runs beside both.
+ *
+ * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
+ * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
+ * kv_end are zero-filled by the producer, so no row sees them as 0 x NaN
+ * (every key of a decode item is seen by all its rows: no diagonal).
+ *
+ * Built only for sm_90a, with prefill_wgmma.cu; elsewhere the kernel is
+ * empty and ak_cuda_mla_wgmma_kernel reports none.
+ */
+#include "attn.cuh"
+#include "producer.cuh"
+#include "wgmma.cuh"
+
+#include <stdlib.h>
+
+namespace {
+
+struct mla_wg {
+    static constexpr int DQK = 576, DVO = 512, HALF = DVO / 2;
+    static constexpr int ROWS = 64, KEYS = 64, STAGES = 2;
+    static constexpr int PRODUCERS = 128, THREADS = 384;
+    /* as prefill_wgmma.cu's split: within the 168 a thread of 384 */
+    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+    static constexpr int TILE = ROWS * DQK; /* q and a stage: elements */
+    static constexpr int PSTRIDE = KEYS + 8; /* P's row (elements): conflict-free stores and ldmatrix */
+    /* + 1024: the tiles start on a 1024-byte boundary (the swizzle); then
+     * P, three rows of floats (the tile's rescale factors, the NaN rule's
+     * sums of warpgroup 1, 1/d) and the barriers */
+    static constexpr int SMEM_BYTES = 1024 + (1 + STAGES) * TILE * 2 + ROWS * PSTRIDE * 2 + 3 * ROWS * 4 + 6 * 8;
+    static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
+    static_assert(PRODUCERS * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+                  "the register file");
+};
+
+/* The stages pass between the producer and the consumers through these:
+ * tile number g of the block (over its items) is in stage g % STAGES;
+ * *_full: the producer's copies landed; k_empty: both consumers are done
+ * with the tile, q_empty: warpgroup 0 with q. */
+struct mla_barriers {
+    uint64_t k_full[mla_wg::STAGES], k_empty[mla_wg::STAGES], q_full, q_empty;
+};
+
+/* Named barriers between the two consumer warpgroups (bar.sync by both, 256
+ * threads): P of a tile is in shared memory; warpgroup 1 has read the last
+ * one (it syncs before it waits for the next P, so warpgroup 0's wait there
+ * costs it nothing); warpgroup 1's NaN-rule sums are written; 1/d is. */
+enum { BAR_P_READY = 1, BAR_P_FREE = 2, BAR_BAD_READY = 3, BAR_INV_READY = 4 };
+
+#define MLA_RESCALE_SLACK 8.0f /* prefill.cu's lazy rescale (base 2) */
+
+/* The producer warpgroup: each item's key tiles into the stages and its q
+ * rows into qs. A tile's block ids are looked up (LOOKAHEAD) as soon as the
+ * tile before is issued, so their loads run while it waits for a free
+ * stage; else just before its copies. */
+template <typename T, int ADDR, bool LOOKAHEAD>
+__device__ __forceinline__ void mla_producer(const attn_params &p, T *qs, T *stages, mla_barriers &bar, int kv_head,
+                                             int head0, int rows)
+{
+    typedef mla_wg W;
+    const int num_items = p.head->counts[COUNT_DECODE];
+    const int32_t *table = p.head->kv_table;
+    const int tid = threadIdx.x % W::PRODUCERS;
+    int g = 0, n = 0; /* tiles and items so far */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const decode_item it = p.items[w];
+        if (it.req < 0) continue;
+        const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
+        producer_rows<W::DQK, W::KEYS, W::PRODUCERS> ids; /* the next tile's */
+        auto lookup = [&](int t) {
+            tile_blocks<W::DQK, W::KEYS, W::PRODUCERS, ADDR>(p, table, it.page_base, it.kv_begin + t * W::KEYS,
+                                                              it.kv_end, ids);
+        };
+        auto fill = [&](int t) {
+            const int st = g % W::STAGES, t0 = it.kv_begin + t * W::KEYS;
+            if (!LOOKAHEAD) lookup(t);
+            if (g >= W::STAGES) mbar_wait(&bar.k_empty[st], (g / W::STAGES - 1) & 1);
+            producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T>(p, ids, kv_head, t0, it.kv_end,
+                                                                           stages + st * W::TILE);
+            mbar_arrive_cp_async(&bar.k_full[st]);
+            g++;
+            if (LOOKAHEAD && t + 1 < n_tiles) lookup(t + 1);
+        };
+        if (LOOKAHEAD && n_tiles > 0) lookup(0);
+        /* the first tile before q: it may copy under the previous item's end */
+        if (n_tiles > 0) fill(0);
+        if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+        for (int i = tid; i < W::ROWS * (W::DQK / 8); i += W::PRODUCERS) {
+            const int row = i / (W::DQK / 8), c = i - row * (W::DQK / 8);
+            const bool valid = row < rows;
+            const T *src =
+                (const T *)p.q + (valid ? it.tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c * 8 : 0);
+            cp_async_16(qs + sw128<W::ROWS>(row, c), src, valid ? 16 : 0);
+        }
+        mbar_arrive_cp_async(&bar.q_full);
+        n++;
+        for (int t = 1; t < n_tiles; t++) fill(t);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+/* o += P V over one stage's first 512 columns, this warpgroup's half
+ * (column blocks 4 h to 4 h + 3), 16 keys a step. */
+template <typename T>
+__device__ __forceinline__ void mla_pv(float (&o)[mla_wg::HALF / 8][4], const uint32_t (&pa)[mla_wg::KEYS / 16][4],
+                                       const T *stage, int h)
+{
+    typedef mla_wg W;
+    const T *vs = stage + h * 4 * W::KEYS * 64;
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < W::KEYS / 16; kb++)
+        wgmma_rs<W::HALF, T>(reinterpret_cast<float(&)[W::HALF / 2]>(o), pa[kb],
+                             wgmma_desc(vs + kb * 16 * 64, W::KEYS * 128, 1024));
+    wgmma_commit();
+}
+
+template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+}
+
+template <int N> __device__ __forceinline__ void scale_o(float (&o)[N][4], float f0, float f1)
+{
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        o[n][0] *= f0;
+        o[n][1] *= f0;
+        o[n][2] *= f1;
+        o[n][3] *= f1;
+    }
+}
+
+/* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
+template <int N> __device__ __forceinline__ void add_bad_o(const float (&o)[N][4], float (&bad)[2])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        add_bad(bad[0], o[n][0]);
+        add_bad(bad[0], o[n][1]);
+        add_bad(bad[1], o[n][2]);
+        add_bad(bad[1], o[n][3]);
+    }
+}
+
+/* This thread's columns of o (half h) for its rows r and r + 8, scaled by
+ * inv: the output rows, or the item's partial slot. */
+template <typename T>
+__device__ __forceinline__ void mla_store(const attn_params &p, const decode_item &it, const float (&o)[mla_wg::HALF / 8][4],
+                                          int h, int head0, int rows, int r, const float (&inv)[2])
+{
+    typedef mla_wg W;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int row = r + 8 * e;
+        if (row >= rows) continue;
+        const int head = head0 + row, col = h * W::HALF + (lane % 4) * 2;
+        if (it.out < 0) {
+            T *dst = (T *)p.o + (int64_t)it.tok * p.o_stride_tok + (int64_t)head * p.o_stride_head + col;
+#pragma unroll
+            for (int n = 0; n < W::HALF / 8; n++)
+                *(uint32_t *)(dst + n * 8) = dtype_traits<T>::pack(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
+        } else {
+            float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * W::DVO + col;
+#pragma unroll
+            for (int n = 0; n < W::HALF / 8; n++)
+                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
+        }
+    }
+}
+
+/* Warpgroup 0: the scores, the softmax and the first half of o. */
+template <typename T>
+__device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, const T *stages, T *ps, float *fs,
+                                           const float *bad_s, float *inv_s, mla_barriers &bar, int head0, int rows)
+{
+    typedef mla_wg W;
+    constexpr int NT = W::KEYS / 8;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int r = warp * 16 + lane / 4; /* this thread's rows: r and r + 8 */
+    const int num_items = p.head->counts[COUNT_DECODE];
+    int g = 0, nq = 0; /* tiles and items so far */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const decode_item it = p.items[w];
+        if (it.req < 0) continue;
+        const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
+        mbar_wait(&bar.q_full, nq & 1);
+        nq++;
+        float o[W::HALF / 8][4];
+        zero(o);
+        float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+        auto stage = [&](int t) { return stages + ((g + t) % W::STAGES) * W::TILE; };
+        auto wait_k = [&](int t) {
+            mbar_wait(&bar.k_full[(g + t) % W::STAGES], ((g + t) / W::STAGES) & 1);
+            fence_proxy_async(); /* the producer's copies, visible to wgmma */
+        };
+        /* s = q k^T of tile t: K-major operands, 16 of the 576 a step. The
+         * descriptors are offsets from two bases, q's made opaque at each
+         * tile: the compiler would otherwise hoist q's 36 descriptors out
+         * of the tile loop, 72 registers that spilled o. */
+        auto issue_s = [&](int t, float (&s)[NT][4]) {
+            const uint64_t a0 = wgmma_opaque(wgmma_desc(qs, 16, 1024));
+            const uint64_t b0 = wgmma_desc(stage(t), 16, 1024);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < W::DQK / 16; kk++) {
+                const uint64_t a = wgmma_desc_add(a0, ((kk / 4) * W::ROWS * 64 + (kk % 4) * 16) * 2);
+                const uint64_t b = wgmma_desc_add(b0, ((kk / 4) * W::KEYS * 64 + (kk % 4) * 16) * 2);
+                wgmma_ss<W::KEYS, T>(reinterpret_cast<float(&)[W::KEYS / 2]>(s), a, b, kk > 0);
+            }
+            wgmma_commit();
+        };
+        /* s (landed) -> P (f32, in place), the online softmax with the lazy
+         * rescale; f: the factors o is to be scaled by (1 unless raised) */
+        auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
+            const int t0 = it.kv_begin + t * W::KEYS;
+            const bool tail = t0 + W::KEYS > it.kv_end;
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const bool seen = !tail || t0 + n * 8 + (lane % 4) * 2 + (e & 1) < it.kv_end;
+                    if (seen) add_bad(d[e / 2], s[n][e]); /* the NaN rule: the raw product */
+                    s[n][e] = seen ? to_logit2(p, s[n][e]) : -INFINITY;
+                    tmax[e / 2] = fmaxf(tmax[e / 2], s[n][e]);
+                }
+            bool raise = false;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
+                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
+                raise |= tmax[h] > m[h] + MLA_RESCALE_SLACK || (m[h] == -INFINITY && tmax[h] > -INFINITY);
+            }
+            raise = __any_sync(0xffffffffu, raise);
+            f[0] = f[1] = 1.0f;
+            if (raise) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float m_new = fmaxf(m[h], tmax[h]);
+                    f[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+                    m[h] = m_new;
+                    d[h] *= f[h];
+                }
+            }
+            const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                s[n][0] = exp2f(s[n][0] - ref0);
+                s[n][1] = exp2f(s[n][1] - ref0);
+                s[n][2] = exp2f(s[n][2] - ref1);
+                s[n][3] = exp2f(s[n][3] - ref1);
+                d[0] += s[n][0] + s[n][1];
+                d[1] += s[n][2] + s[n][3];
+            }
+            return raise;
+        };
+        /* P (the A registers of P V: n tiles 2k, 2k + 1 are k step k) from s */
+        auto pack = [&](const float (&s)[NT][4], uint32_t (&pa)[W::KEYS / 16][4]) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                pa[n / 2][(n % 2) * 2] = dtype_traits<T>::pack(s[n][0], s[n][1]);
+                pa[n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(s[n][2], s[n][3]);
+            }
+        };
+        /* P and the factors of tile t to warpgroup 1, once it has read the
+         * last tile's */
+        auto share = [&](int t, const uint32_t (&pa)[W::KEYS / 16][4], const float (&f)[2]) {
+            if (g + t > 0) bar_sync(BAR_P_FREE, 256); /* warpgroup 1 has read the last P */
+#pragma unroll
+            for (int k = 0; k < W::KEYS / 16; k++) {
+                T *row0 = ps + r * W::PSTRIDE + k * 16 + (lane % 4) * 2, *row1 = row0 + 8 * W::PSTRIDE;
+                *(uint32_t *)row0 = pa[k][0];
+                *(uint32_t *)row1 = pa[k][1];
+                *(uint32_t *)(row0 + 8) = pa[k][2];
+                *(uint32_t *)(row1 + 8) = pa[k][3];
+            }
+            if (lane % 4 == 0) {
+                fs[r] = f[0];
+                fs[r + 8] = f[1];
+            }
+            bar_sync(BAR_P_READY, 256);
+        };
+
+        if (n_tiles > 0) {
+            uint32_t pa[W::KEYS / 16][4]; /* P of the tile whose P V is next */
+            {
+                float s[NT][4], f[2];
+                wait_k(0);
+                issue_s(0, s);
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                if (n_tiles == 1) mbar_arrive(&bar.q_empty);
+                softmax(0, s, f); /* o is still 0: no rescale */
+                pack(s, pa);
+                share(0, pa, f);
+            }
+            for (int t = 1; t < n_tiles; t++) {
+                float s[NT][4], f[2];
+                wait_k(t);
+                issue_s(t, s);
+                mla_pv<T>(o, pa, stage(t - 1), 0);
+                wgmma_wait<1>();
+                wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
+                const bool raise = softmax(t, s, f);
+                wgmma_wait<0>();
+                wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+                mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
+                if (raise) scale_o(o, f[0], f[1]);
+                pack(s, pa);
+                share(t, pa, f);
+            }
+            mla_pv<T>(o, pa, stage(n_tiles - 1), 0);
+            wgmma_wait<0>();
+            wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+            mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES]);
+        } else {
+            mbar_arrive(&bar.q_empty);
+        }
+        g += n_tiles;
+
+        /* the rows' final state: this half's NaN-rule sums, then the other's */
+        add_bad_o(o, d);
+        float inv[2], lse[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+            d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+        }
+        bar_sync(BAR_BAD_READY, 256);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = r + 8 * h;
+            d[h] += bad_s[row];
+            finish_row(p, head0 + min(row, rows - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
+            if (lane % 4 == 0) {
+                inv_s[row] = inv[h];
+                if (row < rows) {
+                    if (it.out < 0) {
+                        if (p.lse) p.lse[(int64_t)it.tok * p.lse_stride_tok + head0 + row] = lse[h];
+                    } else {
+                        p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head0 + row] = lse[h];
+                    }
+                }
+            }
+        }
+        bar_sync(BAR_INV_READY, 256);
+        mla_store<T>(p, it, o, 0, head0, rows, r, inv);
+    }
+    if (g > 0) bar_sync(BAR_P_FREE, 256); /* pairs with warpgroup 1's last */
+}
+
+/* Warpgroup 1: the second half of o, with P and the factors warpgroup 0
+ * shares. */
+template <typename T>
+__device__ __forceinline__ void mla_values(const attn_params &p, const T *stages, const T *ps, const float *fs,
+                                           float *bad_s, const float *inv_s, mla_barriers &bar, int head0, int rows)
+{
+    typedef mla_wg W;
+    const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+    const int r = warp * 16 + lane / 4;
+    const int num_items = p.head->counts[COUNT_DECODE];
+    int g = 0;
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const decode_item it = p.items[w];
+        if (it.req < 0) continue;
+        const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
+        float o[W::HALF / 8][4];
+        zero(o);
+        for (int t = 0; t < n_tiles; t++) {
+            const int gt = g + t;
+            if (gt > 0) bar_sync(BAR_P_FREE, 256); /* P of the tile before is read */
+            bar_sync(BAR_P_READY, 256);
+            /* P V of t - 1 (long done: P of t took S and a softmax) */
+            wgmma_wait<0>();
+            wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+            if (t > 0) mbar_arrive(&bar.k_empty[(gt - 1) % W::STAGES]);
+            /* P into registers only now: a P V in flight reads the old ones */
+            uint32_t pa[W::KEYS / 16][4];
+            const int mi = lane / 8;
+#pragma unroll
+            for (int k = 0; k < W::KEYS / 16; k++)
+                ldmatrix_x4(pa[k], ps + (warp * 16 + (mi % 2) * 8 + lane % 8) * W::PSTRIDE + (2 * k + mi / 2) * 8);
+            const float f0 = fs[r], f1 = fs[r + 8];
+            if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) scale_o(o, f0, f1);
+            mbar_wait(&bar.k_full[gt % W::STAGES], (gt / W::STAGES) & 1);
+            fence_proxy_async();
+            mla_pv<T>(o, pa, stages + (gt % W::STAGES) * W::TILE, 1);
+        }
+        wgmma_wait<0>();
+        wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+        if (n_tiles > 0) mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES]);
+        g += n_tiles;
+        float bad[2] = {0.0f, 0.0f};
+        add_bad_o(o, bad);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 1);
+            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 2);
+        }
+        if (lane % 4 == 0) {
+            bad_s[r] = bad[0];
+            bad_s[r + 8] = bad[1];
+        }
+        bar_sync(BAR_BAD_READY, 256);
+        bar_sync(BAR_INV_READY, 256);
+        const float inv[2] = {inv_s[r], inv_s[r + 8]};
+        mla_store<T>(p, it, o, 1, head0, rows, r, inv);
+    }
+    if (g > 0) bar_sync(BAR_P_FREE, 256); /* pairs with warpgroup 0's last */
+}
+
+template <typename T, int ADDR, bool LOOKAHEAD> __device__ __forceinline__ void mla_wgmma_body(const attn_params &p)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    typedef mla_wg W;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t raw = (uint32_t)__cvta_generic_to_shared(smem_raw);
+    T *qs = (T *)(smem_raw + ((1024 - (raw & 1023)) & 1023));
+    T *stages = qs + W::TILE;
+    T *ps = stages + W::STAGES * W::TILE;
+    float *fs = (float *)(ps + W::ROWS * W::PSTRIDE), *bad_s = fs + W::ROWS, *inv_s = bad_s + W::ROWS;
+    mla_barriers &bar = *(mla_barriers *)(inv_s + W::ROWS);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < W::STAGES; i++) {
+            mbar_init(&bar.k_full[i], W::PRODUCERS);
+            mbar_init(&bar.k_empty[i], 256);
+        }
+        mbar_init(&bar.q_full, W::PRODUCERS);
+        mbar_init(&bar.q_empty, 128);
+    }
+    __syncthreads();
+    asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
+    const int wg = threadIdx.x / 128;
+    const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
+    const int head0 = kv_head * p.group + row_tile * W::ROWS;
+    const int rows = min(W::ROWS, p.group - row_tile * W::ROWS);
+    if (wg == 2) {
+        setmaxnreg_dec<W::PRODUCER_REGS>();
+        mla_producer<T, ADDR, LOOKAHEAD>(p, qs, stages, bar, kv_head, head0, rows);
+    } else {
+        setmaxnreg_inc<W::CONSUMER_REGS>();
+        if (wg == 0) mla_scores<T>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+        else mla_values<T>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+    }
+#endif
+}
+
+template <typename T, bool LOOKAHEAD> __global__ void __launch_bounds__(384, 1) mla_wgmma_kernel(const attn_params p)
+{
+    if (p.ragged) mla_wgmma_body<T, 1, LOOKAHEAD>(p);
+    else mla_wgmma_body<T, 0, LOOKAHEAD>(p);
+}
+
+template <typename T> attn_kernel mla_kernel_of()
+{
+    const char *la = getenv("AK_MLA_LOOKAHEAD");
+    const attn_kernel k = {la && *la == '0' ? mla_wgmma_kernel<T, false> : mla_wgmma_kernel<T, true>,
+                           mla_wg::THREADS, mla_wg::SMEM_BYTES, mla_wg::ROWS, 0};
+    return k;
+}
+
+} // namespace
+
+attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype)
+{
+#if defined(AK_WGMMA)
+    if (dtype == AK_BF16) return mla_kernel_of<__nv_bfloat16>();
+    if (dtype == AK_F16) return mla_kernel_of<__half>();
+#else
+    (void)dtype;
+#endif
+    const attn_kernel none = {NULL, 0, 0, 0, 0};
+    return none;
+}
