@@ -522,6 +522,35 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
     }
 }
 
+/* The online softmax's lazy rescale (the prefill kernels, mla_wgmma.cu): a
+ * row's reference max m is raised only when a tile's max passes it by more
+ * than RESCALE_SLACK (base 2), so p = exp2(logit - m) stays below 2^8
+ * (harmless in f32 sums and in a 16-bit P) and o is rescaled on a few
+ * tiles instead of all. The decision is warp-wide, so the branch never
+ * diverges. A row with nothing visible yet keeps m = -inf (the caller uses
+ * 0 as its reference then, so exp2 never sees -inf - -inf). */
+#define RESCALE_SLACK 8.0f
+
+/* For a warp's two rows a thread (mma / wgmma fragments), once some lane
+ * asked (raise_lane): m takes the tile's max tmax, d is scaled, and f gets
+ * the factors o must be scaled by; else f is 1. Returns whether m moved. */
+__device__ __forceinline__ bool raise_rows(bool raise_lane, const float (&tmax)[2], float (&m)[2], float (&d)[2],
+                                           float (&f)[2])
+{
+    const bool raise = __any_sync(0xffffffffu, raise_lane);
+    f[0] = f[1] = 1.0f;
+    if (raise) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float m_new = fmaxf(m[h], tmax[h]);
+            f[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            m[h] = m_new;
+            d[h] *= f[h];
+        }
+    }
+    return raise;
+}
+
 /* The final state of a row whose online softmax ended with max m (base 2,
  * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its
  * o accumulator is multiplied by, and its LSE (natural log). With a sink

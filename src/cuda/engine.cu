@@ -294,6 +294,7 @@ static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_in
                                     "for sm_90 and 16-bit latent rows (this GPU is %d.%d%s%s)",
                                     dev->cc_major, dev->cc_minor, wg.fn ? "" : ", not built",
                                     is_fp8(cfg) ? ", latent rows fp8_e4m3" : "");
+            *wgmma = 1; /* below MLA_WGMMA_MIN_HEADS too */
         } else {
             return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_MLA=%s: expected wide or wgmma", env);
         }

@@ -61,10 +61,6 @@ template <int DQK, int DVO, bool FP8 = false> struct prefill_traits {
     static_assert((ROWS * CHUNKS) % THREADS == 0, "q chunks divide among the threads");
 };
 
-/* How far (base 2) a row's max may pass its softmax reference before o is
- * rescaled: p stays below 2^8. */
-#define RESCALE_SLACK 8.0f
-
 /* ---- the kernel --------------------------------------------------------------- */
 
 template <int DQK, int DVO, typename T, bool FP8 = false>

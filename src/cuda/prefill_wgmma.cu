@@ -81,8 +81,6 @@ template <int DQK, int DVO> struct wg_traits {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-#define RESCALE_SLACK 8.0f /* as in prefill.cu */
-
 /* Turns this warp's 16 rows of S (a tile of keys from t0) into P, in place
  * (f32), with prefill.cu's online softmax and lazy rescale: masks when
  * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
@@ -124,17 +122,7 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
         tmax[h] = x * sc;
         raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
     }
-    raise = __any_sync(0xffffffffu, raise);
-    f[0] = f[1] = 1.0f;
-    if (raise) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float m_new = fmaxf(m[h], tmax[h]);
-            f[h] = m_new == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-            m[h] = m_new;
-            d[h] *= f[h];
-        }
-    }
+    raise = raise_rows(raise, tmax, m, d, f);
     const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
 #pragma unroll
     for (int n = 0; n < NT; n++) {
