@@ -26,7 +26,10 @@
  * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
  * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
  * kv_end are zero-filled by the producer, so no row sees them as 0 x NaN
- * (every key of a decode item is seen by all its rows: no diagonal).
+ * (every key of a decode item is seen by all its rows: no diagonal). The
+ * plan starts every item at or after its window's first key (it.lo), so
+ * no other key of a tile is hidden; decode_wide.cu, which masks keys
+ * before it.lo as well, would serve a plan that did not.
  *
  * Built only for sm_90a, with prefill_wgmma.cu; elsewhere the kernel is
  * empty and ak_cuda_mla_wgmma_kernel reports none.
