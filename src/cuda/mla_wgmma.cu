@@ -121,37 +121,10 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, T *qs, T *sta
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* o += P V over one stage's first 512 columns, this warpgroup's half
- * (column blocks 4 h to 4 h + 3), 16 keys a step. */
-template <typename T>
-__device__ __forceinline__ void mla_pv(float (&o)[mla_wg::HALF / 8][4], const uint32_t (&pa)[mla_wg::KEYS / 16][4],
-                                       const T *stage, int h)
-{
-    typedef mla_wg W;
-    const T *vs = stage + h * 4 * W::KEYS * 64;
-    wgmma_fence();
-#pragma unroll
-    for (int kb = 0; kb < W::KEYS / 16; kb++)
-        wgmma_rs<W::HALF, T>(reinterpret_cast<float(&)[W::HALF / 2]>(o), pa[kb],
-                             wgmma_desc(vs + kb * 16 * 64, W::KEYS * 128, 1024));
-    wgmma_commit();
-}
-
 template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
 {
 #pragma unroll
     for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-}
-
-template <int N> __device__ __forceinline__ void scale_o(float (&o)[N][4], float f0, float f1)
-{
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-        o[n][0] *= f0;
-        o[n][1] *= f0;
-        o[n][2] *= f1;
-        o[n][3] *= f1;
-    }
 }
 
 /* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
@@ -269,14 +242,6 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
             }
             return raise;
         };
-        /* P (the A registers of P V: n tiles 2k, 2k + 1 are k step k) from s */
-        auto pack = [&](const float (&s)[NT][4], uint32_t (&pa)[W::KEYS / 16][4]) {
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                pa[n / 2][(n % 2) * 2] = dtype_traits<T>::pack(s[n][0], s[n][1]);
-                pa[n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(s[n][2], s[n][3]);
-            }
-        };
         /* P and the factors of tile t to warpgroup 1, once it has read the
          * last tile's */
         auto share = [&](int t, const uint32_t (&pa)[W::KEYS / 16][4], const float (&f)[2]) {
@@ -306,14 +271,14 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
                 if (n_tiles == 1) mbar_arrive(&bar.q_empty);
                 softmax(0, s, f); /* o is still 0: no rescale */
-                pack(s, pa);
+                pack_p<NT, T>(s, pa);
                 share(0, pa, f);
             }
             for (int t = 1; t < n_tiles; t++) {
                 float s[NT][4], f[2];
                 wait_k(t);
                 issue_s(t, s);
-                mla_pv<T>(o, pa, stage(t - 1), 0);
+                issue_pv<W::HALF, W::KEYS, T>(o, pa, stage(t - 1)); /* o[:, 0:256] */
                 wgmma_wait<1>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
                 if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
@@ -321,11 +286,11 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
                 mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
-                if (raise) scale_o(o, f[0], f[1]);
-                pack(s, pa);
+                if (raise) scale_rows(o, f);
+                pack_p<NT, T>(s, pa);
                 share(t, pa, f);
             }
-            mla_pv<T>(o, pa, stage(n_tiles - 1), 0);
+            issue_pv<W::HALF, W::KEYS, T>(o, pa, stage(n_tiles - 1));
             wgmma_wait<0>();
             wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
             mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES]);
@@ -396,11 +361,12 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
 #pragma unroll
             for (int k = 0; k < W::KEYS / 16; k++)
                 ldmatrix_x4(pa[k], ps + (warp * 16 + (mi % 2) * 8 + lane % 8) * W::PSTRIDE + (2 * k + mi / 2) * 8);
-            const float f0 = fs[r], f1 = fs[r + 8];
-            if (__any_sync(0xffffffffu, f0 != 1.0f || f1 != 1.0f)) scale_o(o, f0, f1);
+            const float f[2] = {fs[r], fs[r + 8]};
+            if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) scale_rows(o, f);
             mbar_wait(&bar.k_full[gt % W::STAGES], (gt / W::STAGES) & 1);
             fence_proxy_async();
-            mla_pv<T>(o, pa, stages + (gt % W::STAGES) * W::TILE, 1);
+            /* o[:, 256:512]: the stage's column blocks 4 to 7 */
+            issue_pv<W::HALF, W::KEYS, T>(o, pa, stages + (gt % W::STAGES) * W::TILE + 4 * W::KEYS * 64);
         }
         wgmma_wait<0>();
         wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));

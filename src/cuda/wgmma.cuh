@@ -133,4 +133,45 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 #include "wgmma_ops.inc"
 
+/* ---- fragments of the attention kernels (prefill_wgmma.cu, mla_wgmma.cu) ---- */
+
+/* P (in s, f32) as the A operand of P.V. The accumulator layout of S is the
+ * A-register layout: n tiles 2k and 2k + 1 are k step k. Done only once no
+ * P.V is in flight: the compiler may give the new P the registers of the one
+ * an unfinished wgmma still reads, and ptxas then serialises every wgmma. */
+template <int NT, typename T>
+__device__ __forceinline__ void pack_p(const float (&s)[NT][4], uint32_t (&pa)[NT / 2][4])
+{
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        pa[n / 2][(n % 2) * 2] = dtype_traits<T>::pack(s[n][0], s[n][1]);
+        pa[n / 2][(n % 2) * 2 + 1] = dtype_traits<T>::pack(s[n][2], s[n][3]);
+    }
+}
+
+/* o's two rows a thread times their factors f. */
+template <int DN> __device__ __forceinline__ void scale_rows(float (&o)[DN][4], const float (&f)[2])
+{
+#pragma unroll
+    for (int n = 0; n < DN; n++) {
+        o[n][0] *= f[0];
+        o[n][1] *= f[0];
+        o[n][2] *= f[1];
+        o[n][3] *= f[1];
+    }
+}
+
+/* o += P . V of one K/V stage: V MN-major, 16 keys (two 8-row groups) a
+ * step, N = DVN columns. */
+template <int DVN, int KEYS, typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[DVN / 8][4], const uint32_t (&pa)[KEYS / 16][4], const T *vs)
+{
+    wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < KEYS / 16; kb++)
+        wgmma_rs<DVN, T>(reinterpret_cast<float(&)[DVN / 2]>(o), pa[kb],
+                         wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024));
+    wgmma_commit();
+}
+
 #endif /* AK_CUDA_WGMMA_CUH */
