@@ -195,14 +195,26 @@ static int tc_pair(const ak_attn_config *cfg)
 
 static int is_fp8(const ak_attn_config *cfg) { return cfg->kv_dtype == AK_FP8_E4M3; }
 
+/* An override from the environment with two values: *choice -1 when var is
+ * unset or empty, 0 for a, 1 for b; anything else is an error naming var. */
+static ak_status env_choice(const char *var, const char *a, const char *b, int *choice)
+{
+    const char *env = getenv(var);
+    *choice = -1;
+    if (!env || !*env) return AK_OK;
+    if (!strcmp(env, a)) *choice = 0;
+    else if (!strcmp(env, b)) *choice = 1;
+    else return ak_set_error(AK_ERR_INVALID_ARG, "%s=%s: expected %s or %s", var, env, a, b);
+    return AK_OK;
+}
+
 /* AK_CUDA_PORTABLE=1 runs every config on the portable kernel (to test it on
  * the whole case table, or to compare it); anything else but 0 is an error. */
 static ak_status portable_forced(int *forced)
 {
-    const char *env = getenv("AK_CUDA_PORTABLE");
-    *forced = env && !strcmp(env, "1");
-    if (env && *env && strcmp(env, "0") && strcmp(env, "1"))
-        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PORTABLE=%s: expected 0 or 1", env);
+    int c;
+    AK_TRY(env_choice("AK_CUDA_PORTABLE", "0", "1", &c));
+    *forced = c == 1;
     return AK_OK;
 }
 
@@ -278,30 +290,25 @@ static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
  * AK_CUDA_MLA=wide|wgmma forces one; a forced kernel that cannot run here
  * is an error. */
 #define MLA_WGMMA_MIN_HEADS 32 /* measured: BENCHMARKS.md, the wgmma MLA kernel */
-static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_info *dev, attn_kernel *k, int *wgmma)
+static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_info *dev, attn_kernel *k /* OUT */,
+                                   int *wgmma /* OUT, may be NULL */)
 {
     const attn_kernel wg = ak_cuda_mla_wgmma_kernel(cfg->o_dtype);
     const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 && !is_fp8(cfg) && wg.fn != NULL;
-    *wgmma = wg_ok && cfg->num_qo_heads >= MLA_WGMMA_MIN_HEADS;
-    const char *env = getenv("AK_CUDA_MLA");
-    if (env && *env) {
-        if (!strcmp(env, "wide")) {
-            *wgmma = 0;
-        } else if (!strcmp(env, "wgmma")) {
-            if (!wg_ok)
-                return ak_set_error(AK_ERR_UNSUPPORTED,
-                                    "AK_CUDA_MLA=wgmma: the wgmma MLA kernel needs compute capability 9.0, a build "
-                                    "for sm_90 and 16-bit latent rows (this GPU is %d.%d%s%s)",
-                                    dev->cc_major, dev->cc_minor, wg.fn ? "" : ", not built",
-                                    is_fp8(cfg) ? ", latent rows fp8_e4m3" : "");
-            *wgmma = 1; /* below MLA_WGMMA_MIN_HEADS too */
-        } else {
-            return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_MLA=%s: expected wide or wgmma", env);
-        }
-    }
-    *k = *wgmma ? wg
-                : ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, cfg->num_qo_heads, 1,
-                                             is_fp8(cfg));
+    int forced;
+    AK_TRY(env_choice("AK_CUDA_MLA", "wide", "wgmma", &forced));
+    if (forced == 1 && !wg_ok)
+        return ak_set_error(AK_ERR_UNSUPPORTED,
+                            "AK_CUDA_MLA=wgmma: the wgmma MLA kernel needs compute capability 9.0, a build for sm_90 "
+                            "and 16-bit latent rows (this GPU is %d.%d%s%s)",
+                            dev->cc_major, dev->cc_minor, wg.fn ? "" : ", not built",
+                            is_fp8(cfg) ? ", latent rows fp8_e4m3" : "");
+    /* forced: below MLA_WGMMA_MIN_HEADS too */
+    const int use = forced >= 0 ? forced : wg_ok && cfg->num_qo_heads >= MLA_WGMMA_MIN_HEADS;
+    if (wgmma) *wgmma = use;
+    *k = use ? wg
+             : ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, cfg->num_qo_heads, 1,
+                                          is_fp8(cfg));
     return AK_OK;
 }
 
@@ -330,23 +337,16 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
     /* fp8 K/V: mma.sync (the wgmma kernel has no fp8 instances) */
     const int wg_ok = dev->cc_major == 9 && dev->cc_minor == 0 && !is_fp8(cfg) &&
                       ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn != NULL;
-    *f = wg_ok ? PREFILL_WGMMA : PREFILL_MMA;
-    const char *env = getenv("AK_CUDA_PREFILL");
-    if (!env || !*env) return AK_OK;
-    if (!strcmp(env, "mma")) {
-        *f = PREFILL_MMA;
-    } else if (!strcmp(env, "wgmma")) {
-        if (!wg_ok)
-            return ak_set_error(AK_ERR_UNSUPPORTED,
-                                "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0, "
-                                "a build for sm_90 and 16-bit K/V (this GPU is %d.%d%s%s)",
-                                dev->cc_major, dev->cc_minor,
-                                ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn ? "" : ", not built",
-                                is_fp8(cfg) ? ", K/V fp8_e4m3" : "");
-        *f = PREFILL_WGMMA;
-    } else {
-        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_PREFILL=%s: expected mma or wgmma", env);
-    }
+    int forced;
+    AK_TRY(env_choice("AK_CUDA_PREFILL", "mma", "wgmma", &forced));
+    if (forced == 1 && !wg_ok)
+        return ak_set_error(AK_ERR_UNSUPPORTED,
+                            "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0, "
+                            "a build for sm_90 and 16-bit K/V (this GPU is %d.%d%s%s)",
+                            dev->cc_major, dev->cc_minor,
+                            ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn ? "" : ", not built",
+                            is_fp8(cfg) ? ", K/V fp8_e4m3" : "");
+    *f = (forced >= 0 ? forced : wg_ok) ? PREFILL_WGMMA : PREFILL_MMA;
     return AK_OK;
 }
 
@@ -475,9 +475,8 @@ static ak_status engine_create_inner(engine_state *s)
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
-        int mla_wgmma;
         if (cfg->mla)
-            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, &mla_wgmma));
+            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, NULL));
         else
             s->dec_k = s->engine == DECODE_WIDE
                            ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 0,
