@@ -19,9 +19,14 @@
  *                 o[:, 0:256] += P V;
  *   values (1)    o[:, 256:512] += P V, P read from shared memory.
  * The o accumulator of 64 x 512 floats would be 256 registers a thread in
- * one warpgroup; split over two it is 128. Warpgroup 0 issues S of tile t
- * together with its P V of tile t - 1, so the softmax of t overlaps that
- * product, as prefill_wgmma.cu does; warpgroup 1's P V runs beside both.
+ * one warpgroup; split over two it is 128.
+ *
+ * The copies set the pace, so a stage is freed as early as it can be: warp-
+ * group 0 issues its P V of tile t - 1 before S of tile t and frees the
+ * stage once that product is done, without waiting for tile t's copies;
+ * warpgroup 1 waits for its P V at once. The producer then fills one stage
+ * while S waits on the other, and S starts on each 64-column block of a
+ * tile as soon as that block lands (a barrier a block).
  *
  * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
  * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
@@ -43,6 +48,7 @@ namespace {
 struct mla_wg {
     static constexpr int DQK = 576, DVO = 512, HALF = DVO / 2;
     static constexpr int ROWS = 64, KEYS = 64, STAGES = 2;
+    static constexpr int BLOCKS = DQK / 64; /* a stage's column blocks, each signalled on its own */
     static constexpr int PRODUCERS = 128, THREADS = 384;
     /* as prefill_wgmma.cu's split: within the 168 a thread of 384 */
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -50,8 +56,9 @@ struct mla_wg {
     static constexpr int PSTRIDE = KEYS + 8; /* P's row (elements): conflict-free stores and ldmatrix */
     /* + 1024: the tiles start on a 1024-byte boundary (the swizzle); then
      * P, three rows of floats (the tile's rescale factors, the NaN rule's
-     * sums of warpgroup 1, 1/d) and the barriers */
-    static constexpr int SMEM_BYTES = 1024 + (1 + STAGES) * TILE * 2 + ROWS * PSTRIDE * 2 + 3 * ROWS * 4 + 6 * 8;
+     * sums of warpgroup 1, 1/d) and the barriers (mla_barriers) */
+    static constexpr int SMEM_BYTES =
+        1024 + (1 + STAGES) * TILE * 2 + ROWS * PSTRIDE * 2 + 3 * ROWS * 4 + (STAGES * (BLOCKS + 1) + 2) * 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
     static_assert(PRODUCERS * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                   "the register file");
@@ -59,17 +66,35 @@ struct mla_wg {
 
 /* The stages pass between the producer and the consumers through these:
  * tile number g of the block (over its items) is in stage g % STAGES;
- * *_full: the producer's copies landed; k_empty: both consumers are done
- * with the tile, q_empty: warpgroup 0 with q. */
+ * k_full[s][b]: column blocks 0 to b of the stage's tile landed (a thread's
+ * cp.async complete in order), so S starts on the first 64 columns while
+ * the rest are in flight; q_full: q landed; k_empty: both consumers are
+ * done with the tile, q_empty: warpgroup 0 with q. */
 struct mla_barriers {
-    uint64_t k_full[mla_wg::STAGES], k_empty[mla_wg::STAGES], q_full, q_empty;
+    uint64_t k_full[mla_wg::STAGES][mla_wg::BLOCKS], k_empty[mla_wg::STAGES], q_full, q_empty;
 };
 
-/* Named barriers between the two consumer warpgroups (bar.sync by both, 256
- * threads): P of a tile is in shared memory; warpgroup 1 has read the last
- * one (it syncs before it waits for the next P, so warpgroup 0's wait there
- * costs it nothing); warpgroup 1's NaN-rule sums are written; 1/d is. */
+/* Named barriers between the two consumer warpgroups (synced by both, 256
+ * threads, from different code: bar_sync_any): P of a tile is in shared
+ * memory; warpgroup 1 has read the last one (it syncs before it waits for
+ * the next P, so warpgroup 0's wait there costs it nothing); warpgroup 1's
+ * NaN-rule sums are written; 1/d is. */
 enum { BAR_P_READY = 1, BAR_P_FREE = 2, BAR_BAD_READY = 3, BAR_INV_READY = 4 };
+
+/* A tile's column blocks B and on into a stage, each block's barrier
+ * signalled once its copies (and every earlier one of this thread) land. */
+template <typename T, int B = 0>
+__device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
+                                                const producer_rows<mla_wg::DQK, mla_wg::KEYS, mla_wg::PRODUCERS> &ids,
+                                                int kv_head, int t0, int kv_end, T *dst,
+                                                uint64_t (&full)[mla_wg::BLOCKS])
+{
+    typedef mla_wg W;
+    producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T, 8 * B, 8 * B + 8>(p, ids, kv_head, t0, kv_end,
+                                                                                     dst);
+    mbar_arrive_cp_async(&full[B]);
+    if constexpr (B + 1 < W::BLOCKS) mla_copy_blocks<T, B + 1>(p, ids, kv_head, t0, kv_end, dst, full);
+}
 
 /* The producer warpgroup: each item's key tiles into the stages and its q
  * rows into qs. A tile's block ids are looked up as soon as the tile before
@@ -97,9 +122,7 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, T *qs, T *sta
         auto fill = [&](int t) {
             const int st = g % W::STAGES, t0 = it.kv_begin + t * W::KEYS;
             if (g >= W::STAGES) mbar_wait(&bar.k_empty[st], (g / W::STAGES - 1) & 1);
-            producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T>(p, ids, kv_head, t0, it.kv_end,
-                                                                           stages + st * W::TILE);
-            mbar_arrive_cp_async(&bar.k_full[st]);
+            mla_copy_blocks<T>(p, ids, kv_head, t0, it.kv_end, stages + st * W::TILE, bar.k_full[st]);
             g++;
             if (t + 1 < n_tiles) lookup(t + 1);
         };
@@ -176,6 +199,9 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int r = warp * 16 + lane / 4; /* this thread's rows: r and r + 8 */
     const int num_items = p.head->counts[COUNT_DECODE];
+    /* the logits' scale in registers (base 2; with a soft-cap tanh's output is) */
+    const bool capped = p.soft_cap > 0.0f;
+    const float sc = capped ? 1.0f : p.scale_log2, cap_log2 = p.cap_log2, cap_scale = p.cap_scale;
     int g = 0, nq = 0; /* tiles and items so far */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const decode_item it = p.items[w];
@@ -187,20 +213,22 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
         zero(o);
         float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
         auto stage = [&](int t) { return stages + ((g + t) % W::STAGES) * W::TILE; };
-        auto wait_k = [&](int t) {
-            mbar_wait(&bar.k_full[(g + t) % W::STAGES], ((g + t) / W::STAGES) & 1);
-            fence_proxy_async(); /* the producer's copies, visible to wgmma */
-        };
-        /* s = q k^T of tile t: K-major operands, 16 of the 576 a step. The
-         * descriptors are offsets from two bases, q's made opaque at each
-         * tile: the compiler would otherwise hoist q's 36 descriptors out
-         * of the tile loop, 72 registers that spilled o. */
+        /* s = q k^T of tile t: K-major operands, 16 of the 576 a step, each
+         * column block as soon as it lands. The descriptors are offsets
+         * from two bases, q's made opaque at each tile: the compiler would
+         * otherwise hoist q's 36 descriptors out of the tile loop, 72
+         * registers that spilled o. */
         auto issue_s = [&](int t, float (&s)[NT][4]) {
+            const int st = (g + t) % W::STAGES, parity = ((g + t) / W::STAGES) & 1;
             const uint64_t a0 = wgmma_opaque(wgmma_desc(qs, 16, 1024));
             const uint64_t b0 = wgmma_desc(stage(t), 16, 1024);
-            wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < W::DQK / 16; kk++) {
+                if (kk % 4 == 0) { /* a new column block: wait for it */
+                    mbar_wait(&bar.k_full[st][kk / 4], parity);
+                    fence_proxy_async(); /* the producer's copies, visible to wgmma */
+                    wgmma_fence();       /* s in flight across the wait (else ptxas serializes) */
+                }
                 const uint64_t a = wgmma_desc_add(a0, ((kk / 4) * W::ROWS * 64 + (kk % 4) * 16) * 2);
                 const uint64_t b = wgmma_desc_add(b0, ((kk / 4) * W::KEYS * 64 + (kk % 4) * 16) * 2);
                 wgmma_ss<W::KEYS, T>(reinterpret_cast<float(&)[W::KEYS / 2]>(s), a, b, kk > 0);
@@ -208,35 +236,55 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
             wgmma_commit();
         };
         /* s (landed) -> P (f32, in place), the online softmax with the lazy
-         * rescale; f: the factors o is to be scaled by (1 unless raised) */
+         * rescale; f: the factors o is to be scaled by (1 unless raised).
+         * No branch a score: warpgroup 0's instructions between two S set
+         * the kernel's pace (soft-cap and tail are one test a tile each). */
         auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
             const int t0 = it.kv_begin + t * W::KEYS;
-            const bool tail = t0 + W::KEYS > it.kv_end;
-            float tmax[2] = {-INFINITY, -INFINITY};
+            /* the NaN rule on every raw product: keys past kv_end are zero
+             * rows, whose product is 0 unless q is not finite, and then a
+             * seen key's product (there is one in every tile) is not either */
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+            for (int n = 0; n < NT; n++) {
+                add_bad(d[0], s[n][0]);
+                add_bad(d[0], s[n][1]);
+                add_bad(d[1], s[n][2]);
+                add_bad(d[1], s[n][3]);
+            }
+            if (capped) { /* before the mask: tanh(-inf) would unmask */
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const bool seen = !tail || t0 + n * 8 + (lane % 4) * 2 + (e & 1) < it.kv_end;
-                    if (seen) add_bad(d[e / 2], s[n][e]); /* the NaN rule: the raw product */
-                    s[n][e] = seen ? to_logit2(p, s[n][e]) : -INFINITY;
-                    tmax[e / 2] = fmaxf(tmax[e / 2], s[n][e]);
-                }
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[n][e] = cap_log2 * tanhf(s[n][e] * cap_scale);
+            }
+            if (t0 + W::KEYS > it.kv_end) { /* the tail tile */
+                const int seen = it.kv_end - t0 - (lane % 4) * 2; /* keys of this thread's columns */
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (n * 8 + (e & 1) >= seen) s[n][e] = -INFINITY;
+            }
+            float tmax[2];
             bool raise = false;
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
-                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
-                raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && tmax[h] > -INFINITY);
+                float x = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+                tmax[h] = x * sc;
+                raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
             }
             raise = raise_rows(raise, tmax, m, d, f);
             const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                s[n][0] = exp2f(s[n][0] - ref0);
-                s[n][1] = exp2f(s[n][1] - ref0);
-                s[n][2] = exp2f(s[n][2] - ref1);
-                s[n][3] = exp2f(s[n][3] - ref1);
+                s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
+                s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
+                s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
+                s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
                 d[0] += s[n][0] + s[n][1];
                 d[1] += s[n][2] + s[n][3];
             }
@@ -245,7 +293,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
         /* P and the factors of tile t to warpgroup 1, once it has read the
          * last tile's */
         auto share = [&](int t, const uint32_t (&pa)[W::KEYS / 16][4], const float (&f)[2]) {
-            if (g + t > 0) bar_sync(BAR_P_FREE, 256); /* warpgroup 1 has read the last P */
+            if (g + t > 0) bar_sync_any(BAR_P_FREE, 256); /* warpgroup 1 has read the last P */
 #pragma unroll
             for (int k = 0; k < W::KEYS / 16; k++) {
                 T *row0 = ps + r * W::PSTRIDE + k * 16 + (lane % 4) * 2, *row1 = row0 + 8 * W::PSTRIDE;
@@ -258,14 +306,13 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 fs[r] = f[0];
                 fs[r + 8] = f[1];
             }
-            bar_sync(BAR_P_READY, 256);
+            bar_sync_any(BAR_P_READY, 256);
         };
 
         if (n_tiles > 0) {
             uint32_t pa[W::KEYS / 16][4]; /* P of the tile whose P V is next */
             {
                 float s[NT][4], f[2];
-                wait_k(0);
                 issue_s(0, s);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
@@ -274,18 +321,20 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 pack_p<NT, T>(s, pa);
                 share(0, pa, f);
             }
+            /* P V of the last tile first, so its stage is freed without
+             * waiting for this tile's copies: the producer then has a tile
+             * in flight while S waits for the other */
             for (int t = 1; t < n_tiles; t++) {
                 float s[NT][4], f[2];
-                wait_k(t);
-                issue_s(t, s);
                 issue_pv<W::HALF, W::KEYS, T>(o, pa, stage(t - 1)); /* o[:, 0:256] */
+                issue_s(t, s);
                 wgmma_wait<1>();
+                wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+                mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
+                wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
                 if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
                 const bool raise = softmax(t, s, f);
-                wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-                mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
                 if (raise) scale_rows(o, f);
                 pack_p<NT, T>(s, pa);
                 share(t, pa, f);
@@ -307,7 +356,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
             d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
         }
-        bar_sync(BAR_BAD_READY, 256);
+        bar_sync_any(BAR_BAD_READY, 256);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int row = r + 8 * h;
@@ -324,10 +373,10 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 }
             }
         }
-        bar_sync(BAR_INV_READY, 256);
+        bar_sync_any(BAR_INV_READY, 256);
         mla_store<T>(p, it, o, 0, head0, rows, r, inv);
     }
-    if (g > 0) bar_sync(BAR_P_FREE, 256); /* pairs with warpgroup 1's last */
+    if (g > 0) bar_sync_any(BAR_P_FREE, 256); /* pairs with warpgroup 1's last */
 }
 
 /* Warpgroup 1: the second half of o, with P and the factors warpgroup 0
@@ -349,13 +398,8 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
         zero(o);
         for (int t = 0; t < n_tiles; t++) {
             const int gt = g + t;
-            if (gt > 0) bar_sync(BAR_P_FREE, 256); /* P of the tile before is read */
-            bar_sync(BAR_P_READY, 256);
-            /* P V of t - 1 (long done: P of t took S and a softmax) */
-            wgmma_wait<0>();
-            wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-            if (t > 0) mbar_arrive(&bar.k_empty[(gt - 1) % W::STAGES]);
-            /* P into registers only now: a P V in flight reads the old ones */
+            if (gt > 0) bar_sync_any(BAR_P_FREE, 256); /* P of the tile before is read */
+            bar_sync_any(BAR_P_READY, 256);
             uint32_t pa[W::KEYS / 16][4];
             const int mi = lane / 8;
 #pragma unroll
@@ -363,14 +407,16 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
                 ldmatrix_x4(pa[k], ps + (warp * 16 + (mi % 2) * 8 + lane % 8) * W::PSTRIDE + (2 * k + mi / 2) * 8);
             const float f[2] = {fs[r], fs[r + 8]};
             if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) scale_rows(o, f);
-            mbar_wait(&bar.k_full[gt % W::STAGES], (gt / W::STAGES) & 1);
+            mbar_wait(&bar.k_full[gt % W::STAGES][W::DVO / 64 - 1], (gt / W::STAGES) & 1); /* blocks 0 to 7 */
             fence_proxy_async();
-            /* o[:, 256:512]: the stage's column blocks 4 to 7 */
+            /* o[:, 256:512]: the stage's column blocks 4 to 7; waited for at
+             * once, so the stage is free as soon as it can be (this
+             * warpgroup has nothing else to do until the next P) */
             issue_pv<W::HALF, W::KEYS, T>(o, pa, stages + (gt % W::STAGES) * W::TILE + 4 * W::KEYS * 64);
+            wgmma_wait<0>();
+            wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
+            mbar_arrive(&bar.k_empty[gt % W::STAGES]);
         }
-        wgmma_wait<0>();
-        wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-        if (n_tiles > 0) mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES]);
         g += n_tiles;
         float bad[2] = {0.0f, 0.0f};
         add_bad_o(o, bad);
@@ -383,12 +429,12 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
             bad_s[r] = bad[0];
             bad_s[r + 8] = bad[1];
         }
-        bar_sync(BAR_BAD_READY, 256);
-        bar_sync(BAR_INV_READY, 256);
+        bar_sync_any(BAR_BAD_READY, 256);
+        bar_sync_any(BAR_INV_READY, 256);
         const float inv[2] = {inv_s[r], inv_s[r + 8]};
         mla_store<T>(p, it, o, 1, head0, rows, r, inv);
     }
-    if (g > 0) bar_sync(BAR_P_FREE, 256); /* pairs with warpgroup 0's last */
+    if (g > 0) bar_sync_any(BAR_P_FREE, 256); /* pairs with warpgroup 0's last */
 }
 
 template <typename T, int ADDR> __device__ __forceinline__ void mla_wgmma_body(const attn_params &p)
@@ -404,7 +450,7 @@ template <typename T, int ADDR> __device__ __forceinline__ void mla_wgmma_body(c
     mla_barriers &bar = *(mla_barriers *)(inv_s + W::ROWS);
     if (threadIdx.x == 0) {
         for (int i = 0; i < W::STAGES; i++) {
-            mbar_init(&bar.k_full[i], W::PRODUCERS);
+            for (int b = 0; b < W::BLOCKS; b++) mbar_init(&bar.k_full[i][b], W::PRODUCERS);
             mbar_init(&bar.k_empty[i], 256);
         }
         mbar_init(&bar.q_full, W::PRODUCERS);

@@ -40,13 +40,16 @@ __device__ __forceinline__ void tile_blocks(const attn_params &p, const int32_t 
 
 /* Keys [t0, t0 + KEYS) of K (V_: of V) into a stage, in wgmma.cuh's layout
  * (sw128<KEYS>: DP / 64 column blocks of KEYS rows), from the blocks of r;
- * keys from kv_end on are zero-filled (no read). */
-template <int D, int DP, int KEYS, int THREADS, bool V_, typename T>
+ * keys from kv_end on are zero-filled (no read). Only the 16-byte chunks
+ * [C0, C1) of each row (multiples of TPR): a caller that signals column
+ * blocks one by one copies a block a call. */
+template <int D, int DP, int KEYS, int THREADS, bool V_, typename T, int C0 = 0, int C1 = DP / 8>
 __device__ __forceinline__ void producer_copy(const attn_params &p, const producer_rows<DP, KEYS, THREADS> &r,
                                               int kv_head, int t0, int kv_end, T *dst)
 {
     constexpr int CHUNKS = DP / 8, TPR = producer_rows<DP, KEYS, THREADS>::TPR;
     static_assert(r.N >= 1 && TPR <= 8 && CHUNKS % TPR == 0, "TPR threads a row");
+    static_assert(C0 % TPR == 0 && C1 % TPR == 0 && 0 <= C0 && C0 < C1 && C1 <= CHUNKS, "whole chunks of TPR");
     const int tid = threadIdx.x % THREADS, q = tid % TPR;
 #pragma unroll
     for (int i = 0; i < r.N; i++) {
@@ -61,7 +64,7 @@ __device__ __forceinline__ void producer_copy(const attn_params &p, const produc
         const int bytes = t0 + row < kv_end ? 16 : 0;
         const int base = row * 64 + ((q ^ (row & 7)) << 3); /* chunk q's element offset */
 #pragma unroll
-        for (int j = 0; j < CHUNKS / TPR; j++) /* chunk TPR j + q: column block of 8, slot (c % 8) ^ (row % 8) */
+        for (int j = C0 / TPR; j < C1 / TPR; j++) /* chunk TPR j + q: column block of 8, slot (c % 8) ^ (row % 8) */
             if ((D / 8) % TPR == 0 ? TPR * j < D / 8 : TPR * j + q < D / 8)
                 cp_async_16(dst + (TPR * j / 8) * (KEYS * 64) + (base ^ ((TPR * j % 8) << 3)), src + TPR * j * 8,
                             bytes);

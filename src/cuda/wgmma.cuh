@@ -110,6 +110,14 @@ __device__ __forceinline__ void bar_sync(int id, int threads)
 {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/* The same without .aligned: for a barrier its threads reach from different
+ * instructions (bar.sync is barrier.sync.aligned, which requires one
+ * instruction for all; compute-sanitizer's synccheck reports the others as
+ * divergence). */
+__device__ __forceinline__ void bar_sync_any(int id, int threads)
+{
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(int id, int threads)
 {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
