@@ -289,7 +289,7 @@ static decode_engine choose_engine(const ak_attn_config *cfg, int portable)
  * kernel (decode_wide.cu: mma.sync, 16 to 64 heads a block, fp8 rows too).
  * AK_CUDA_MLA=wide|wgmma forces one; a forced kernel that cannot run here
  * is an error. */
-#define MLA_WGMMA_MIN_HEADS 32 /* measured: BENCHMARKS.md, the wgmma MLA kernel */
+#define MLA_WGMMA_MIN_HEADS 16 /* the fewest measured (1.09-1.22x the wide kernel): BENCHMARKS.md */
 static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_info *dev, attn_kernel *k /* OUT */,
                                    int *wgmma /* OUT, may be NULL */)
 {
