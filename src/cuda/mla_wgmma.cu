@@ -237,8 +237,9 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
         };
         /* s (landed) -> P (f32, in place), the online softmax with the lazy
          * rescale; f: the factors o is to be scaled by (1 unless raised).
-         * No branch a score: warpgroup 0's instructions between two S set
-         * the kernel's pace (soft-cap and tail are one test a tile each). */
+         * No branch a score (soft-cap and tail are one test a tile each):
+         * with a branch, two constant loads and a reconvergence a score,
+         * warpgroup 0's instructions set the kernel's pace (BENCHMARKS.md). */
         auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
             const int t0 = it.kv_begin + t * W::KEYS;
             /* the NaN rule on every raw product: keys past kv_end are zero
