@@ -551,6 +551,40 @@ __device__ __forceinline__ bool raise_rows(bool raise_lane, const float (&tmax)[
     return raise;
 }
 
+/* The online softmax of a tile after its masks, for a warp's two rows a
+ * thread (the wgmma kernels' S fragments, NT n tiles of 8 keys): s holds
+ * logits before their scale sc (base 2), -inf where hidden. Raises m by
+ * the lazy rule (raise_rows, its factors in f), turns s into P =
+ * exp2(s sc - m), adds P to the rows' sums d and returns whether m moved. */
+template <int NT>
+__device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
+{
+    float tmax[2];
+    bool raise = false;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float x = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        tmax[h] = x * sc;
+        raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
+    }
+    raise = raise_rows(raise, tmax, m, d, f);
+    const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
+        s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
+        s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
+        s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
+        d[0] += s[n][0] + s[n][1];
+        d[1] += s[n][2] + s[n][3];
+    }
+    return raise;
+}
+
 /* The final state of a row whose online softmax ended with max m (base 2,
  * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its
  * o accumulator is multiplied by, and its LSE (natural log). With a sink

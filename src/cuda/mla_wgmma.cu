@@ -266,30 +266,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                     for (int e = 0; e < 4; e++)
                         if (n * 8 + (e & 1) >= seen) s[n][e] = -INFINITY;
             }
-            float tmax[2];
-            bool raise = false;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float x = -INFINITY;
-#pragma unroll
-                for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-                tmax[h] = x * sc;
-                raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
-            }
-            raise = raise_rows(raise, tmax, m, d, f);
-            const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
-                s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
-                s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
-                s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
-                d[0] += s[n][0] + s[n][1];
-                d[1] += s[n][2] + s[n][3];
-            }
-            return raise;
+            return softmax_rows(s, sc, m, d, f);
         };
         /* P and the factors of tile t to warpgroup 1, once it has read the
          * last tile's */
