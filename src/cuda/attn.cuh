@@ -811,7 +811,8 @@ __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4]
 struct attn_kernel {
     void (*fn)(const attn_params);
     int threads, smem; /* block size, dynamic shared memory (bytes) */
-    int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile */
+    int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile;
+                          merge: blocks a head (slices of its dims) */
     int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
 };
 

@@ -584,8 +584,20 @@ static ak_status engine_create_inner(engine_state *s)
     s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
     if (!s->first_block) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's block scratch");
     const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
-    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
+    const int merge_rows = s->split ? cfg->num_qo_heads * s->merge_k.rows : 1; /* grid.y */
+    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + merge_rows - 1) / merge_rows;
     if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
+    /* grid.y counts heads (times their row tiles or dim slices); CUDA allows
+     * 65535 */
+    int64_t grid_y = merge_rows;
+    if (s->split && (int64_t)cfg->num_kv_heads * s->row_tiles > grid_y) grid_y = (int64_t)cfg->num_kv_heads * s->row_tiles;
+    if (s->prefill && (int64_t)cfg->num_kv_heads * s->prow_tiles > grid_y)
+        grid_y = (int64_t)cfg->num_kv_heads * s->prow_tiles;
+    if (grid_y > 65535)
+        return ak_set_error(AK_ERR_UNSUPPORTED,
+                            "cfg.num_qo_heads = %d (num_kv_heads %d): the kernels would need %lld blocks in a grid's y "
+                            "dimension, CUDA allows 65535",
+                            cfg->num_qo_heads, cfg->num_kv_heads, (long long)grid_y);
 
     size_t fixed = 0;
     const size_t meta_bytes = layout_meta(s, NULL, NULL, &fixed);
@@ -1190,7 +1202,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
                              s->pre_k.smem, s->pdl && decode, cs, p));
     if (merge)
-        AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads), s->merge_k.threads,
+        AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
                              (int)(sizeof(float) * (size_t)s->max_splits), s->pdl && (decode || prefill), cs, p));
     return AK_OK;
 }

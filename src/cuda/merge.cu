@@ -13,16 +13,24 @@
  * kernel is launched as a programmatic dependent of the kernel before it
  * (decode or prefill) on sm_90; prefill waits for decode before it exits, so
  * waiting for the kernel before is waiting for both.
+ *
+ * Rows wider than 128 (192, 256, MLA's 512) are cut into slices of 128 dims
+ * (64 for 192), a block each (grid.y = heads x slices), of 512 threads: one block a head
+ * with 128 threads left one token's merge with a block per head and few
+ * loads in flight, which costs most at one request split many ways.
  */
 #include "attn.cuh"
 
-/* LANES threads cover the D dims (4 each); GROUPS groups of them split the
- * partials and add their sums in shared memory. */
+/* A block covers SLICE of the D dims (all of them up to 128, else slices
+ * of 128, or of 64 for 192): LANES threads cover the slice (4 dims each) and GROUPS groups of
+ * them split the partials and add their sums in shared memory. */
 template <int D> struct merge_traits {
-    static constexpr int LANES = D / 4;
-    static constexpr int GROUPS = 128 / LANES;
+    static constexpr int SLICE = D <= 128 ? D : D % 128 == 0 ? 128 : 64;
+    static constexpr int SLICES = D / SLICE;
+    static constexpr int LANES = SLICE / 4;
+    static constexpr int GROUPS = (D > 128 ? 512 : 128) / LANES;
     static constexpr int THREADS = GROUPS * LANES; /* 120 at D = 80: whole groups */
-    static_assert(D % 4 == 0 && LANES <= 128 && THREADS >= 32, "dims must tile the block");
+    static_assert(D % 4 == 0 && D % SLICE == 0 && THREADS >= 32, "dims must tile the block");
 };
 
 __device__ __forceinline__ float warp_max(float x)
@@ -77,7 +85,7 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
     /* launched early as a programmatic dependent: wait for the kernels before */
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-    const int head = blockIdx.y;
+    const int head = blockIdx.y / tr::SLICES, dim0 = blockIdx.y % tr::SLICES * tr::SLICE;
     const int num_tasks = p.head->counts[COUNT_MERGE];
     const int group = threadIdx.x / tr::LANES, lane = threadIdx.x % tr::LANES;
     for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
@@ -90,7 +98,7 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         __syncthreads();
         /* every partial slot was written in this run (empty parts as zeros),
          * so no slot can poison the sum */
-        const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D + lane * 4;
+        const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D + dim0 + lane * 4;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
         for (int i = group; i < n; i += tr::GROUPS) {
@@ -112,7 +120,7 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
                 acc.z += v.z;
                 acc.w += v.w;
             }
-            T *dst = (T *)p.o + task.tok * p.o_stride_tok + head * p.o_stride_head + lane * 4;
+            T *dst = (T *)p.o + task.tok * p.o_stride_tok + head * p.o_stride_head + dim0 + lane * 4;
             *(uint2 *)dst = make_uint2(dtype_traits<T>::pack(acc.x, acc.y), dtype_traits<T>::pack(acc.z, acc.w));
         }
     }
@@ -148,7 +156,7 @@ template <typename T> __global__ void __launch_bounds__(MERGE_ANY_THREADS) merge
 
 template <int D, typename T> static attn_kernel merge_of(void)
 {
-    const attn_kernel k = {merge_kernel<D, T>, merge_traits<D>::THREADS, 0, 0};
+    const attn_kernel k = {merge_kernel<D, T>, merge_traits<D>::THREADS, 0, merge_traits<D>::SLICES};
     return k;
 }
 
@@ -164,16 +172,17 @@ template <typename T> static attn_kernel merge_table(int dvo)
     case 256: return merge_of<256, T>();
     case 512: return merge_of<512, T>();
     }
-    const attn_kernel k = {merge_kernel_any<T>, MERGE_ANY_THREADS, 0, 0};
+    const attn_kernel k = {merge_kernel_any<T>, MERGE_ANY_THREADS, 0, 1};
     return k;
 }
 
-/* smem: the engine launches with max_splits floats (the weights). */
+/* smem: the engine launches with max_splits floats (the weights); grid.y is
+ * num_qo_heads x rows (the slices of a head). */
 attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype)
 {
     if (!vec) {
         const attn_kernel k = {dtype == AK_F16 ? merge_kernel_any<__half> : merge_kernel_any<__nv_bfloat16>,
-                               MERGE_ANY_THREADS, 0, 0};
+                               MERGE_ANY_THREADS, 0, 1};
         return k;
     }
     return dtype == AK_F16 ? merge_table<__half>(dvo) : merge_table<__nv_bfloat16>(dvo);
