@@ -24,6 +24,7 @@
 #include "kv_addr.h"
 #include "visible.h"
 
+#include <cuda.h> /* CUtensorMap */
 #include <cuda_fp8.h>
 
 #include <limits.h>
@@ -134,6 +135,9 @@ struct attn_params {
      * values they hold then); kind AK_KV_SCALE_NONE: 1 */
     int kv_scale_kind;
     const float *k_scale, *v_scale;
+    /* 1: the kernel's second parameter is a TMA map of the K pool
+     * (attn_kernel.tma_map) to read whole tiles through */
+    int k_tma;
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -814,6 +818,7 @@ struct attn_kernel {
     int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile;
                           merge: blocks a head (slices of its dims) */
     int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
+    int tma_map;       /* fn takes a second parameter, a __grid_constant__ CUtensorMap (launch_kernel) */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
@@ -893,6 +898,15 @@ attn_kernel ak_cuda_decode_wide_kernel(int dqk, int dvo, ak_dtype dtype, int gro
  * kernel. fn NULL in a build without sm_90. */
 attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
 
+/* Encodes *map, that kernel's second parameter, from p's paged pool
+ * (k_pool, strides, num_blocks, page_size): the latent pool as a tensor
+ * [blocks][page_size][576] read in boxes of 64 x 64 (a column block of a key
+ * tile). 1 when the pool allows it (pages of whole 64-key tiles, 16-byte
+ * aligned rows and pages) and the driver encoded it, else 0 (the kernel then
+ * copies with cp.async). Host only, no GPU work: run() calls it, and a
+ * captured graph keeps the map it was captured with. */
+int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
+
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at
  * create. Grid (ctas, num_kv_heads * prow_tiles). */
@@ -935,9 +949,13 @@ ak_status ak_cuda_kernel_occupancy(const attn_kernel *k, int *ctas_per_sm);
 ak_status ak_cuda_kernel_ptx_version(const attn_kernel *k, int *ptx);
 
 /* Launches k on `stream`, as a programmatic dependent of the kernel before it
- * when pdl is set (sm_90+). The one launch path of every attention kernel. */
+ * when pdl is set (sm_90+), with map as its second parameter when it takes
+ * one (attn_kernel.tma_map: the map is a __grid_constant__ there; it is
+ * not in attn_params because a kernel whose attn_params is a
+ * __grid_constant__ reads every field through a pointer, measured slower).
+ * The one launch path of every attention kernel. */
 static inline ak_status launch_kernel(void (*k)(const attn_params), dim3 grid, int threads, int smem, int pdl,
-                                      cudaStream_t stream, const attn_params &p)
+                                      cudaStream_t stream, const attn_params &p, const CUtensorMap *map = NULL)
 {
     cudaLaunchConfig_t lc = {};
     lc.gridDim = grid;
@@ -949,7 +967,12 @@ static inline ak_status launch_kernel(void (*k)(const attn_params), dim3 grid, i
     attr.val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = &attr;
     lc.numAttrs = pdl ? 1 : 0;
-    AK_CUDA_TRY(cudaLaunchKernelEx(&lc, k, p));
+    if (map) {
+        void *args[2] = {(void *)&p, (void *)map};
+        AK_CUDA_TRY(cudaLaunchKernelExC(&lc, (const void *)k, args));
+    } else {
+        AK_CUDA_TRY(cudaLaunchKernelEx(&lc, k, p));
+    }
     return AK_OK;
 }
 

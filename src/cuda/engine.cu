@@ -109,6 +109,8 @@ struct engine_state {
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
+    int mla_wgmma;    /* dec_k is mla_wgmma.cu's: 1, run() encodes the pool's TMA map for it;
+                         2, AK_CUDA_MLA_TMA=0: it copies with cp.async alone */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
     int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
@@ -475,14 +477,18 @@ static ak_status engine_create_inner(engine_state *s)
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
-        if (cfg->mla)
-            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, NULL));
-        else
+        if (cfg->mla) {
+            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, &s->mla_wgmma));
+            int tma;
+            AK_TRY(env_choice("AK_CUDA_MLA_TMA", "0", "1", &tma));
+            if (s->mla_wgmma && tma == 0) s->mla_wgmma = 2;
+        } else {
             s->dec_k = s->engine == DECODE_WIDE
                            ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 0,
                                                         s->fp8)
                            : ak_cuda_decode_kernel(s->engine, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype,
                                                    s->fp8);
+        }
         if (!s->dec_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no decode kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         /* programmatic dependent launches need the kernels' griddepcontrol,
@@ -584,8 +590,9 @@ static ak_status engine_create_inner(engine_state *s)
     s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
     if (!s->first_block) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's block scratch");
     const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
+    /* by heads: a head's dim slices (grid.y) add blocks, not tasks a block */
     const int merge_rows = s->split ? cfg->num_qo_heads * s->merge_k.rows : 1; /* grid.y */
-    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + merge_rows - 1) / merge_rows;
+    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
     if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
     /* grid.y counts heads (times their row tiles or dim slices); CUDA allows
      * 65535 */
@@ -1166,6 +1173,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
+    CUtensorMap k_map; /* the MLA kernel's second parameter (copied at the launch) */
+    memset(&k_map, 0, sizeof k_map);
+    p.k_tma = s->mla_wgmma == 1 && !s->ragged ? ak_cuda_mla_tma_map(&p, &k_map) : 0;
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
@@ -1197,7 +1207,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
         AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, 0, cs, p));
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
-                             s->dec_k.smem, 0, cs, p));
+                             s->dec_k.smem, 0, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     if (prefill)
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
                              s->pre_k.smem, s->pdl && decode, cs, p));

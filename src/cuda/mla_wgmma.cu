@@ -10,9 +10,13 @@
  * grid's y) of one item at a time, over 64-key tiles of latent rows. Three
  * warpgroups, specialized:
  *   producer (2)  copies q (64 x 576) and the key tiles (64 x 576, 72 KB)
- *                 into two stages with cp.async (producer.cuh), running
- *                 ahead across items, its registers given to the others
- *                 (setmaxnreg);
+ *                 into two stages, running ahead across items, its
+ *                 registers given to the others (setmaxnreg). A whole tile
+ *                 on one page is nine TMA boxes of 64 x 64 issued by one
+ *                 thread (the pool's map, ak_cuda_mla_tma_map, when its
+ *                 pages hold whole 64-key tiles); the others, and tail
+ *                 tiles (keys past kv_end must be zero rows), go by
+ *                 cp.async (producer.cuh), 4,608 copies a tile;
  *   scores (0)    S = q K^T (64 x 64 over 576, both operands read by the
  *                 tensor cores from shared memory), the online softmax, P
  *                 in registers and in shared memory for warpgroup 1, and
@@ -96,14 +100,36 @@ __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
     if constexpr (B + 1 < W::BLOCKS) mla_copy_blocks<T, B + 1>(p, ids, kv_head, t0, kv_end, dst, full);
 }
 
+/* A whole key tile that starts a 64-key part of its page by TMA (map):
+ * one thread copies the nine column blocks, a box each, completing on each
+ * block's barrier, and the others arrive so that the barrier's count is the
+ * same as for cp.async. block: the page's id (clamped), slot0 the tile's
+ * first slot in it. */
+template <typename T>
+__device__ __forceinline__ void mla_tma_blocks(const CUtensorMap *map, int block, int slot0, T *dst,
+                                               uint64_t (&full)[mla_wg::BLOCKS])
+{
+    typedef mla_wg W;
+    if (threadIdx.x % W::PRODUCERS == 0) {
+#pragma unroll
+        for (int b = 0; b < W::BLOCKS; b++) {
+            mbar_arrive_expect_tx(&full[b], W::KEYS * 64 * sizeof(T));
+            tma_load_3d(dst + b * W::KEYS * 64, map, b * 64, slot0, block, &full[b]);
+        }
+    } else {
+#pragma unroll
+        for (int b = 0; b < W::BLOCKS; b++) mbar_arrive(&full[b]);
+    }
+}
+
 /* The producer warpgroup: each item's key tiles into the stages and its q
  * rows into qs. A tile's block ids are looked up as soon as the tile before
  * is issued, so their loads run while it waits for a free stage (measured
  * against a lookup just before the copies, H100, 128 heads 64 x 8192: the
  * same within noise, 0.628 / 0.619 ms). */
 template <typename T, int ADDR>
-__device__ __forceinline__ void mla_producer(const attn_params &p, T *qs, T *stages, mla_barriers &bar, int kv_head,
-                                             int head0, int rows)
+__device__ __forceinline__ void mla_producer(const attn_params &p, const CUtensorMap *map, T *qs, T *stages,
+                                             mla_barriers &bar, int kv_head, int head0, int rows)
 {
     typedef mla_wg W;
     const int num_items = p.head->counts[COUNT_DECODE];
@@ -122,7 +148,16 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, T *qs, T *sta
         auto fill = [&](int t) {
             const int st = g % W::STAGES, t0 = it.kv_begin + t * W::KEYS;
             if (g >= W::STAGES) mbar_wait(&bar.k_empty[st], (g / W::STAGES - 1) & 1);
-            mla_copy_blocks<T>(p, ids, kv_head, t0, it.kv_end, stages + st * W::TILE, bar.k_full[st]);
+            /* TMA for a whole tile on one page (the map's pages hold whole
+             * 64-key parts); cp.async for the rest, whose keys past kv_end
+             * must be zero rows */
+            if (ADDR == 0 && p.k_tma && (t0 & (W::KEYS - 1)) == 0 && t0 + W::KEYS <= it.kv_end) {
+                int slot0;
+                kv_page_of(p, t0, slot0);
+                mla_tma_blocks<T>(map, ids.block[0], slot0, stages + st * W::TILE, bar.k_full[st]);
+            } else {
+                mla_copy_blocks<T>(p, ids, kv_head, t0, it.kv_end, stages + st * W::TILE, bar.k_full[st]);
+            }
             g++;
             if (t + 1 < n_tiles) lookup(t + 1);
         };
@@ -385,7 +420,9 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
                 ldmatrix_x4(pa[k], ps + (warp * 16 + (mi % 2) * 8 + lane % 8) * W::PSTRIDE + (2 * k + mi / 2) * 8);
             const float f[2] = {fs[r], fs[r + 8]};
             if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) scale_rows(o, f);
-            mbar_wait(&bar.k_full[gt % W::STAGES][W::DVO / 64 - 1], (gt / W::STAGES) & 1); /* blocks 0 to 7 */
+            /* blocks 4 to 7 (each on its own barrier: TMA's land in any order) */
+#pragma unroll
+            for (int b = 4; b < W::DVO / 64; b++) mbar_wait(&bar.k_full[gt % W::STAGES][b], (gt / W::STAGES) & 1);
             fence_proxy_async();
             /* o[:, 256:512]: the stage's column blocks 4 to 7; waited for at
              * once, so the stage is free as soon as it can be (this
@@ -415,7 +452,8 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
     if (g > 0) bar_sync_any(BAR_P_FREE, 256); /* pairs with warpgroup 0's last */
 }
 
-template <typename T, int ADDR> __device__ __forceinline__ void mla_wgmma_body(const attn_params &p)
+template <typename T, int ADDR>
+__device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUtensorMap *map)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef mla_wg W;
@@ -442,7 +480,7 @@ template <typename T, int ADDR> __device__ __forceinline__ void mla_wgmma_body(c
     const int rows = min(W::ROWS, p.group - row_tile * W::ROWS);
     if (wg == 2) {
         setmaxnreg_dec<W::PRODUCER_REGS>();
-        mla_producer<T, ADDR>(p, qs, stages, bar, kv_head, head0, rows);
+        mla_producer<T, ADDR>(p, map, qs, stages, bar, kv_head, head0, rows);
     } else {
         setmaxnreg_inc<W::CONSUMER_REGS>();
         if (wg == 0) mla_scores<T>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
@@ -451,15 +489,20 @@ template <typename T, int ADDR> __device__ __forceinline__ void mla_wgmma_body(c
 #endif
 }
 
-template <typename T> __global__ void __launch_bounds__(384, 1) mla_wgmma_kernel(const attn_params p)
+/* k_map (ak_cuda_mla_tma_map) is read by TMA where the launch put it: a
+ * __grid_constant__ */
+template <typename T>
+__global__ void __launch_bounds__(384, 1) mla_wgmma_kernel(const attn_params p, const __grid_constant__ CUtensorMap k_map)
 {
-    if (p.ragged) mla_wgmma_body<T, 1>(p);
-    else mla_wgmma_body<T, 0>(p);
+    if (p.ragged) mla_wgmma_body<T, 1>(p, &k_map);
+    else mla_wgmma_body<T, 0>(p, &k_map);
 }
 
 template <typename T> attn_kernel mla_kernel_of()
 {
-    const attn_kernel k = {mla_wgmma_kernel<T>, mla_wg::THREADS, mla_wg::SMEM_BYTES, mla_wg::ROWS, 0};
+    /* the second parameter on the launch path (launch_kernel) */
+    const attn_kernel k = {(void (*)(const attn_params))mla_wgmma_kernel<T>, mla_wg::THREADS, mla_wg::SMEM_BYTES,
+                           mla_wg::ROWS, 0, 1};
     return k;
 }
 
@@ -475,4 +518,43 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype)
 #endif
     const attn_kernel none = {NULL, 0, 0, 0, 0};
     return none;
+}
+
+/* cuTensorMapEncodeTiled, from the driver at first use (the library links
+ * the runtime only) */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static encode_tiled_fn encode_tiled(void)
+{
+    static const encode_tiled_fn fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        return (encode_tiled_fn)f;
+    }();
+    return fn;
+}
+
+int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map)
+{
+    typedef mla_wg W;
+    const int64_t esz = 2; /* 16-bit rows */
+    const int64_t slot = p->k_stride_slot * esz, block = p->k_block_stride * esz;
+    if (p->ragged || p->page_size % W::KEYS != 0 || p->num_blocks <= 0 || p->num_kv_heads != 1) return 0;
+    if ((uintptr_t)p->k_pool % 16 || slot <= 0 || block <= 0 || slot % 16 || block % 16) return 0;
+    if (slot >= ((int64_t)1 << 40) || block >= ((int64_t)1 << 40)) return 0; /* TMA's stride limit */
+    const encode_tiled_fn encode = encode_tiled();
+    if (!encode) return 0;
+    const cuuint64_t dims[3] = {(cuuint64_t)W::DQK, (cuuint64_t)p->page_size, (cuuint64_t)p->num_blocks};
+    const cuuint64_t strides[2] = {(cuuint64_t)slot, (cuuint64_t)block};
+    const cuuint32_t box[3] = {64, W::KEYS, 1}, step[3] = {1, 1, 1};
+    const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, (void *)p->k_pool, dims, strides, box, step,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
 }

@@ -92,6 +92,25 @@ __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar)
                      (uint32_t)__cvta_generic_to_shared(bar))
                  : "memory");
 }
+/* Arrives on bar and adds bytes to the transaction count its phase waits
+ * for (the TMA copies that complete on it). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+/* A TMA copy of the box at (c0, c1, c2) of the tensor map (a
+ * __grid_constant__ parameter's address) into shared memory at dst,
+ * completing its bytes on bar. */
+__device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4}], [%5];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
 /* Waits until the phase of bar with this parity has completed. */
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
 {
