@@ -46,6 +46,8 @@ MODELS = {
     "llama3-8b": (32, 8, 128),
     "qwen2.5-7b": (28, 4, 128),
     "llama3-70b-tp8": (8, 1, 128),
+    "phi3-mini": (32, 32, 96),
+    "gemma2-9b": (16, 8, 256),
 }
 PEERS = ("attnkit", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
          "sdpa_flash", "sdpa_cudnn", "flex", "torch_varlen")
@@ -82,7 +84,7 @@ def parse_args():
     gpu, quick, cpu = SHAPE_DEFAULTS[("cuda", False)], SHAPE_DEFAULTS[("cuda", True)], \
         SHAPE_DEFAULTS[("cpu", False)]
     p.add_argument("--models", default="llama3-8b,qwen2.5-7b",
-                   help=f"comma list of {', '.join(MODELS)}")
+                   help=f"comma list of {', '.join(MODELS)}, or HQ/HK/D (heads and head dim, e.g. 32/8/80)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of " + ", ".join(WORKLOADS))
     p.add_argument("--batches", help=f"decode batch sizes (default {gpu['batches']})")
     p.add_argument("--kv-lens", help=f"decode kv_len, every request the same (default {gpu['kv_lens']})")
@@ -127,8 +129,13 @@ def parse_args():
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     a.models = [m for m in a.models.split(",") if m]
     for m in a.models:
-        if m not in MODELS:
-            p.error(f"unknown model {m!r}; one of {', '.join(MODELS)}")
+        if m not in MODELS:  # or HQ/HK/D: any heads and head dim (e.g. 32/8/80)
+            try:
+                hq, hk, d = (int(x) for x in m.split("/"))
+                assert hq > 0 and hk > 0 and hq % hk == 0 and d > 0
+            except (ValueError, AssertionError):
+                p.error(f"unknown model {m!r}; one of {', '.join(MODELS)}, or HQ/HK/D (e.g. 32/8/80)")
+            MODELS[m] = (hq, hk, d)
     a.workloads = [w for w in a.workloads.split(",") if w]
     for w in a.workloads:
         if w not in WORKLOADS:
