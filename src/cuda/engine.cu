@@ -109,8 +109,8 @@ struct engine_state {
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
-    int mla_wgmma;    /* dec_k is mla_wgmma.cu's: 1, run() encodes the pool's TMA map for it;
-                         2, AK_CUDA_MLA_TMA=0: it copies with cp.async alone */
+    int mla_tma;      /* run() encodes the K pool's TMA map for dec_k (mla_wgmma.cu's takes one),
+                         unless AK_CUDA_MLA_TMA=0 (it then copies with cp.async alone) */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
     int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
@@ -478,10 +478,10 @@ static ak_status engine_create_inner(engine_state *s)
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
         if (cfg->mla) {
-            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, &s->mla_wgmma));
+            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, NULL));
             int tma;
             AK_TRY(env_choice("AK_CUDA_MLA_TMA", "0", "1", &tma));
-            if (s->mla_wgmma && tma == 0) s->mla_wgmma = 2;
+            s->mla_tma = s->dec_k.tma_map && tma != 0;
         } else {
             s->dec_k = s->engine == DECODE_WIDE
                            ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 0,
@@ -1175,7 +1175,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.group = c->num_qo_heads / c->num_kv_heads;
     CUtensorMap k_map; /* the MLA kernel's second parameter (copied at the launch) */
     memset(&k_map, 0, sizeof k_map);
-    p.k_tma = s->mla_wgmma == 1 && !s->ragged ? ak_cuda_mla_tma_map(&p, &k_map) : 0;
+    p.k_tma = s->mla_tma && !s->ragged ? ak_cuda_mla_tma_map(&p, &k_map) : 0;
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
