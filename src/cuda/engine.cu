@@ -984,6 +984,45 @@ static ak_status check_table_memory(engine_state *s, const int32_t *table)
     return AK_OK;
 }
 
+/* plan()'s host-to-device copies, joined: an array's copy extends the one
+ * pending when the bytes between them (the unused end of the arrays before,
+ * never read: every kernel stops at the plan's counts) are at most
+ * COPY_JOIN_GAP. Measured on an H100's host (BENCHMARKS.md): a call costs
+ * 2-3 us, and a small copy's bytes cost host time too (a mixed step's 17.9 KB
+ * joined across gaps of up to 16 KB planned slower than in three calls);
+ * gaps of 4 KB leave the mixed step as it was and join the rest. */
+#define COPY_JOIN_GAP 4096
+typedef struct {
+    char *dev;          /* the device metadata's base */
+    const char *host;   /* the staging buffer's: the same layout */
+    size_t begin, end;  /* the pending copy's offsets; empty when equal */
+} copy_spans;
+
+static ak_status copy_flush(copy_spans *c, cudaStream_t cs)
+{
+    if (c->end > c->begin)
+        AK_CUDA_TRY(cudaMemcpyAsync(c->dev + c->begin, c->host + c->begin, c->end - c->begin, cudaMemcpyHostToDevice,
+                                    cs));
+    c->begin = c->end = 0;
+    return AK_OK;
+}
+
+/* Bytes [dst, dst + bytes) of the device metadata, from the staging
+ * buffer's same offsets; arrays come in layout order. */
+static ak_status copy_span(copy_spans *c, void *dst, size_t bytes, cudaStream_t cs)
+{
+    if (bytes == 0) return AK_OK;
+    const size_t off = (size_t)((char *)dst - c->dev);
+    if (c->end > c->begin && off >= c->end && off - c->end <= COPY_JOIN_GAP) {
+        c->end = off + bytes;
+        return AK_OK;
+    }
+    AK_TRY(copy_flush(c, cs));
+    c->begin = off;
+    c->end = off + bytes;
+    return AK_OK;
+}
+
 ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_meta *bm, ak_stream stream)
 {
     engine_state *s = (engine_state *)state;
@@ -1009,43 +1048,41 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
         memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);
     }
 
-    /* asynchronous copies into the fixed device buffers, used lengths only:
-     * the head, the request arrays and the decode items in one */
+    /* asynchronous copies into the fixed device buffers, used lengths only,
+     * the head, the request arrays and the decode items in one; the staging
+     * buffer is laid out as the device's, so neighbouring arrays go in one
+     * copy across the unused end of the first (each copy call costs about
+     * 3 us of host time, BENCHMARKS.md) */
     cudaStream_t cs = ak_cuda_stream(stream);
     const int num_tokens = bm->qo_indptr[R];
     const int num_indices = s->ragged || s->plan_table ? 0 : bm->kv_indptr[R];
     const size_t head_bytes = (size_t)((char *)st->m.items - (char *)st->m.head) + sizeof(decode_item) * num_items;
-    AK_CUDA_TRY(cudaMemcpyAsync(s->d.head, st->m.head, head_bytes, cudaMemcpyHostToDevice, cs));
-    if (num_tasks > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.tasks, st->m.tasks, sizeof(merge_task) * num_tasks, cudaMemcpyHostToDevice,
-                                    cs));
-    if (num_pitems > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.pitems, st->m.pitems, sizeof(prefill_item) * num_pitems,
-                                    cudaMemcpyHostToDevice, cs));
-    if (num_scans > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.scans, st->m.scans, sizeof(scan_task) * num_scans, cudaMemcpyHostToDevice,
-                                    cs));
-    if (num_indices > 0)
-        AK_CUDA_TRY(cudaMemcpyAsync(s->d.kv_indices, st->m.kv_indices, sizeof(int32_t) * num_indices,
-                                    cudaMemcpyHostToDevice, cs));
+    copy_spans cp = {s->dev, st->host, 0, 0};
+    AK_TRY(copy_span(&cp, s->d.head, head_bytes, cs));
+    AK_TRY(copy_span(&cp, s->d.tasks, sizeof(merge_task) * num_tasks, cs));
+    AK_TRY(copy_span(&cp, s->d.pitems, sizeof(prefill_item) * num_pitems, cs));
+    AK_TRY(copy_span(&cp, s->d.scans, sizeof(scan_task) * num_scans, cs));
+    AK_TRY(copy_span(&cp, s->d.kv_indices, sizeof(int32_t) * num_indices, cs));
     /* Slots past this plan's tokens become -1 on the device (only those a
      * larger earlier plan left behind need writing): a kv_update captured
-     * with more tokens than this plan has then skips the extra rows. */
+     * with more tokens than this plan has then skips the extra rows. The
+     * slot mapping is the last array copied: the device's slots past the
+     * copied ones must stay -1, so no copy runs across them. */
     if (!s->ragged) {
         const int slots = num_tokens > s->slot_hw ? num_tokens : s->slot_hw;
         if (s->plan_table) {
+            AK_TRY(copy_flush(&cp, cs));
             /* from the table itself, after the request arrays land */
             AK_TRY(ak_cuda_table_slots(s->plan_table, b->block_table_stride, s->cfg.page_size,
                                        s->lim.num_cache_blocks, s->d.req_qo, s->d.req_kv, R, num_tokens, slots,
                                        s->d.slot_mapping, cs));
         } else {
             for (int i = num_tokens; i < slots; i++) st->m.slot_mapping[i] = -1;
-            if (slots > 0)
-                AK_CUDA_TRY(cudaMemcpyAsync(s->d.slot_mapping, st->m.slot_mapping, sizeof(int64_t) * slots,
-                                            cudaMemcpyHostToDevice, cs));
+            AK_TRY(copy_span(&cp, s->d.slot_mapping, sizeof(int64_t) * slots, cs));
         }
         s->slot_hw = num_tokens;
     }
+    AK_TRY(copy_flush(&cp, cs));
     AK_CUDA_TRY(cudaEventRecord(st->copied, cs));
     st->in_flight = 1;
     s->next_stg = (s->next_stg + 1) % NUM_STAGING;
