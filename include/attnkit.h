@@ -651,7 +651,13 @@ AK_API ak_status ak_backend_plan(ak_backend *b, const ak_batch *batch, ak_stream
 
 /* Device side: attention for one layer over the planned batch. Allocates
  * nothing and never synchronises; on CUDA it is capturable into a CUDA graph
- * (see ak_backend_graph_support). Checks tensors against cfg and the plan. */
+ * (see ak_backend_graph_support). Checks tensors against cfg and the plan.
+ * CUDA on sm_90: its first kernel is a programmatic dependent of the kernel
+ * before it on `stream` (it waits for that kernel before reading anything
+ * but the plan), and its last lets the next kernel launch early: a kernel
+ * the caller launches after run() with programmatic stream serialization
+ * must wait (griddepcontrol.wait) before reading run()'s outputs, as CUDA
+ * requires of any such kernel. */
 AK_API ak_status ak_backend_run(ak_backend *b, const ak_run_args *args, ak_stream stream);
 
 AK_API const char *ak_backend_name(const ak_backend *b);

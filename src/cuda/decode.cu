@@ -541,10 +541,18 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
     extern __shared__ uint4 smem[];
+    /* The plan's metadata first: plan() copied it before any kernel of the
+     * step, and the grid never has more blocks than the plan has room for
+     * items. This grid may be launched as the programmatic dependent of the
+     * kernel before it (the layer before's merge), so q, K/V and the block
+     * table are read only after the wait; then the kernel after this one
+     * (prefill or merge) may start launching (the merge waits for this
+     * grid's completion before reading anything). */
+    const int num_items = p.head->counts[COUNT_DECODE];
+    const int32_t *table = p.head->kv_table;
+    const decode_item first = p.items[blockIdx.x];
 #if __CUDA_ARCH__ >= 900
-    /* the kernel after this one (prefill or merge, a programmatic dependent)
-     * may start launching now; the merge waits for this grid's completion
-     * before reading anything */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
@@ -556,7 +564,6 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     void *qs = (char *)smem + tr::KV_BYTES;
     kv_scales sc = {1.0f, 1.0f};
     if (FP8) sc = kv_scales_of(p, kv_head);
-    const int32_t *table = p.head->kv_table;
     /* the block ids of the next tile to copy, looked up one tile ahead */
     constexpr int CHUNKS = FP8 ? DP / 16 : DP / 8;
     tile_ids<CHUNKS, tr::TILE, tr::THREADS> ids;
@@ -571,10 +578,8 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
         else
             load_kv_tile_ids<DQK, DVO, DP, tr::TILE, tr::THREADS, T>(p, ids, lane_off, t0, it.kv_end, ks, vs, it.lo);
     };
-    const int num_items = p.head->counts[COUNT_DECODE];
-
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
-        const decode_item it = p.items[w];
+        const decode_item it = w == (int)blockIdx.x ? first : p.items[w];
         if (it.req < 0) continue; /* padding (defensive: plan() emits none) */
         const int tok = it.tok, lo = it.lo;
         __syncthreads(); /* the previous item's epilogue is done with shared memory */

@@ -1238,13 +1238,17 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
     const int scan = s->scan_k.fn && (all || s->num_scans > 0);
-    /* the scan pass first, an ordinary launch: decode starts after it ends,
-     * and prefill (decode's dependent, or an ordinary launch) after that */
+    /* The scan pass first, an ordinary launch. Decode is a programmatic
+     * dependent of whatever kernel is before it (the scan, or the layer
+     * before's merge, which lets it launch at once): its blocks read the
+     * plan's metadata while that kernel finishes, and wait for it before
+     * reading anything else. Prefill is decode's dependent, or an ordinary
+     * launch. */
     if (scan)
         AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, 0, cs, p));
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
-                             s->dec_k.smem, 0, cs, p, s->dec_k.tma_map ? &k_map : NULL));
+                             s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     if (prefill)
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
                              s->pre_k.smem, s->pdl && decode, cs, p));

@@ -80,20 +80,32 @@ __device__ __forceinline__ void merge_weights(const attn_params &p, const merge_
     if (threadIdx.x == 0 && p.lse) p.lse[task.tok * p.lse_stride_tok + head] = lse;
 }
 
+/* Launched early as a programmatic dependent (sm_90): the kernel after this
+ * one (the next layer's decode, a dependent too) may start launching at
+ * once, and this one waits for the kernels before it. Each block reads the
+ * plan's count and its first task before the wait: plan() copied them
+ * before any kernel of the step, and the grid never has more blocks than
+ * the plan has room for tasks. */
+__device__ __forceinline__ void merge_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::THREADS) merge_kernel(const attn_params p)
 {
     typedef merge_traits<D> tr;
     extern __shared__ float weight[];            /* [max_splits] */
     __shared__ float4 group_sum[tr::GROUPS][tr::LANES];
-#if __CUDA_ARCH__ >= 900
-    /* launched early as a programmatic dependent: wait for the kernels before */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    const int head = blockIdx.y / tr::SLICES, dim0 = blockIdx.y % tr::SLICES * tr::SLICE;
     const int num_tasks = p.head->counts[COUNT_MERGE];
+    const merge_task first = p.tasks[blockIdx.x];
+    merge_wait();
+    const int head = blockIdx.y / tr::SLICES, dim0 = blockIdx.y % tr::SLICES * tr::SLICE;
     const int group = threadIdx.x / tr::LANES, lane = threadIdx.x % tr::LANES;
     for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
-        const merge_task task = p.tasks[t];
+        const merge_task task = t == (int)blockIdx.x ? first : p.tasks[t];
         const int n = task.n;
         const int64_t step = (int64_t)task.stride * p.num_qo_heads; /* between partial rows */
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
@@ -136,13 +148,12 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
 template <typename T> __global__ void __launch_bounds__(MERGE_ANY_THREADS) merge_kernel_any(const attn_params p)
 {
     extern __shared__ float weight[]; /* [max_splits] */
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    const int head = blockIdx.y, D = p.head_dim_vo;
     const int num_tasks = p.head->counts[COUNT_MERGE];
+    const merge_task first = p.tasks[blockIdx.x];
+    merge_wait();
+    const int head = blockIdx.y, D = p.head_dim_vo;
     for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
-        const merge_task task = p.tasks[t];
+        const merge_task task = t == (int)blockIdx.x ? first : p.tasks[t];
         const int64_t step = (int64_t)task.stride * p.num_qo_heads;
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
         __syncthreads();

@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     KV *kst = (KV *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
     KV *vst = kst + 2 * PT_KEYS * l.ks;
 #if __CUDA_ARCH__ >= 900
+    /* decode: launched as the programmatic dependent of the kernel before
+     * (as decode.cu), so it waits for it first; prefill is decode's
+     * dependent and waits at its end */
+    if (DECODE) asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;"); /* the kernel after may start launching */
 #endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
