@@ -163,6 +163,19 @@ template <int DQK, int DVO> struct head_dims {
  * scales stay out of the products: k_scale multiplies the raw dot q.x of a
  * key (before the NaN rule sees it), v_scale the finished o row. */
 
+/* The start of a decode kernel, the first of a step (sm_90): launched as
+ * the programmatic dependent of the kernel before it (engine.cu's run()),
+ * it waits for that kernel before reading anything but the plan, and only
+ * then lets its own dependents (prefill, the merge) launch, so none of them
+ * starts reading before the kernels before the step are done. */
+__device__ __forceinline__ void decode_grid_start()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 /* The scales of KV head h (1 without scales). */
 struct kv_scales {
     float k, v;

@@ -543,18 +543,12 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     extern __shared__ uint4 smem[];
     /* The plan's metadata first: plan() copied it before any kernel of the
      * step, and the grid never has more blocks than the plan has room for
-     * items. This grid may be launched as the programmatic dependent of the
-     * kernel before it (the layer before's merge), so q, K/V and the block
-     * table are read only after the wait; then the kernel after this one
-     * (prefill or merge) may start launching (the merge waits for this
-     * grid's completion before reading anything). */
+     * items; q, K/V and the block table only after decode_grid_start (the
+     * merge waits for this grid's completion before reading anything). */
     const int num_items = p.head->counts[COUNT_DECODE];
     const int32_t *table = p.head->kv_table;
     const decode_item first = p.items[blockIdx.x];
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    decode_grid_start();
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);

@@ -110,12 +110,7 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
     typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, KCH = DQK / 8, VCH = DVO / 8;
     extern __shared__ uint4 smem[];
-#if __CUDA_ARCH__ >= 900
-    /* launched as the programmatic dependent of the kernel before (as
-     * decode.cu): wait for it, then let the kernel after start launching */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
+    decode_grid_start();
     KV *stages = (KV *)smem;
     T *tile16 = (T *)((char *)smem + (tr::KV_BYTES - tr::TILE16_BYTES)); /* fp8: the converted tile */
     T *qs = (T *)((char *)smem + tr::KV_BYTES);

@@ -1048,11 +1048,9 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
         memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);
     }
 
-    /* asynchronous copies into the fixed device buffers, used lengths only,
-     * the head, the request arrays and the decode items in one; the staging
-     * buffer is laid out as the device's, so neighbouring arrays go in one
-     * copy across the unused end of the first (each copy call costs about
-     * 3 us of host time, BENCHMARKS.md) */
+    /* asynchronous copies into the fixed device buffers, used lengths only
+     * (the head, the request arrays and the decode items are one array),
+     * joined by copy_span */
     cudaStream_t cs = ak_cuda_stream(stream);
     const int num_tokens = bm->qo_indptr[R];
     const int num_indices = s->ragged || s->plan_table ? 0 : bm->kv_indptr[R];

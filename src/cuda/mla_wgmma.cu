@@ -473,10 +473,7 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
         mbar_init(&bar.q_empty, 128);
     }
     __syncthreads();
-    /* launched as the programmatic dependent of the kernel before (as
-     * decode.cu): wait for it; then the merge may start launching */
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
+    decode_grid_start();
     const int wg = threadIdx.x / 128;
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * W::ROWS;

@@ -144,13 +144,15 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
     float *part = qs + PT_ROWS * l.qs;            /* [WARPS][ROWS][KEYS] partial logits */
     KV *kst = (KV *)(part + PT_WARPS * PT_ROWS * PT_KEYS);
     KV *vst = kst + 2 * PT_KEYS * l.ks;
+    if (DECODE) {
+        decode_grid_start();
+    } else {
 #if __CUDA_ARCH__ >= 900
-    /* decode: launched as the programmatic dependent of the kernel before
-     * (as decode.cu), so it waits for it first; prefill is decode's
-     * dependent and waits at its end */
-    if (DECODE) asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;"); /* the kernel after may start launching */
+        /* prefill, decode's dependent, waits at its end; the kernel after
+         * may start launching now */
+        asm volatile("griddepcontrol.launch_dependents;");
 #endif
+    }
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int tiles = DECODE ? p.row_tiles : p.prow_tiles;
     const int kv_head = blockIdx.y / tiles, row_tile = blockIdx.y % tiles;
