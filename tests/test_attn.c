@@ -170,7 +170,8 @@ static const attn_case fixed_cases[] = {
     {"head dims 192/128 split decode bf16", 8, 2, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2,
      {{1, 3000}, {1, 40}}},
     /* head dim 512: decode on the wide-row tensor-core kernel (16, 32 or 64
-     * heads a block), prefill on the portable kernel */
+     * heads a block), prefill on the wide wgmma kernel on sm_90 (64 rows a
+     * tile; the portable kernel elsewhere) */
     {"head dim 512 mha bf16", 4, 4, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{1, 300}, {20, 40}, {1, 2500}}},
     {"head dim 512 gqa8 decode f16", 16, 2, 512, 512, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
@@ -183,6 +184,19 @@ static const attn_case fixed_cases[] = {
      3, {{1, 3000}, {1, 50}, {5, 60}}},
     {"head dim 512 ragged decode bf16", 8, 2, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
      {{1, 700}, {1, 1}, {1, 64}}},
+    {"head dim 512 prefill gqa4 f16 (16 tokens a tile)", 8, 2, 512, 512, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{130, 130}, {1, 1}, {64, 64}, {70, 200}}},
+    {"head dim 512 prefill gqa16 bf16 hnd page1", 32, 2, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 1, HND, PAGED, 2,
+     {{33, 33}, {100, 300}}},
+    {"head dim 512 prefill sinks window soft-cap f32 out", 8, 2, 512, 512, AK_BF16, 1, 1, 1, 100, 30.0f, 16, NHD,
+     PAGED, 2, {{150, 150}, {20, 500}}},
+    {"head dim 512 prefill ragged non-causal", 4, 4, 512, 512, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 2,
+     {{70, 90}, {5, 5}}},
+    {"head dim 512 chunks on long prefixes (split)", 4, 1, 512, 512, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{16, 5000}, {3, 2500}}},
+    {"head dim 512 prefill several items per block mha", 4, 4, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 12,
+     {{150, 150}, {260, 260}, {65, 65}, {129, 129}, {300, 300}, {170, 170},
+      {150, 150}, {64, 64}, {200, 200}, {63, 63}, {129, 129}, {257, 257}}},
     /* outside the table: the portable kernel on the GPU, 16-byte copies (multiples of 8) or
      * element copies (any other), split-KV through its merge */
     {"head dims 100/36 element copies f16", 8, 2, 100, 36, AK_F16, 0, 0, 1, -1, 0, 5, NHD, PAGED, 3,

@@ -121,6 +121,12 @@ static const nf_case cases[] = {
      {IN_V, NAN, 0, 760, 0, 0, 9}, 0},
     {"d256 prefill: NaN in a value only the last rows see", DIMS(256, 256, 1, {{260, 260}}),
      {IN_V, NAN, 0, 250, 0, 1, 255}, 0},
+    /* head dims 512: the wide kernel, whose second warpgroup scans V */
+    {"d512 prefill: NaN in a value only the last rows see", DIMS(512, 512, 2, {{150, 150}, {1, 30}}),
+     {IN_V, NAN, 0, 140, 0, 1, 511}, 0},
+    {"d512 prefill: +inf in a key some rows see", DIMS(512, 512, 2, {{150, 150}, {1, 30}}),
+     {IN_K, INFINITY, 0, 70, 0, 0, 300}, 0},
+    {"d512 prefill: NaN in q", DIMS(512, 512, 2, {{150, 150}, {1, 30}}), {IN_Q, NAN, 0, 0, 100, 3, 257}, 0},
     /* fp8 scales (per head): every row of the head's group that sees a key */
     {"decode: NaN k_scale", DECODE_BATCH, {IN_K_SCALE, NAN, 0, 0, 0, 1, 0}, 0},
     {"decode split: +inf v_scale", DECODE_BATCH, {IN_V_SCALE, INFINITY, 0, 0, 0, 0, 0}, 4},

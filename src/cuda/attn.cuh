@@ -744,15 +744,15 @@ __device__ __forceinline__ uint32_t q_rows_bad(const T *qs, At at, int row0, int
 
 /* Rule 3: this thread's chunks of a V tile as load_kv_tile copied them
  * (keys [0, TILE), DP-element rows, chunk c of key row at element at(row,
- * c); only c < DVO / 8 hold V). Zeroes each non-finite element and sets the
- * bit of its key in bits (TILE / 32 words, cleared beforehand); returns
- * whether there was one. Its own copies are the ones a thread has waited
+ * c); only c < DVO / 8 hold V), THREADS threads side by side (this one
+ * tid). Zeroes each non-finite element and sets the bit of its key in bits
+ * (TILE / 32 words, cleared beforehand); returns whether there was one. Its own copies are the ones a thread has waited
  * for (cp.async.wait_group), so it may run before the block's barrier. */
 template <int DVO, int DP, int TILE, int THREADS, typename T, typename At>
-__device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits)
+__device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits, int tid)
 {
     constexpr int CHUNKS = DP / 8;
-    const int chunk = threadIdx.x % CHUNKS, row0 = threadIdx.x / CHUNKS;
+    const int chunk = tid % CHUNKS, row0 = tid / CHUNKS;
     if (chunk >= DVO / 8) return false;
     bool found = false;
 #pragma unroll
@@ -929,6 +929,9 @@ typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1, PREFILL_PORTAB
  * (the wgmma ones exist only in a build that targets sm_90). */
 attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype, int fp8);
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
+/* head dims 512 (prefill_wide.cu, sm_90a, 16-bit K/V); the wgmma family's
+ * kernel for that pair */
+attn_kernel ak_cuda_prefill_wide_kernel(ak_dtype dtype);
 
 /* The portable kernel (portable.cu): any head dims up to AK_PORTABLE_MAX_DIM
  * (multiples of 8 load 16 bytes a copy, others 2), any group, over the

@@ -326,13 +326,16 @@ static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, in
 
 /* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
  * (sm_90a code runs on compute capability 9.0 alone), else mma.sync; the
- * portable kernel for a pair the tensor-core kernels are not compiled for.
+ * portable kernel for a pair the tensor-core kernels are not compiled for,
+ * and for head dims 512 (16-bit K/V) where wgmma does not run.
  * AK_CUDA_PREFILL=mma|wgmma forces one (to compare them, or to test both on
  * one GPU); a forced kernel that cannot run here is an error, not ignored. */
 static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, int portable, prefill_family *f)
 {
     const int dqk = cfg->head_dim_qk, dvo = cfg->head_dim_vo;
-    if (portable || !tc_pair(cfg)) {
+    /* head dims 512 with 16-bit K/V: wgmma alone (prefill_wide.cu) */
+    const int wide = dqk == 512 && dvo == 512 && !is_fp8(cfg);
+    if (portable || (!tc_pair(cfg) && !wide)) {
         *f = PREFILL_PORTABLE;
         return AK_OK;
     }
@@ -341,6 +344,12 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
                       ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn != NULL;
     int forced;
     AK_TRY(env_choice("AK_CUDA_PREFILL", "mma", "wgmma", &forced));
+    /* head dims 512 without wgmma (not forced to it): the portable kernel,
+     * mma.sync has no instance for them (AK_CUDA_PREFILL=mma: "no wgmma") */
+    if (wide && (forced == 0 || (forced < 0 && !wg_ok))) {
+        *f = PREFILL_PORTABLE;
+        return AK_OK;
+    }
     if (forced == 1 && !wg_ok)
         return ak_set_error(AK_ERR_UNSUPPORTED,
                             "AK_CUDA_PREFILL=wgmma: the wgmma prefill kernel needs compute capability 9.0, "
@@ -389,7 +398,9 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     }
     const char *dims = f == PREFILL_PORTABLE && !portable
                            ? (is_fp8(cfg) ? " (head dims outside the fp8 tensor-core table)"
-                                          : " (head dims outside the tensor-core table)")
+                              : cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512
+                                  ? " (head dims 512 on tensor cores need sm_90)"
+                                  : " (head dims outside the tensor-core table)")
                            : "";
     const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg)).rows;
     int row_tiles, heads, tokens;

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
                         scan_v_tile<DVO, DP, tr::TILE, tr::THREADS>(stages + (t % tr::STAGES) * 2 * tr::TILE * DP +
                                                                         tr::TILE * DP,
                                                                     [](int row, int c) { return swz<DP>(row, c); },
-                                                                    bad);
+                                                                    bad, threadIdx.x);
                 if (threadIdx.x < tr::TILE / 32) bad_keys[(gt + t + 1) % 3][threadIdx.x] = 0;
                 __syncthreads(); /* tile t (and q) landed; every warp is done with tile t - 1 */
                 if (t == 0) { /* the NaN rule's check of this warp's q rows */

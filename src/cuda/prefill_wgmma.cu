@@ -41,7 +41,8 @@
 
 #include <limits.h>
 
-template <int DQK, int DVO> struct wg_traits {
+template <int DQK_, int DVO_> struct wg_traits {
+    static constexpr int DQK = DQK_, DVO = DVO_;
     static constexpr int DP = head_dims<DQK, DVO>::DP; /* shared-memory rows */
     /* N of O += P V: DVO rounded up to whole 64-element column blocks (an
      * MN-major operand's swizzle atom); the columns past DVO are computed
@@ -80,102 +81,6 @@ template <int DQK, int DVO> struct wg_traits {
     /* the most a block may use (DP 128: 230,512 bytes, and 48 static) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
-
-/* Turns this warp's 16 rows of S (a tile of keys from t0) into P, in place
- * (f32), with prefill.cu's online softmax and lazy rescale: masks when
- * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
- * and returns whether any row of the warp did, with the factors o must be
- * scaled by in f (the caller scales o once its last P.V has finished). */
-template <int NT, typename T, bool CHECK>
-__device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
-                                             int row_pos0, int row_pos1, int kv_end, const uint32_t *bad,
-                                             float (&m)[2], float (&d)[2], float (&f)[2])
-{
-    const int lane = threadIdx.x % 32;
-    /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
-#pragma unroll
-    for (int h = 0; h < 2 && CHECK; h++) check_logits(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane, masked, d[h]);
-    if (p.soft_cap > 0.0f) { /* before the masks: tanh(-inf) would unmask */
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = p.cap_log2 * tanhf(s[n][e] * p.cap_scale);
-    }
-    if (masked) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) mask_row(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane);
-    }
-    if (CHECK && bad) { /* a mixed tile whose V had bad keys: the rows that see one (a block-wide mark) */
-#pragma unroll
-        for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
-    }
-    const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
-    return softmax_rows(s, sc, m, d, f);
-}
-
-/* The block's shared-memory barriers. Tile number g of the block (over all
- * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
- * its V are filled and freed apart (K is done with once S is, V only after
- * P.V a tile later), so the producer runs two tiles ahead of S. *_full: the
- * producers' copies landed; *_empty: every consumer is done reading. q_full
- * and q_empty: the same for q, once an item (an item without key tiles has
- * no q to load, but at d > 128 its epilogue stages its rows in qs). */
-template <int STAGES> struct ws_barriers {
-    uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
-};
-
-/* The producer warpgroup: for each of the block's items (in the consumers'
- * order), its K/V tiles into the stages and its q rows into qs. The first
- * tile of an item is issued before the item's q, whose buffer the
- * consumers free only when the previous item is done with it (after its
- * MMAs; after its epilogue where that stages o there): the copy of that
- * tile runs under the end of the previous item. */
-template <int DQK, int DVO, typename T, int ADDR>
-__device__ __forceinline__ void prefill_wgmma_producer(const attn_params &p, T *qs, T *stages,
-                                                       ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar, int kv_head,
-                                                       int head0, int hb, int heads)
-{
-    typedef wg_traits<DQK, DVO> tr;
-    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
-    const int num_items = p.head->counts[COUNT_PREFILL];
-    const int32_t *table = p.head->kv_table;
-    int g = 0, n = 0; /* tiles and items so far */
-    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
-        const prefill_item it = p.pitems[w];
-        if (it.ntok == 0) continue; /* padding */
-        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-        /* tile t into stage g % STAGES, once every consumer finished reading
-         * what it held (tile g - STAGES) */
-        producer_rows<DP, KEYS, tr::PRODUCERS> cur;
-        auto fill = [&](int t) {
-            const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
-            T *ks = stages + st * 2 * KEYS * DP;
-            tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
-            if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-            producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);
-            mbar_arrive_cp_async(&bar.k_full[st]);
-            if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-            producer_copy<DVO, DP, KEYS, tr::PRODUCERS, true, T>(p, cur, kv_head, t0, it.kv_end, ks + KEYS * DP);
-            mbar_arrive_cp_async(&bar.v_full[st]);
-            g++;
-        };
-        if (n_tiles > 0) fill(0);
-        if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
-        n++;
-        /* q's rows, unless no key tile follows (then nothing reads them);
-         * q_full completes once an item either way, so that the consumers
-         * never run a phase of q_empty ahead of this wait */
-        if (n_tiles > 0) {
-            load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
-                                                     [](int row, int c) { return sw128<ROWS>(row, c); });
-            mbar_arrive_cp_async(&bar.q_full);
-        } else {
-            mbar_arrive(&bar.q_full);
-        }
-        for (int t = 1; t < n_tiles; t++) fill(t);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
-}
 
 /* The consumer warpgroups (threads 0-255): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
@@ -265,7 +170,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     set = mk % 3;
                     /* (the producer's copies, which wait_v waited for) */
                     scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
-                        v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set]);
+                        v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set], threadIdx.x);
                     fence_proxy_async(); /* its zeros, visible to wgmma */
                     bar_sync(3, CONSUMERS);
                     if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
@@ -468,7 +373,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == 2) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_wgmma_producer<DQK, DVO, T, ADDR>(p, qs, stages, bar, kv_head, head0, hb, heads);
+        prefill_producer<tr, T, ADDR>(p, qs, stages, bar, kv_head, head0, hb, heads);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
         prefill_wgmma_consumers<DQK, DVO, T>(p, qs, stages, bar, bad_keys, kv_head, head0, hb, heads);
@@ -499,6 +404,7 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 {
 #if defined(AK_WGMMA)
+    if (dqk == 512 && dvo == 512) return ak_cuda_prefill_wide_kernel(dtype);
     return kernel_table<wgmma_prefill_info>(dqk, dvo, dtype);
 #else
     (void)dqk;

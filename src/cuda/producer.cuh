@@ -1,13 +1,16 @@
 /*
- * producer.cuh - the copies of a producer warpgroup (the warp-specialized
- * kernels prefill_wgmma.cu and mla_wgmma.cu): a tile of K/V rows through the
- * block table (or the ragged rows) into a stage of wgmma.cuh's swizzled
- * layout, with cp.async, from a warpgroup that holds few registers.
+ * producer.cuh - the pieces the warp-specialized kernels (prefill_wgmma.cu,
+ * prefill_wide.cu, mla_wgmma.cu) share: the copies of a producer warpgroup
+ * (a tile of K/V rows through the block table, or the ragged rows, into a
+ * stage of wgmma.cuh's swizzled layout, with cp.async, from a warpgroup that
+ * holds few registers), the prefill producer over the work items, its
+ * barriers, and the prefill softmax of a tile.
  */
 #ifndef AK_CUDA_PRODUCER_CUH
 #define AK_CUDA_PRODUCER_CUH
 
 #include "attn.cuh"
+#include "wgmma.cuh"
 
 /* The producer's copies of a tile: TPR threads a key row, each every TPR-th
  * 16-byte chunk of it, so a thread's copies of a row differ only by
@@ -69,6 +72,102 @@ __device__ __forceinline__ void producer_copy(const attn_params &p, const produc
                 cp_async_16(dst + (TPR * j / 8) * (KEYS * 64) + (base ^ ((TPR * j % 8) << 3)), src + TPR * j * 8,
                             bytes);
     }
+}
+
+/* Turns this warp's 16 rows of S (a tile of keys from t0) into P, in place
+ * (f32), with prefill.cu's online softmax and lazy rescale: masks when
+ * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
+ * and returns whether any row of the warp did, with the factors o must be
+ * scaled by in f (the caller scales o once its last P.V has finished). */
+template <int NT, typename T, bool CHECK>
+__device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
+                                             int row_pos0, int row_pos1, int kv_end, const uint32_t *bad,
+                                             float (&m)[2], float (&d)[2], float (&f)[2])
+{
+    const int lane = threadIdx.x % 32;
+    /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
+#pragma unroll
+    for (int h = 0; h < 2 && CHECK; h++) check_logits(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane, masked, d[h]);
+    if (p.soft_cap > 0.0f) { /* before the masks: tanh(-inf) would unmask */
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = p.cap_log2 * tanhf(s[n][e] * p.cap_scale);
+    }
+    if (masked) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) mask_row(p, s, h, h ? row_pos1 : row_pos0, t0, kv_end, lane);
+    }
+    if (CHECK && bad) { /* a mixed tile whose V had bad keys: the rows that see one (a block-wide mark) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
+    }
+    const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
+    return softmax_rows(s, sc, m, d, f);
+}
+
+/* The block's shared-memory barriers. Tile number g of the block (over all
+ * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
+ * its V are filled and freed apart (K is done with once S is, V only after
+ * P.V a tile later), so the producer runs two tiles ahead of S. *_full: the
+ * producers' copies landed; *_empty: every consumer is done reading. q_full
+ * and q_empty: the same for q, once an item (an item without key tiles has
+ * no q to load, but at d > 128 its epilogue stages its rows in qs). */
+template <int STAGES> struct ws_barriers {
+    uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
+};
+
+/* The producer warpgroup of the warp-specialized prefill kernels (tr: their
+ * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the block's items (in the consumers'
+ * order), its K/V tiles into the stages and its q rows into qs. The first
+ * tile of an item is issued before the item's q, whose buffer the
+ * consumers free only when the previous item is done with it (after its
+ * MMAs; after its epilogue where that stages o there): the copy of that
+ * tile runs under the end of the previous item. */
+template <typename tr, typename T, int ADDR>
+__device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
+                                                 int kv_head, int head0, int hb, int heads)
+{
+    constexpr int DQK = tr::DQK, DVO = tr::DVO;
+    constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    const int32_t *table = p.head->kv_table;
+    int g = 0, n = 0; /* tiles and items so far */
+    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        const prefill_item it = p.pitems[w];
+        if (it.ntok == 0) continue; /* padding */
+        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+        /* tile t into stage g % STAGES, once every consumer finished reading
+         * what it held (tile g - STAGES) */
+        producer_rows<DP, KEYS, tr::PRODUCERS> cur;
+        auto fill = [&](int t) {
+            const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
+            T *ks = stages + st * 2 * KEYS * DP;
+            tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
+            if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+            producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);
+            mbar_arrive_cp_async(&bar.k_full[st]);
+            if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+            producer_copy<DVO, DP, KEYS, tr::PRODUCERS, true, T>(p, cur, kv_head, t0, it.kv_end, ks + KEYS * DP);
+            mbar_arrive_cp_async(&bar.v_full[st]);
+            g++;
+        };
+        if (n_tiles > 0) fill(0);
+        if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+        n++;
+        /* q's rows, unless no key tile follows (then nothing reads them);
+         * q_full completes once an item either way, so that the consumers
+         * never run a phase of q_empty ahead of this wait */
+        if (n_tiles > 0) {
+            load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                     [](int row, int c) { return sw128<ROWS>(row, c); });
+            mbar_arrive_cp_async(&bar.q_full);
+        } else {
+            mbar_arrive(&bar.q_full);
+        }
+        for (int t = 1; t < n_tiles; t++) fill(t);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
 }
 
 #endif /* AK_CUDA_PRODUCER_CUH */
