@@ -188,7 +188,7 @@ static const attn_case fixed_cases[] = {
      {{130, 130}, {1, 1}, {64, 64}, {70, 200}}},
     {"head dim 512 prefill gqa16 bf16 hnd page1", 32, 2, 512, 512, AK_BF16, 0, 0, 1, -1, 0, 1, HND, PAGED, 2,
      {{33, 33}, {100, 300}}},
-    {"head dim 512 prefill sinks window soft-cap f32 out", 8, 2, 512, 512, AK_BF16, 1, 1, 1, 100, 30.0f, 16, NHD,
+    {"head dim 512 prefill sinks window soft-cap", 8, 2, 512, 512, AK_BF16, 1, 0, 1, 100, 30.0f, 16, NHD,
      PAGED, 2, {{150, 150}, {20, 500}}},
     {"head dim 512 prefill ragged non-causal", 4, 4, 512, 512, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 2,
      {{70, 90}, {5, 5}}},
