@@ -3,12 +3,12 @@
 peers.py - attnkit's cuda_paged beside its peers, on the same KV contents and
 queries: FlashInfer's BatchDecode / BatchPrefill wrappers on the paged cache
 and its ragged prefill wrapper on contiguous K/V (if importable), PyTorch SDPA
-with the flash and cuDNN backends on a dense copy of the cache, FlexAttention
-(if present), torch's varlen_attn and attnkit's own cuda_varlen on contiguous
-K/V. Outputs are checked against attnkit's; times are CUDA-event medians;
-decode is timed as CUDA-graph replays where a side can be captured. Prints
-peer time / attnkit (cuda_paged) time per shape (above 1: attnkit is faster)
-and writes every measurement to a CSV.
+with the flash, cuDNN and memory-efficient backends on a dense copy of the
+cache, FlexAttention (if present), torch's varlen_attn and attnkit's own
+cuda_varlen on contiguous K/V. Outputs are checked against attnkit's; times
+are CUDA-event medians; decode is timed as CUDA-graph replays where a side can
+be captured. Prints peer time / attnkit (cuda_paged) time per shape (above 1:
+attnkit is faster) and writes every measurement to a CSV.
 
     make build                                 # or: cmake --build build --target attnkit_shared
     python3 bench/peers.py                     # every default shape (see --help)
@@ -50,7 +50,7 @@ MODELS = {
     "gemma2-9b": (16, 8, 256),
 }
 PEERS = ("attnkit", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
-         "sdpa_flash", "sdpa_cudnn", "flex", "torch_varlen")
+         "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "torch_varlen")
 # the sides that read contiguous K/V [sum kv_len, kv_heads, head_dim] instead of the cache
 RAGGED_PEERS = ("attnkit_varlen", "flashinfer_ragged", "torch_varlen")
 WORKLOADS = ("decode", "prefill", "mixed")
@@ -478,7 +478,7 @@ def setup_sdpa(sc, backend_name):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "math": SDPBackend.MATH}[backend_name]
+               "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend_name]
     dense = sc.dense_copy()
     masks = run_masks(sc, backend_name)
     gqa = sc.Hq != sc.Hk
@@ -748,7 +748,7 @@ def run_side(peer, sc, attnkit, fi, fi_reason, args):
             steps, out = setup_flashinfer_ragged(sc, fi)
         else:
             steps, out = setup_flashinfer(sc, fi, peer == "flashinfer_tc", use_graph)
-    elif peer in ("sdpa_flash", "sdpa_cudnn"):
+    elif peer in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
         backend = peer.split("_")[1]
         if sc.dev.type != "cuda":
             backend = "math"
