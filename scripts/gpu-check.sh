@@ -10,7 +10,7 @@
 # cases on the three kernel families and under memcheck, then bench/fp8.py
 # with FlashInfer, ~5 min), wide (rows of 512: head dim 512 and cuda_mla's
 # MLA cases on both MLA kernels, graph replays, memcheck, racecheck and
-# synccheck, attnkit-bench's d512 and deepseek-v3 decode, bench/mla.py beside
+# synccheck, attnkit-bench's d512 decode and prefill and deepseek-v3 decode, bench/mla.py beside
 # FlashInfer's MLA, ~7 min): name
 # them on their own. Logs go to $OUT (or ./gpu-check-logs) so they come back with
 # the device tool.
@@ -179,7 +179,7 @@ fi
 if want coverage && [[ -x $BUILD/attnkit-bench ]]; then
     # head dims, sinks, windows and batch invariance: decode (64 x 4096, page
     # 16) and prefill (4 x 4096 causal) at each head dim of the tensor-core
-    # table, MHA and GQA 32/8; the portable kernel at 512; the gpt-oss and
+    # table, MHA and GQA 32/8; the wide kernels at 512; the gpt-oss and
     # phi-3 presets; invariance against the default
     cb() { timeout 60 $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
     {
@@ -287,8 +287,8 @@ if want_named fp8 && [[ -x $BUILD/attnkit-test ]]; then
 fi
 
 if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
-    # rows of 512 on tensor cores (decode_wide.cu): the head-dim-512 and MLA
-    # cases of the case table (fp8 and the MLA graph replays included) side
+    # rows of 512 on tensor cores (decode_wide.cu, prefill_wide.cu): the
+    # head-dim-512 and MLA    # cases of the case table (fp8 and the MLA graph replays included) side
     # by side with memcheck and racecheck on their kernels' cases; then
     # decode speed (attnkit-bench) and bench/mla.py
     # MLA runs on two kernels: mla_wgmma.cu (cuda_mla's choice on an H100
@@ -323,12 +323,17 @@ if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
     wide_run racecheck-mla racecheck $W --filter "mla decode 576/512 h16" &
     wide_run racecheck-mla-h128 racecheck $W --filter "mla 576/512 h128" --skip graph &
     wide_run synccheck-mla synccheck $W --filter mla --skip graph --skip fp8 --skip small &
+    # head dim 512 prefill: prefill_wide.cu (the default on an H100), and the
+    # portable kernel under AK_CUDA_PREFILL=mma
+    wide_run test-512-mma none AK_CUDA_PREFILL=mma --filter "head dim 512" &
+    wide_run racecheck-512p racecheck - --filter "head dim 512 prefill gqa4" &
+    wide_run synccheck-512p synccheck - --filter "head dim 512 prefill" &
     wait
-    for tag in test-512 test-mla test-mla-wgmma test-mla-wide; do
+    for tag in test-512 test-512-mma test-mla test-mla-wgmma test-mla-wide; do
         note "wide $tag" "$(grep -E 'passed, ' "$LOG/wide-$tag.log" || echo 'did not finish')"
     done
     for tag in memcheck-512 memcheck-mla memcheck-mla-wide memcheck-mla-fp8 racecheck-mla racecheck-mla-h128 \
-        synccheck-mla; do
+        synccheck-mla racecheck-512p synccheck-512p; do
         note "wide $tag" "$(grep -m1 'ERROR SUMMARY\|RACECHECK SUMMARY' "$LOG/wide-$tag.log" || echo 'did not finish')"
     done
     grep -h "^FAIL" "$LOG"/wide-test-*.log | head -10
@@ -336,6 +341,10 @@ if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
         for h in 32/8 32/32 64/1; do
             $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --heads $h --head-dim 512 \
                 --workload decode --batch 64 --kv-len 4096
+        done
+        for h in 32/8 16/16; do
+            $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --heads $h --head-dim 512 \
+                --workload prefill --batch 1 --kv-len 4096
         done
         for m in deepseek-v3 deepseek-v3-tp8; do
             for shape in "--batch 64 --kv-len 8192" "--batch 128 --kv-len 4096" "--batch 1 --kv-len 32768"; do
