@@ -288,9 +288,9 @@ fi
 
 if want_named wide && [[ -x $BUILD/attnkit-test ]]; then
     # rows of 512 on tensor cores (decode_wide.cu, prefill_wide.cu): the
-    # head-dim-512 and MLA    # cases of the case table (fp8 and the MLA graph replays included) side
-    # by side with memcheck and racecheck on their kernels' cases; then
-    # decode speed (attnkit-bench) and bench/mla.py
+    # head-dim-512 and MLA cases of the case table (fp8 and the MLA graph
+    # replays included) side by side with memcheck, racecheck and synccheck
+    # on their kernels' cases; then speed (attnkit-bench) and bench/mla.py
     # MLA runs on two kernels: mla_wgmma.cu (cuda_mla's choice on an H100
     # for 16-bit rows) and the wide-row one (fp8 rows, other GPUs; forced by
     # AK_CUDA_MLA=wide); FlashInfer's MLA modules compile beside the tests
