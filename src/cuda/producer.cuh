@@ -109,17 +109,19 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
 /* The block's shared-memory barriers. Tile number g of the block (over all
  * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
  * its V are filled and freed apart (K is done with once S is, V only after
- * P.V a tile later), so the producer runs two tiles ahead of S. *_full: the
- * producers' copies landed; *_empty: every consumer is done reading. q_full
- * and q_empty: the same for q, once an item (an item without key tiles has
- * no q to load, but at d > 128 its epilogue stages its rows in qs). */
+ * P.V, a tile later in prefill_wgmma.cu), so the producer runs up to STAGES
+ * tiles ahead of S. *_full: the producers' copies landed; *_empty: every
+ * consumer that reads it is done. q_full and q_empty: the same for q, once
+ * an item (an item without key tiles has no q to load, but at d > 128 its
+ * epilogue stages its rows in qs). */
 template <int STAGES> struct ws_barriers {
     uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
 };
 
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
- * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the block's items (in the consumers'
- * order), its K/V tiles into the stages and its q rows into qs. The first
+ * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
+ * block's items (in the consumers' order), its K/V tiles into the stages and
+ * its q rows into qs. The first
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
  * MMAs; after its epilogue where that stages o there): the copy of that
