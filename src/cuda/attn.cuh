@@ -9,8 +9,9 @@
  * Head dims: the tensor-core kernels are instantiated per pair (DQK, DVO) of
  * the table below, each a multiple of 16; their shared-memory rows are DP =
  * DQK and DVO rounded up to 64 (the swizzle's 8 chunks), and they compute
- * over the real dims only. Any other pair (up to 512) runs on the portable
- * kernel (portable.cu).
+ * over the real dims only. Head dims 512 have kernels of their own
+ * (decode_wide.cu; prefill_wide.cu on sm_90a); any other pair (up to 512)
+ * runs on the portable kernel (portable.cu).
  *
  * Every kernel runs on a grid fixed when the backend is created and loops
  * over a work list that plan() fills; the list lengths are read from device
@@ -742,12 +743,14 @@ __device__ __forceinline__ uint32_t q_rows_bad(const T *qs, At at, int row0, int
     return (b | b >> 1) & 0x55555555u;
 }
 
-/* Rule 3: this thread's chunks of a V tile as load_kv_tile copied them
- * (keys [0, TILE), DP-element rows, chunk c of key row at element at(row,
- * c); only c < DVO / 8 hold V), THREADS threads side by side (this one
- * tid). Zeroes each non-finite element and sets the bit of its key in bits
- * (TILE / 32 words, cleared beforehand); returns whether there was one. Its own copies are the ones a thread has waited
- * for (cp.async.wait_group), so it may run before the block's barrier. */
+/* Rule 3: this thread's chunks of a V tile in shared memory (keys [0,
+ * TILE), DP-element rows, chunk c of key row at element at(row, c); only
+ * c < DVO / 8 hold V), THREADS threads side by side (this one tid). Zeroes
+ * each non-finite element and sets the bit of its key in bits (TILE / 32
+ * words, cleared beforehand); returns whether there was one. The chunks
+ * must have landed for this thread: in prefill.cu they are its own copies
+ * (cp.async.wait_group; it may run before the block's barrier), in the
+ * wgmma kernels the producer's, waited for on the stage's V barrier. */
 template <int DVO, int DP, int TILE, int THREADS, typename T, typename At>
 __device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits, int tid)
 {
@@ -814,7 +817,9 @@ __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4]
 /* The (head_dim_qk, head_dim_vo) pairs the tensor-core kernels are compiled
  * for: every head dim of the models engines serve (Phi-3's 96, 80 and 112,
  * DeepSeek's expanded MLA prefill 192/128, Gemma's 256) and a smaller V
- * dim. Any other pair up to AK_PORTABLE_MAX_DIM runs on the portable kernel. */
+ * dim. Head dims 512 have kernels of their own (decode_wide.cu,
+ * prefill_wide.cu); any other pair up to AK_PORTABLE_MAX_DIM runs on the
+ * portable kernel. */
 #define AK_TC_HEAD_DIMS(X)                                                                                        \
     X(64, 64) X(80, 80) X(96, 96) X(112, 112) X(128, 128) X(192, 192) X(256, 256) X(192, 128) X(128, 64)
 #define AK_PORTABLE_MAX_DIM 512

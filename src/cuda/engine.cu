@@ -329,7 +329,9 @@ static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, in
  * portable kernel for a pair the tensor-core kernels are not compiled for,
  * and for head dims 512 (16-bit K/V) where wgmma does not run.
  * AK_CUDA_PREFILL=mma|wgmma forces one (to compare them, or to test both on
- * one GPU); a forced kernel that cannot run here is an error, not ignored. */
+ * one GPU); forcing wgmma where it cannot run is an error, not ignored. At
+ * head dims 512, which have no mma.sync kernel, mma means "not wgmma": the
+ * portable kernel (so that a GPU suite run under mma tests it). */
 static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info *dev, int portable, prefill_family *f)
 {
     const int dqk = cfg->head_dim_qk, dvo = cfg->head_dim_vo;
@@ -344,8 +346,8 @@ static ak_status choose_prefill(const ak_attn_config *cfg, const ak_device_info 
                       ak_cuda_prefill_wgmma_kernel(dqk, dvo, cfg->o_dtype).fn != NULL;
     int forced;
     AK_TRY(env_choice("AK_CUDA_PREFILL", "mma", "wgmma", &forced));
-    /* head dims 512 without wgmma (not forced to it): the portable kernel,
-     * mma.sync has no instance for them (AK_CUDA_PREFILL=mma: "no wgmma") */
+    /* head dims 512 without wgmma (forced off, or not runnable here and not
+     * forced on): the portable kernel */
     if (wide && (forced == 0 || (forced < 0 && !wg_ok))) {
         *f = PREFILL_PORTABLE;
         return AK_OK;
@@ -399,7 +401,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     const char *dims = f == PREFILL_PORTABLE && !portable
                            ? (is_fp8(cfg) ? " (head dims outside the fp8 tensor-core table)"
                               : cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512
-                                  ? " (head dims 512 on tensor cores need sm_90)"
+                                  ? " (head dims 512: tensor cores need compute capability 9.0, a build for sm_90 "
+                                    "and no AK_CUDA_PREFILL=mma)"
                                   : " (head dims outside the tensor-core table)")
                            : "";
     const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg)).rows;
@@ -586,8 +589,8 @@ static ak_status engine_create_inner(engine_state *s)
             s->max_tasks += P * s->ptok;
         }
         /* the NaN rule's scan pass, for kernels with an unchecked path (the
-         * portable one and wgmma at DP 256 always check) and requests that
-         * can have SCAN_MIN_ROWS rows */
+         * portable one, wgmma at DP 256 and the d512 one always check)
+         * and requests that can have SCAN_MIN_ROWS rows */
         const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
         if (s->pre_k.unchecked && s->kv_vec && scan_reqs > 0) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);

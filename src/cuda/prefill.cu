@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
                  * (the diagonal, a window's edge); the NaN rule's V scan runs
                  * there on this thread's landed copies, before the barrier */
                 const bool mixed = (p.causal && t0 + tr::TILE - 1 > it.pos0) ||
-                                   (p.window_left >= 0 && t0 < pos_last - p.window_left);
+                                   (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left);
                 uint32_t *bad = bad_keys[(gt + t) % 3];
                 if constexpr (!FP8) /* fp8: in the conversion below */
                     if (CHECK && mixed)

@@ -29,7 +29,8 @@
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
  * DP-element rows (both rounded up to 64), S over the real DQK (one k step
  * per 16), O += P V over DVO rounded up to 64 (wgmma's N for an MN-major
- * operand of 64-element swizzle atoms).
+ * operand of 64-element swizzle atoms). The family's kernel for 512/512,
+ * outside the table, is prefill_wide.cu's.
  *
  * Built only for sm_90a (CMake compiles this file for that target alone
  * when the build includes sm_90); elsewhere its kernels are empty and
@@ -164,7 +165,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 const int t0 = it.kv_begin + t * KEYS;
                 int set = -1;
                 const bool mixed =
-                    (p.causal && t0 + KEYS - 1 > it.pos0) || (p.window_left >= 0 && t0 < pos_last - p.window_left);
+                    (p.causal && t0 + KEYS - 1 > it.pos0) ||
+                    (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left);
                 if (CHECK && mixed) {
                     wait_v(t);
                     set = mk % 3;
@@ -201,7 +203,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2]) {
                 const int t0 = it.kv_begin + t * KEYS;
                 const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
-                                    (p.window_left >= 0 && t0 < warp_pos1 - p.window_left);
+                                    (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
                 return tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
                                            set >= 0 ? bad_keys[set] : NULL, m, d, f);
             };

@@ -60,13 +60,14 @@ struct wide_wg {
  * written; 1/d is; a mixed tile's V is scanned and its bad keys marked. */
 enum { BAR_P_READY = 1, BAR_P_FREE = 2, BAR_BAD_READY = 3, BAR_INV_READY = 4, BAR_SCANNED = 5 };
 
-/* A tile of keys from t0 has keys some row of the block does not see (the
- * causal diagonal, a window's edge): the NaN rule scans its V. Both
+/* A tile of keys from t0 may have keys some row of the block does not see
+ * (the causal diagonal, a window's edge): the NaN rule scans its V. Both
  * consumer warpgroups ask it of every tile and agree. */
 template <int KEYS> __device__ __forceinline__ bool mixed_tile(const attn_params &p, const prefill_item &it, int t0)
 {
     const int pos_last = it.pos0 + it.ntok - 1;
-    return (p.causal && t0 + KEYS - 1 > it.pos0) || (p.window_left >= 0 && t0 < pos_last - p.window_left);
+    return (p.causal && t0 + KEYS - 1 > it.pos0) ||
+           (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left); /* (64 bits: any window) */
 }
 
 template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
@@ -180,7 +181,7 @@ __device__ __forceinline__ void wide_scores(const attn_params &p, const T *qs, c
                 mk++;
             }
             const bool masked = t0 + W::KEYS > it.kv_end || (p.causal && t0 + W::KEYS - 1 > warp_pos0) ||
-                                (p.window_left >= 0 && t0 < warp_pos1 - p.window_left);
+                                (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
             if (tile_softmax<NT, T, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
                                           set >= 0 ? bad_keys[set] : NULL, m, d, f))
                 scale_rows(o, f);

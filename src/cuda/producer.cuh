@@ -112,8 +112,9 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
  * P.V, a tile later in prefill_wgmma.cu), so the producer runs up to STAGES
  * tiles ahead of S. *_full: the producers' copies landed; *_empty: every
  * consumer that reads it is done. q_full and q_empty: the same for q, once
- * an item (an item without key tiles has no q to load, but at d > 128 its
- * epilogue stages its rows in qs). */
+ * an item, an item without key tiles too (it has no q to load, but the
+ * consumers count items by q_full, and prefill_wgmma.cu at d 256 stages its
+ * epilogue's rows in qs). */
 template <int STAGES> struct ws_barriers {
     uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
 };
