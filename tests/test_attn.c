@@ -37,6 +37,13 @@ static const attn_case fixed_cases[] = {
       {1, 1}, {1, 2}, {1, 3}, {1, 17}, {1, 31}, {1, 32}, {1, 33}, {1, 100}, {1, 7}, {1, 250},
       {1, 9}, {1, 10}, {1, 11}, {1, 12}}},
     {"decode long context split", 4, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 1, {{1, 4100}}},
+    /* one KV head at batch 1: at d128 it splits across the GPU's whole wave
+     * (hundreds of partials, merged in narrow slices), at d512 into the
+     * most chunks of a unit (wide slices) */
+    {"decode mqa 20000 keys (split across the wave)", 8, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 1,
+     {{1, 20000}}},
+    {"decode mqa d512 20000 keys (split into many)", 8, 1, 512, 512, AK_F16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 1,
+     {{1, 20000}}},
     {"decode gqa2 d256 soft-cap 50 (gemma2)", 16, 8, 256, 256, AK_BF16, 0, 0, 1, -1, 50.0f, 16, NHD, PAGED, 3,
      {{1, 100}, {1, 17}, {1, 2000}}},
     {"decode gqa3 d128 window 100", 12, 4, 128, 128, AK_F16, 0, 0, 1, 100, 0, 16, HND, PAGED, 3,

@@ -88,7 +88,8 @@ struct __align__(16) plan_head {
      * plan's CSR list (a host block table, copied), or the caller's device
      * block table, read in place (page_base = r x its stride); ragged: NULL */
     const int32_t *kv_table;
-    int64_t unused;
+    int32_t merge_narrow; /* 1: the merge runs in narrow slices (merge.cu) */
+    int32_t unused;
 };
 
 /* Everything the kernels read, by value. Strides in elements. */
@@ -837,6 +838,7 @@ struct attn_kernel {
                           merge: blocks a head (slices of its dims) */
     int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
     int tma_map;       /* fn takes a second parameter, a __grid_constant__ CUtensorMap (launch_kernel) */
+    int merge_sub;     /* merge: blocks of a head's wide slice in the grid's y (merge.cu; 0 or 1: one) */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
@@ -945,7 +947,7 @@ attn_kernel ak_cuda_prefill_wide_kernel(ak_dtype dtype);
 attn_kernel ak_cuda_portable_kernel(int decode, int dqk, int dvo, ak_dtype dtype, int fp8);
 
 /* The merge of split-KV partial states into o / lse for head_dim_vo dvo
- * (any): grid (ctas, num_qo_heads), max_splits floats of shared memory.
+ * (any): grid (ctas, num_qo_heads x rows), max_splits floats of shared memory.
  * vec: o rows are 16-byte aligned (else element stores). */
 attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
 

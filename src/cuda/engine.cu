@@ -118,7 +118,9 @@ struct engine_state {
     int row_tiles;    /* decode: row tiles per KV head (tensor cores: 16 heads a tile, group > 16) */
     int invariant_chunk; /* batch-invariant: keys of every decode split (0: splits follow the batch) */
     int decode_ctas;  /* decode grid.x: one wave of the GPU (0: no decode kernel) */
-    int max_splits;
+    int max_splits;   /* chunks of a prefill row, and of a decode unit in batch-invariant mode */
+    int dec_splits;   /* chunks of a decode unit: limits.max_splits, or by default DEFAULT_MAX_SPLITS,
+                         or the wave where the merge has narrow slices (a unit or two alone) */
     int max_items;    /* decode items */
     int max_partials; /* partial-state slots of decode splits (the f32 rows the merge reads) */
     /* prefill (workload ANY, or every request in varlen mode) */
@@ -134,6 +136,9 @@ struct engine_state {
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
     int merge_ctas;
+    int merge_blocks; /* merge blocks of the grid a plan's tasks can occupy at once: below the SMs,
+                         the plan asks for the narrow slices (plan_head.merge_narrow) */
+    int num_sms;
     size_t fixed_bytes; /* bytes from the head to the end of the decode items */
     char *dev;          /* one device allocation: metadata, then partials */
     plan_meta d;
@@ -553,6 +558,15 @@ static ak_status engine_create_inner(engine_state *s)
         s->units = (decode_unit *)malloc(sizeof(decode_unit) * ((size_t)s->max_units + 1));
         if (!s->units) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's decode scratch");
         s->merge_k = ak_cuda_merge_kernel(cfg->head_dim_vo, s->vec, cfg->o_dtype);
+        /* one unit (a request at batch 1 with one KV head, as in 8/1 groups)
+         * may split across the whole wave where the merge has narrow slices
+         * to sum that many partials (70b-tp8 1 x 32768: 20.2 -> 15.7 us);
+         * without them (rows over 128 dims) a wave of splits was slower
+         * (MLA 16 heads 1 x 32768: 37.0 -> 39.8 us, 132 splits against 64) */
+        s->dec_splits = lim->max_splits > 0 ? s->max_splits : DEFAULT_MAX_SPLITS;
+        if (lim->max_splits == 0 && s->merge_k.merge_sub > 1 && s->decode_ctas > s->dec_splits)
+            s->dec_splits = s->decode_ctas;
+        if (s->dec_splits > MAX_SPLITS_CAP) s->dec_splits = MAX_SPLITS_CAP;
     }
 
     /* varlen: every request with a query token is a prefill; paged: those
@@ -606,8 +620,13 @@ static ak_status engine_create_inner(engine_state *s)
     const int max_tasks_ctas = s->max_tasks > 0 ? s->max_tasks : 1;
     /* by heads: a head's dim slices (grid.y) add blocks, not tasks a block */
     const int merge_rows = s->split ? cfg->num_qo_heads * s->merge_k.rows : 1; /* grid.y */
-    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads - 1) / cfg->num_qo_heads;
+    /* MERGE_CTAS_PER_SM blocks an SM in the wide shape: a wide slice's
+     * merge_sub blocks of grid.y take every merge_sub-th task */
+    const int sub = s->merge_k.merge_sub > 1 ? s->merge_k.merge_sub : 1;
+    s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads * sub - 1) / (cfg->num_qo_heads * sub);
     if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
+    s->merge_blocks = cfg->num_qo_heads * (s->merge_k.rows / sub > 0 ? s->merge_k.rows / sub : 1);
+    s->num_sms = info.num_sms;
     /* grid.y counts heads (times their row tiles or dim slices); CUDA allows
      * 65535 */
     int64_t grid_y = merge_rows;
@@ -701,10 +720,10 @@ static int decode_units(engine_state *s, const ak_batch *b, const ak_batch_meta 
 }
 
 /* Work items for num_dec decode units: enough to fill one wave, at least
- * one per unit, at most max_splits per unit. */
+ * one per unit, at most dec_splits per unit. */
 static int items_for(const engine_state *s, int num_dec)
 {
-    const int64_t cap = (int64_t)num_dec * s->max_splits;
+    const int64_t cap = (int64_t)num_dec * s->dec_splits;
     const int64_t want = s->decode_ctas < cap ? s->decode_ctas : cap;
     return num_dec > want ? num_dec : (int)want;
 }
@@ -728,7 +747,7 @@ static int64_t items_at(const engine_state *s, int num_dec, int chunk, int64_t c
 static int pick_chunk(const engine_state *s, int num_dec, int budget, int max_len)
 {
     int lo = CHUNK_QUANTUM, hi = round_up(max_len, CHUNK_QUANTUM);
-    const int floor_split = (max_len + s->max_splits - 1) / s->max_splits;
+    const int floor_split = (max_len + s->dec_splits - 1) / s->dec_splits;
     if (floor_split > lo) lo = round_up(floor_split, CHUNK_QUANTUM);
     if (hi < lo) hi = lo;
     while (lo < hi) {
@@ -1056,6 +1075,10 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     h->counts[COUNT_MERGE] = num_tasks;
     h->counts[COUNT_SCAN] = num_scans;
     h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
+    /* few tasks (under a block an SM in the wide shape): narrow slices; the
+     * two shapes add a row's partials in different orders, so a
+     * batch-invariant instance keeps the wide one */
+    h->merge_narrow = !s->cfg.batch_invariant && (int64_t)num_tasks * s->merge_blocks < s->num_sms;
     h->unused = 0;
     if (s->plan_table) {
         memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
@@ -1234,7 +1257,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.soft_cap = c->logits_soft_cap;
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * LOG2E;
-    p.max_splits = s->max_splits;
+    p.max_splits = s->max_splits > s->dec_splits ? s->max_splits : s->dec_splits;
     p.sinks = c->use_sinks ? (const float *)a->sinks->data : NULL;
     p.head_dim_qk = c->head_dim_qk;
     p.head_dim_vo = c->head_dim_vo;
@@ -1266,7 +1289,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
                              s->pre_k.smem, s->pdl && decode, cs, p));
     if (merge)
         AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
-                             (int)(sizeof(float) * (size_t)s->max_splits), s->pdl && (decode || prefill), cs, p));
+                             (int)(sizeof(float) * (size_t)p.max_splits), s->pdl && (decode || prefill), cs, p));
     return AK_OK;
 }
 

@@ -15,26 +15,43 @@
  * waiting for the kernel before is waiting for both.
  *
  * Rows wider than 128 (192, 256, MLA's 512) are cut into slices of 128 dims
- * (64 for 192), a block each (grid.y = heads x slices): a block a whole
- * head of 512 left one split token with few blocks and few loads in flight
- * (MLA, one request split 64 ways, H200: 68.8 us before, 53.2 with slices).
- * A block keeps 128 threads, and grid.x counts by heads alone: blocks of
- * 512 threads (more groups) with grid.x divided by the slices were as fast
- * on that token and slower on many tokens split two or three ways (64
- * heads, 64 x 8192: 244 us against 192).
+ * (64 for 192), a block each: a block a whole head of 512 left one split
+ * token with few blocks and few loads in flight (MLA, one request split 64
+ * ways, H200: 68.8 us before, 53.2 with slices). A block keeps 128 threads:
+ * blocks of 512 threads (more groups) with grid.x divided by the slices
+ * were as fast on that token and slower on many tokens split two or three
+ * ways (64 heads, 64 x 8192: 244 us against 192).
+ *
+ * A plan with few tasks (under a block an SM) merges in narrow slices of 32
+ * dims instead, 16 groups of 8 threads a block: one request of an 8/1
+ * group split across the whole wave (264 partials) merged in 8 blocks of a
+ * whole head each was slower than 64 splits; in narrow slices it gains
+ * (BENCHMARKS.md, the merge's two shapes). Many tasks keep the wide slices,
+ * since each narrow block recomputes its token's weights.
  */
 #include "attn.cuh"
 
-/* A block covers SLICE of the D dims (all of them up to 128, else slices
- * of 128, or of 64 for 192): LANES threads cover the slice (4 dims each) and GROUPS groups of
- * them split the partials and add their sums in shared memory. */
+/* A block covers SLICE of the D dims: LANES threads cover the slice (4 dims
+ * each) and GROUPS groups of them split the partials and add their sums in
+ * shared memory. Two shapes, chosen per plan (plan_head.merge_narrow):
+ *   wide: slices of W dims (all of them up to 128, else 128, or 64 for
+ *     192); a plan with many tasks, where each block recomputing a token's
+ *     weights for fewer dims would cost;
+ *   narrow: slices of N = 32 dims (D of 64, 96 or 128), 8 lanes and 15-16
+ *     groups: a plan with few tasks (one request split across the wave)
+ *     gets D / 32 blocks a head, each with more partials in flight. Wider
+ *     rows have no narrow shape: at MLA's 512 it was no faster (16 heads,
+ *     one request split 132 ways) and its larger grid cost 2% at 128 heads.
+ * The grid is fixed (graphs), so its y counts heads x D / N; in the wide
+ * shape the SUB = W / N blocks of a wide slice take every SUB-th task. */
 template <int D> struct merge_traits {
-    static constexpr int SLICE = D <= 128 ? D : D % 128 == 0 ? 128 : 64;
-    static constexpr int SLICES = D / SLICE;
-    static constexpr int LANES = SLICE / 4;
-    static constexpr int GROUPS = 128 / LANES;
-    static constexpr int THREADS = GROUPS * LANES; /* 120 at D = 80: whole groups */
-    static_assert(D % 4 == 0 && D % SLICE == 0 && THREADS >= 32, "dims must tile the block");
+    static constexpr int W = D <= 128 ? D : D % 128 == 0 ? 128 : 64;
+    static constexpr int N = D <= 128 && D % 32 == 0 ? 32 : W;
+    static constexpr int ROWS = D / N; /* blocks a head (grid.y) */
+    static constexpr int SUB = W / N;
+    static constexpr int THREADS = 128 / (W / 4) * (W / 4); /* 120 at D = 80 or 96: whole groups */
+    static_assert(D % 4 == 0 && D % W == 0 && W % N == 0 && THREADS >= 32 && THREADS % (N / 4) == 0,
+                  "dims must tile the block");
 };
 
 __device__ __forceinline__ float warp_max(float x)
@@ -83,9 +100,8 @@ __device__ __forceinline__ void merge_weights(const attn_params &p, const merge_
 /* Launched early as a programmatic dependent (sm_90): the kernel after this
  * one (the next layer's decode, a dependent too) may start launching at
  * once, and this one waits for the kernels before it. Each block reads the
- * plan's count and its first task before the wait: plan() copied them
- * before any kernel of the step, and the grid never has more blocks than
- * the plan has room for tasks. */
+ * plan's count and shape and its first task before the wait (plan() copied
+ * them before any kernel of the step); a block with no task exits there. */
 __device__ __forceinline__ void merge_wait()
 {
 #if __CUDA_ARCH__ >= 900
@@ -94,51 +110,84 @@ __device__ __forceinline__ void merge_wait()
 #endif
 }
 
+/* One task's merge over SLICE of its D dims from dim0, by THREADS threads. */
+template <int D, int SLICE, int THREADS, typename T>
+__device__ __forceinline__ void merge_slice(const attn_params &p, const merge_task &task, int head, int dim0,
+                                            int64_t step, float *weight, float4 *group_sum)
+{
+    constexpr int LANES = SLICE / 4, GROUPS = THREADS / LANES;
+    const int group = threadIdx.x / LANES, lane = threadIdx.x % LANES;
+    /* every partial slot was written in this run (empty parts as zeros), so
+     * no slot can poison the sum */
+    const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D + dim0 + lane * 4;
+    const int64_t row = step * D;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int i = group; i < task.n; i += GROUPS) {
+        const float w = weight[i];
+        const float4 v = *(const float4 *)(o_part + i * row);
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+    }
+    /* the groups' sums: first a warp's groups by shuffles (where groups tile
+     * whole warps), then the warps' (or the groups') through shared memory */
+    constexpr bool SHFL = LANES < 32 && 32 % LANES == 0 && THREADS % 32 == 0;
+    constexpr int PARTS = SHFL ? THREADS / 32 : GROUPS; /* sums left for group 0 to add */
+    if (SHFL) {
+#pragma unroll
+        for (int o = LANES; o < 32; o *= 2) {
+            acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
+            acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
+            acc.z += __shfl_xor_sync(0xffffffffu, acc.z, o);
+            acc.w += __shfl_xor_sync(0xffffffffu, acc.w, o);
+        }
+    }
+    const int part = SHFL ? threadIdx.x / 32 : group;
+    if (!SHFL || threadIdx.x % 32 < LANES) group_sum[part * LANES + lane] = acc;
+    __syncthreads();
+    if (group == 0) {
+#pragma unroll
+        for (int g = 1; g < PARTS; g++) {
+            const float4 v = group_sum[g * LANES + lane];
+            acc.x += v.x;
+            acc.y += v.y;
+            acc.z += v.z;
+            acc.w += v.w;
+        }
+        T *dst = (T *)p.o + task.tok * p.o_stride_tok + head * p.o_stride_head + dim0 + lane * 4;
+        *(uint2 *)dst = make_uint2(dtype_traits<T>::pack(acc.x, acc.y), dtype_traits<T>::pack(acc.z, acc.w));
+    }
+}
+
 template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::THREADS) merge_kernel(const attn_params p)
 {
     typedef merge_traits<D> tr;
-    extern __shared__ float weight[];            /* [max_splits] */
-    __shared__ float4 group_sum[tr::GROUPS][tr::LANES];
+    extern __shared__ float weight[]; /* [max_splits] */
+    __shared__ float4 group_sum[tr::THREADS];
     const int num_tasks = p.head->counts[COUNT_MERGE];
-    const merge_task first = p.tasks[blockIdx.x];
+    const int narrow = tr::SUB > 1 && p.head->merge_narrow;
+    const int head = blockIdx.y / tr::ROWS, r = blockIdx.y % tr::ROWS;
+    /* narrow: slice r, every task from blockIdx.x; wide: slice r / SUB, the
+     * tasks of stream blockIdx.x x SUB + r % SUB */
+    const int dim0 = narrow ? r * tr::N : r / tr::SUB * tr::W;
+    const int t0 = narrow ? blockIdx.x : blockIdx.x * tr::SUB + r % tr::SUB;
+    const int stride = narrow ? gridDim.x : gridDim.x * tr::SUB;
+    if (t0 >= num_tasks) return; /* before the wait: a block that exits lets the kernel after it launch */
+    const merge_task first = p.tasks[t0];
     merge_wait();
-    const int head = blockIdx.y / tr::SLICES, dim0 = blockIdx.y % tr::SLICES * tr::SLICE;
-    const int group = threadIdx.x / tr::LANES, lane = threadIdx.x % tr::LANES;
-    for (int t = blockIdx.x; t < num_tasks; t += gridDim.x) {
-        const merge_task task = t == (int)blockIdx.x ? first : p.tasks[t];
-        const int n = task.n;
+    for (int t = t0; t < num_tasks; t += stride) {
+        const merge_task task = t == t0 ? first : p.tasks[t];
         const int64_t step = (int64_t)task.stride * p.num_qo_heads; /* between partial rows */
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
         __syncthreads(); /* the previous task is done with weight[] and group_sum */
         merge_weights(p, task, head, lse_part, step, weight);
         __syncthreads();
-        /* every partial slot was written in this run (empty parts as zeros),
-         * so no slot can poison the sum */
-        const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D + dim0 + lane * 4;
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-        for (int i = group; i < n; i += tr::GROUPS) {
-            const float w = weight[i];
-            const float4 v = *(const float4 *)(o_part + i * step * D);
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
-        }
-        group_sum[group][lane] = acc;
-        __syncthreads();
-        if (group == 0) {
-#pragma unroll
-            for (int g = 1; g < tr::GROUPS; g++) {
-                const float4 v = group_sum[g][lane];
-                acc.x += v.x;
-                acc.y += v.y;
-                acc.z += v.z;
-                acc.w += v.w;
-            }
-            T *dst = (T *)p.o + task.tok * p.o_stride_tok + head * p.o_stride_head + dim0 + lane * 4;
-            *(uint2 *)dst = make_uint2(dtype_traits<T>::pack(acc.x, acc.y), dtype_traits<T>::pack(acc.z, acc.w));
-        }
+        if (narrow)
+            merge_slice<D, tr::N, tr::THREADS, T>(p, task, head, dim0, step, weight, group_sum);
+        else
+            merge_slice<D, tr::W, tr::THREADS, T>(p, task, head, dim0, step, weight, group_sum);
     }
 }
 
@@ -171,7 +220,8 @@ template <typename T> __global__ void __launch_bounds__(MERGE_ANY_THREADS) merge
 
 template <int D, typename T> static attn_kernel merge_of(void)
 {
-    const attn_kernel k = {merge_kernel<D, T>, merge_traits<D>::THREADS, 0, merge_traits<D>::SLICES};
+    const attn_kernel k = {merge_kernel<D, T>, merge_traits<D>::THREADS, 0, merge_traits<D>::ROWS, 0, 0,
+                           merge_traits<D>::SUB};
     return k;
 }
 
