@@ -179,49 +179,19 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtenso
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
-{
-#pragma unroll
-    for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-}
-
-/* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
-template <int N> __device__ __forceinline__ void add_bad_o(const float (&o)[N][4], float (&bad)[2])
-{
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-        add_bad(bad[0], o[n][0]);
-        add_bad(bad[0], o[n][1]);
-        add_bad(bad[1], o[n][2]);
-        add_bad(bad[1], o[n][3]);
-    }
-}
-
 /* This thread's columns of o (half h) for its rows r and r + 8, scaled by
  * inv: the output rows, or the item's partial slot. */
 template <typename T>
 __device__ __forceinline__ void mla_store(const attn_params &p, const decode_item &it, const float (&o)[mla_wg::HALF / 8][4],
                                           int h, int head0, int rows, int r, const float (&inv)[2])
 {
-    typedef mla_wg W;
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int row = r + 8 * e;
-        if (row >= rows) continue;
-        const int head = head0 + row, col = h * W::HALF + (lane % 4) * 2;
-        if (it.out < 0) {
-            T *dst = (T *)p.o + (int64_t)it.tok * p.o_stride_tok + (int64_t)head * p.o_stride_head + col;
-#pragma unroll
-            for (int n = 0; n < W::HALF / 8; n++)
-                *(uint32_t *)(dst + n * 8) = dtype_traits<T>::pack(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
-        } else {
-            float *dst = p.o_tmp + ((int64_t)it.out * p.num_qo_heads + head) * W::DVO + col;
-#pragma unroll
-            for (int n = 0; n < W::HALF / 8; n++)
-                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
-        }
-    }
+    store_o_half<mla_wg::HALF, mla_wg::DVO, T>(p, o, h, r, inv, it.out >= 0,
+                                               [&](int row, int64_t &tok, int &head, int64_t &slot) {
+                                                   tok = it.tok;
+                                                   head = head0 + row;
+                                                   slot = it.out;
+                                                   return row < rows;
+                                               });
 }
 
 /* Warpgroup 0: the scores, the softmax and the first half of o. */
@@ -433,17 +403,7 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
             mbar_arrive(&bar.k_empty[gt % W::STAGES]);
         }
         g += n_tiles;
-        float bad[2] = {0.0f, 0.0f};
-        add_bad_o(o, bad);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 1);
-            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 2);
-        }
-        if (lane % 4 == 0) {
-            bad_s[r] = bad[0];
-            bad_s[r + 8] = bad[1];
-        }
+        share_bad_o(o, bad_s, r);
         bar_sync_any(BAR_BAD_READY, 256);
         bar_sync_any(BAR_INV_READY, 256);
         const float inv[2] = {inv_s[r], inv_s[r + 8]};

@@ -70,24 +70,6 @@ template <int KEYS> __device__ __forceinline__ bool mixed_tile(const attn_params
            (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left); /* (64 bits: any window) */
 }
 
-template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
-{
-#pragma unroll
-    for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-}
-
-/* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
-template <int N> __device__ __forceinline__ void add_bad_o(const float (&o)[N][4], float (&bad)[2])
-{
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-        add_bad(bad[0], o[n][0]);
-        add_bad(bad[0], o[n][1]);
-        add_bad(bad[1], o[n][2]);
-        add_bad(bad[1], o[n][3]);
-    }
-}
-
 /* This thread's columns of o (half h) for its rows r and r + 8, scaled by
  * inv: the output rows, or the item's partial slots. */
 template <typename T>
@@ -95,25 +77,14 @@ __device__ __forceinline__ void wide_store(const attn_params &p, const prefill_i
                                            const float (&o)[wide_wg::HALF / 8][4], int h, int head0, int hb,
                                            int heads, int r, const float (&inv)[2])
 {
-    typedef wide_wg W;
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        const int row = r + 8 * e, i = row / hb, g = row - i * hb;
-        if (i >= it.ntok || g >= heads) continue;
-        const int col = h * W::HALF + (lane % 4) * 2;
-        if (it.out < 0) {
-            T *dst = (T *)p.o + (int64_t)(it.tok0 + i) * p.o_stride_tok + (int64_t)(head0 + g) * p.o_stride_head + col;
-#pragma unroll
-            for (int n = 0; n < W::HALF / 8; n++)
-                *(uint32_t *)(dst + n * 8) = dtype_traits<T>::pack(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
-        } else {
-            float *dst = p.o_tmp + ((int64_t)(it.out + i) * p.num_qo_heads + head0 + g) * W::DVO + col;
-#pragma unroll
-            for (int n = 0; n < W::HALF / 8; n++)
-                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
-        }
-    }
+    store_o_half<wide_wg::HALF, wide_wg::DVO, T>(p, o, h, r, inv, it.out >= 0,
+                                                 [&](int row, int64_t &tok, int &head, int64_t &slot) {
+                                                     const int i = row / hb, g = row - i * hb;
+                                                     tok = it.tok0 + i;
+                                                     head = head0 + g;
+                                                     slot = it.out + i;
+                                                     return i < it.ntok && g < heads;
+                                                 });
 }
 
 /* Warpgroup 0: the scores, the masks and softmax, and the first half of o. */
@@ -296,17 +267,7 @@ __device__ __forceinline__ void wide_values(const attn_params &p, T *stages, con
             mbar_arrive(&bar.v_empty[0]);
         }
         g += n_tiles;
-        float bad[2] = {0.0f, 0.0f};
-        add_bad_o(o, bad);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 1);
-            bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 2);
-        }
-        if (lane % 4 == 0) {
-            bad_s[r] = bad[0];
-            bad_s[r + 8] = bad[1];
-        }
+        share_bad_o(o, bad_s, r);
         bar_sync_any(BAR_BAD_READY, W::CONSUMERS);
         bar_sync_any(BAR_INV_READY, W::CONSUMERS);
         const float inv[2] = {inv_s[r], inv_s[r + 8]};

@@ -14,6 +14,7 @@
 #ifndef AK_CUDA_WGMMA_CUH
 #define AK_CUDA_WGMMA_CUH
 
+#include "attn.cuh"
 #include "common.cuh"
 
 /* Element offset of chunk c (8 elements) of row r in a tile of R rows. */
@@ -160,7 +161,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 #include "wgmma_ops.inc"
 
-/* ---- fragments of the attention kernels (prefill_wgmma.cu, mla_wgmma.cu) ---- */
+/* ---- fragments of the attention kernels (prefill_wgmma.cu, prefill_wide.cu, mla_wgmma.cu) ---- */
 
 /* P (in s, f32) as the A operand of P.V. The accumulator layout of S is the
  * A-register layout: n tiles 2k and 2k + 1 are k step k. Done only once no
@@ -199,6 +200,70 @@ __device__ __forceinline__ void issue_pv(float (&o)[DVN / 8][4], const uint32_t 
         wgmma_rs<DVN, T>(reinterpret_cast<float(&)[DVN / 2]>(o), pa[kb],
                          wgmma_desc(vs + kb * 16 * 64, KEYS * 128, 1024));
     wgmma_commit();
+}
+
+template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+}
+
+/* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
+template <int N> __device__ __forceinline__ void add_bad_o(const float (&o)[N][4], float (&bad)[2])
+{
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        add_bad(bad[0], o[n][0]);
+        add_bad(bad[0], o[n][1]);
+        add_bad(bad[1], o[n][2]);
+        add_bad(bad[1], o[n][3]);
+    }
+}
+
+/* The NaN rule on the columns of o a warpgroup holds: the sums of its rows r
+ * and r + 8 over the thread's quad, into bad_s[r] and bad_s[r + 8] (for
+ * the warpgroup that finishes the rows to add). */
+template <int N> __device__ __forceinline__ void share_bad_o(const float (&o)[N][4], float *bad_s, int r)
+{
+    float bad[2] = {0.0f, 0.0f};
+    add_bad_o(o, bad);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 1);
+        bad[h] += __shfl_xor_sync(0xffffffffu, bad[h], 2);
+    }
+    if (threadIdx.x % 4 == 0) {
+        bad_s[r] = bad[0];
+        bad_s[r + 8] = bad[1];
+    }
+}
+
+/* This thread's columns of o (half h of a DVO-wide row) in its rows r and
+ * r + 8, scaled by inv: the output rows, or (partial) partial slots.
+ * where(row, tok, head, slot) says whether a row of the tile is a real one,
+ * and its token, query head and partial slot. */
+template <int HALF, int DVO, typename T, typename Where>
+__device__ __forceinline__ void store_o_half(const attn_params &p, const float (&o)[HALF / 8][4], int h, int r,
+                                             const float (&inv)[2], bool partial, Where where)
+{
+    const int col = h * HALF + (threadIdx.x % 4) * 2;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        int64_t tok, slot;
+        int head;
+        if (!where(r + 8 * e, tok, head, slot)) continue;
+        if (!partial) {
+            T *dst = (T *)p.o + tok * p.o_stride_tok + (int64_t)head * p.o_stride_head + col;
+#pragma unroll
+            for (int n = 0; n < HALF / 8; n++)
+                *(uint32_t *)(dst + n * 8) = dtype_traits<T>::pack(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
+        } else {
+            float *dst = p.o_tmp + (slot * p.num_qo_heads + head) * DVO + col;
+#pragma unroll
+            for (int n = 0; n < HALF / 8; n++)
+                *(float2 *)(dst + n * 8) = make_float2(o[n][2 * e] * inv[e], o[n][2 * e + 1] * inv[e]);
+        }
+    }
 }
 
 #endif /* AK_CUDA_WGMMA_CUH */
