@@ -101,7 +101,8 @@ __device__ __forceinline__ void merge_weights(const attn_params &p, const merge_
  * one (the next layer's decode, a dependent too) may start launching at
  * once, and this one waits for the kernels before it. Each block reads the
  * plan's count and shape and its first task before the wait (plan() copied
- * them before any kernel of the step); a block with no task exits there. */
+ * them before any kernel of the step); a block with no task exits there,
+ * but for one that always waits. */
 __device__ __forceinline__ void merge_wait()
 {
 #if __CUDA_ARCH__ >= 900
@@ -174,8 +175,13 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
     const int dim0 = narrow ? r * tr::N : r / tr::SUB * tr::W;
     const int t0 = narrow ? blockIdx.x : blockIdx.x * tr::SUB + r % tr::SUB;
     const int stride = narrow ? gridDim.x : gridDim.x * tr::SUB;
-    if (t0 >= num_tasks) return; /* before the wait: a block that exits lets the kernel after it launch */
-    const merge_task first = p.tasks[t0];
+    /* A block with no task exits before the wait (which lets the kernel
+     * after it launch), except block (0, 0): this grid must not finish
+     * before the kernels it depends on, even when the plan has no task.
+     * Block (0, 0) has task 0 in either shape, and p.tasks has one entry
+     * at least. */
+    if (t0 >= num_tasks && (blockIdx.x | blockIdx.y) != 0) return;
+    const merge_task first = p.tasks[t0 < num_tasks ? t0 : 0];
     merge_wait();
     for (int t = t0; t < num_tasks; t += stride) {
         const merge_task task = t == t0 ? first : p.tasks[t];

@@ -241,7 +241,7 @@ template <int N> __device__ __forceinline__ void share_bad_o(const float (&o)[N]
 /* This thread's columns of o (half h of a DVO-wide row) in its rows r and
  * r + 8, scaled by inv: the output rows, or (partial) partial slots.
  * where(row, tok, head, slot) says whether a row of the tile is a real one,
- * and its token, query head and partial slot. */
+ * and its token, query head and partial slot (read only when partial). */
 template <int HALF, int DVO, typename T, typename Where>
 __device__ __forceinline__ void store_o_half(const attn_params &p, const float (&o)[HALF / 8][4], int h, int r,
                                              const float (&inv)[2], bool partial, Where where)
