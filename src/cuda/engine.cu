@@ -136,9 +136,8 @@ struct engine_state {
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
     int merge_ctas;
-    int merge_blocks; /* merge blocks of the grid a plan's tasks can occupy at once: below the SMs,
-                         the plan asks for the narrow slices (plan_head.merge_narrow) */
-    int num_sms;
+    int merge_splits; /* the most partials of a merge task (its weights in shared memory) */
+    int narrow_tasks; /* plans with fewer merge tasks merge in narrow slices (plan_head.merge_narrow) */
     size_t fixed_bytes; /* bytes from the head to the end of the decode items */
     char *dev;          /* one device allocation: metadata, then partials */
     plan_meta d;
@@ -625,8 +624,14 @@ static ak_status engine_create_inner(engine_state *s)
     const int sub = s->merge_k.merge_sub > 1 ? s->merge_k.merge_sub : 1;
     s->merge_ctas = (info.num_sms * MERGE_CTAS_PER_SM + cfg->num_qo_heads * sub - 1) / (cfg->num_qo_heads * sub);
     if (s->merge_ctas > max_tasks_ctas) s->merge_ctas = max_tasks_ctas;
-    s->merge_blocks = cfg->num_qo_heads * (s->merge_k.rows / sub > 0 ? s->merge_k.rows / sub : 1);
-    s->num_sms = info.num_sms;
+    s->merge_splits = s->max_splits > s->dec_splits ? s->max_splits : s->dec_splits;
+    /* narrow slices for fewer tasks than would give each SM a block in the
+     * wide shape; never for batch-invariant instances, as the two shapes add
+     * a row's partials in different orders */
+    if (sub > 1 && !cfg->batch_invariant) {
+        const int wide_blocks = cfg->num_qo_heads * (s->merge_k.rows / sub); /* a task's */
+        s->narrow_tasks = (info.num_sms + wide_blocks - 1) / wide_blocks;
+    }
     /* grid.y counts heads (times their row tiles or dim slices); CUDA allows
      * 65535 */
     int64_t grid_y = merge_rows;
@@ -1075,10 +1080,7 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     h->counts[COUNT_MERGE] = num_tasks;
     h->counts[COUNT_SCAN] = num_scans;
     h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
-    /* few tasks (under a block an SM in the wide shape): narrow slices; the
-     * two shapes add a row's partials in different orders, so a
-     * batch-invariant instance keeps the wide one */
-    h->merge_narrow = !s->cfg.batch_invariant && (int64_t)num_tasks * s->merge_blocks < s->num_sms;
+    h->merge_narrow = num_tasks < s->narrow_tasks;
     h->unused = 0;
     if (s->plan_table) {
         memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
@@ -1257,7 +1259,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.soft_cap = c->logits_soft_cap;
     p.cap_scale = c->logits_soft_cap > 0.0f ? c->sm_scale / c->logits_soft_cap : 0.0f;
     p.cap_log2 = c->logits_soft_cap * LOG2E;
-    p.max_splits = s->max_splits > s->dec_splits ? s->max_splits : s->dec_splits;
+    p.max_splits = s->merge_splits;
     p.sinks = c->use_sinks ? (const float *)a->sinks->data : NULL;
     p.head_dim_qk = c->head_dim_qk;
     p.head_dim_vo = c->head_dim_vo;
@@ -1289,7 +1291,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
                              s->pre_k.smem, s->pdl && decode, cs, p));
     if (merge)
         AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
-                             (int)(sizeof(float) * (size_t)p.max_splits), s->pdl && (decode || prefill), cs, p));
+                             (int)(sizeof(float) * (size_t)s->merge_splits), s->pdl && (decode || prefill), cs, p));
     return AK_OK;
 }
 

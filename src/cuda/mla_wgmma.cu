@@ -250,13 +250,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
             /* the NaN rule on every raw product: keys past kv_end are zero
              * rows, whose product is 0 unless q is not finite, and then a
              * seen key's product (there is one in every tile) is not either */
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-                add_bad(d[0], s[n][0]);
-                add_bad(d[0], s[n][1]);
-                add_bad(d[1], s[n][2]);
-                add_bad(d[1], s[n][3]);
-            }
+            add_bad_o(s, d);
             if (capped) { /* before the mask: tanh(-inf) would unmask */
 #pragma unroll
                 for (int n = 0; n < NT; n++)

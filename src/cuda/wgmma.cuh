@@ -208,7 +208,8 @@ template <int N> __device__ __forceinline__ void zero(float (&o)[N][4])
     for (int n = 0; n < N; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 }
 
-/* The NaN rule on o (attn.cuh): this thread's part of its two rows. */
+/* The NaN rule on an accumulator (o, or raw scores; attn.cuh): this
+ * thread's part of its two rows, added to bad. */
 template <int N> __device__ __forceinline__ void add_bad_o(const float (&o)[N][4], float (&bad)[2])
 {
 #pragma unroll
