@@ -143,6 +143,7 @@ typedef struct options {
     int invariant;      /* --invariant: cfg.batch_invariant */
     int non_causal;     /* --non-causal: every query sees every key (an encoder) */
     int device_table;   /* --device-table: plan with the block table in device memory */
+    int floor;          /* --floor: CUDA, a note per row with the shape's floor (bench_floor.cu) */
     int iters;  /* 0: budgeted, DEFAULT_MAX_ITERS at most */
     int layers; /* 0: automatic */
     uint64_t seed;
@@ -195,6 +196,10 @@ static void usage(FILE *f)
         "  --graph          CUDA only: capture run() for every rotated layer into one CUDA graph\n"
         "                   and time its replays\n"
         "  --kv-update      time ak_kv_update (with the backend's slot mapping) + run() per layer\n"
+        "  --floor          CUDA: after each row, a note with the shape's floor, timed as the row is\n"
+        "                   (eager or --graph, the same layers): a kernel that only reads the K/V bytes\n"
+        "                   the row counts, alone and with a one-block kernel depending on it (what a\n"
+        "                   split and its merge cannot avoid), and the row's time over each\n"
         "  --sweep          a built-in list of shapes (restricted to --workload if given)\n"
         "  --compare LIST   CUDA: a prompt-prefill batch (no prefix) run by each of LIST, a comma list of\n"
         "                   paged (cuda_paged on the paged cache), ragged (cuda_paged's ragged mode on the\n"
@@ -402,6 +407,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
             else if (!strcmp(a, "--device-table")) o->device_table = 1;
+            else if (!strcmp(a, "--floor")) o->floor = 1;
             else if (!strcmp(a, "--non-causal")) o->non_causal = 1;
             else return usage_error("unknown option '%s'", a);
         }
@@ -508,6 +514,7 @@ typedef struct row {
     double median_ms, min_ms, plan_us, gbps, gflops, frac;
     int checked, check_ok;
     double max_rel_err;
+    double floor_ms, floor_tail_ms; /* --floor: 0 when not measured */
 } row;
 
 /* Notes: stdout for the table, stderr when stdout carries JSON. */
@@ -583,6 +590,10 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
         printf(",\"ceiling_name\":\"%s\"", ceil_->name);
         json_number("ceiling_gbps", ceil_->gbps, "%.6g");
         json_number("ceiling_fraction", r->frac, "%.4g");
+        if (r->floor_ms > 0) {
+            json_number("floor_read_ms", r->floor_ms, "%.6g");
+            json_number("floor_read_tail_ms", r->floor_tail_ms, "%.6g");
+        }
     }
     if (r->checked) json_number("max_rel_err", r->max_rel_err, "%.3g");
     else printf(",\"max_rel_err\":null");
@@ -759,6 +770,56 @@ failed:
     return -1;
 }
 
+/* --floor's work: per layer, the read of that layer's K/V bytes (and a
+ * dependent one-block kernel when tail is set). */
+typedef struct floor_runner {
+    const bd_ctx *ctx;
+    const bench_scene *sc;
+    int tail;
+    void *sink;
+} floor_runner;
+
+static int run_floor(void *arg)
+{
+    const floor_runner *fr = arg;
+    const bench_scene *sc = fr->sc;
+    for (int l = 0; l < sc->num_layers; l++)
+        if (bd_floor_enqueue(fr->ctx, sc->kv[l].k_data, sc->k_read_bytes, sc->kv[l].v_data, sc->v_read_bytes,
+                             fr->tail, fr->sink))
+            return -1;
+    return 0;
+}
+
+/* Times run_floor as the row was timed (eager, or one graph of every
+ * layer), alone and with its tail; r->floor_ms stays 0 if it fails. */
+static void measure_floor(const options *o, const bd_ctx *ctx, const bench_scene *sc, row *r)
+{
+    floor_runner fr = {ctx, sc, 0, bd_malloc(ctx, 64)};
+    if (!fr.sink || bd_memset(ctx, fr.sink, 0, 64)) goto done;
+    for (int tail = 0; tail < 2; tail++) {
+        fr.tail = tail;
+        bd_graph graph;
+        memset(&graph, 0, sizeof graph);
+        bd_graph_launch_arg launch = {ctx, &graph};
+        bd_work_fn work = run_floor;
+        void *arg = &fr;
+        if (o->graph) {
+            if (bd_graph_capture(ctx, run_floor, &fr, &graph)) goto done;
+            work = bd_graph_launch_fn;
+            arg = &launch;
+        }
+        double median = 0, least = 0;
+        const int n = sample_work(o, ctx, "floor", work, arg, (double)sc->num_layers, &median, &least);
+        bd_graph_destroy(&graph);
+        if (n < 0) goto done;
+        *(tail ? &r->floor_tail_ms : &r->floor_ms) = median;
+    }
+done:
+    if (r->floor_tail_ms <= 0) r->floor_ms = 0;
+    bd_sync(ctx);
+    bd_free(ctx, fr.sink);
+}
+
 /* Plans, times, checks one backend on the scene; fills r. Returns 0, or -1
  * when the row is an error (r says why). */
 static int bench_batch(const options *o, const bd_ctx *ctx, const bench_scene *sc, const bench_ref *ref,
@@ -848,6 +909,7 @@ static int bench_batch(const options *o, const bd_ctx *ctx, const bench_scene *s
     r->gflops = sc->flops / (r->median_ms * 1e-3) / 1e9;
     r->frac = ceil_->gbps > 0 ? r->gbps / ceil_->gbps : NAN;
     r->status = "ok";
+    if (o->floor && on_gpu) measure_floor(o, ctx, sc, r);
 
     if (ref) {
         /* the checked run: o poisoned, then layer 0 computed once more (by a
@@ -1031,6 +1093,11 @@ static void emit(bench_state *st, const bench_scene *sc, const bd_ceiling *ceil_
     }
     /* a row above its ceiling: the ceiling is no bound, so frac means little */
     const int ran = !strcmp(r->status, "ok") || !strcmp(r->status, "fail");
+    if (ran && r->floor_ms > 0)
+        note(&st->opt, "# %s floor: %.3g MB of K/V read by a kernel alone %.4f ms (row / floor %.2f); with a "
+                       "dependent one-block kernel %.4f ms (row / floor %.2f)\n",
+             r->backend, (double)(sc->k_read_bytes + sc->v_read_bytes) / 1e6, r->floor_ms,
+             r->median_ms / r->floor_ms, r->floor_tail_ms, r->median_ms / r->floor_tail_ms);
     if (ran && isfinite(r->frac) && r->frac > 1)
         note(&st->opt, "# %s: frac %.2f > 1, faster than the %s ceiling of %.1f GB/s: the ceiling run was slow (a "
                        "noisy machine?) or this shape's K/V came from cache\n",
@@ -1475,6 +1542,10 @@ int main(int argc, char **argv)
     }
     if (o->graph && kind != AK_DEVICE_CUDA) {
         usage_error("--graph needs a CUDA device");
+        return 2;
+    }
+    if (o->floor && kind != AK_DEVICE_CUDA) {
+        usage_error("--floor needs a CUDA device");
         return 2;
     }
 

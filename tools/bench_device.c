@@ -460,3 +460,13 @@ int bd_measure_ceiling(const bd_ctx *ctx, bd_ceiling *out)
 #endif
     return cpu_ceiling(ctx, out);
 }
+
+#ifndef AK_HAVE_CUDA
+int bd_floor_enqueue(const bd_ctx *ctx, const void *a, size_t a_bytes, const void *b, size_t b_bytes, int tail,
+                     void *sink)
+{
+    (void)ctx, (void)a, (void)a_bytes, (void)b, (void)b_bytes, (void)tail, (void)sink;
+    fprintf(stderr, "attnkit-bench: the floor needs a CUDA build\n");
+    return -1;
+}
+#endif

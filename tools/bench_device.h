@@ -96,4 +96,15 @@ typedef struct bd_ceiling {
  * with events; bytes read + written / time. */
 int bd_measure_ceiling(const bd_ctx *ctx, bd_ceiling *out /* OUT */);
 
+/* ---- a shape's floor (GPU) ------------------------------------------------ */
+
+/* Enqueues on ctx->stream a kernel that only reads a[0, a_bytes) and
+ * b[0, b_bytes) (b may be NULL), 16 bytes at a time, and with tail a one-block
+ * kernel that depends on it; both programmatic dependents of the kernel
+ * before them on sm_90. sink: 8 bytes of device memory, written only in the
+ * (practically never) case the data sums to a magic value. Returns 0, or -1
+ * after printing why (also when CUDA is not built in). */
+int bd_floor_enqueue(const bd_ctx *ctx, const void *a, size_t a_bytes, const void *b, size_t b_bytes, int tail,
+                     void *sink);
+
 #endif

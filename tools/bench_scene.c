@@ -222,6 +222,9 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
     }
     sc->flops = 2.0 * (Dqk + Dvo) * (double)Hq * (double)sc->visible_keys;
     /* MLA: a key's value is part of its K row, read once */
+    const size_t kv_esz = ak_dtype_size(c->kv_dtype);
+    sc->k_read_bytes = (size_t)kv_rows_read * Hk * Dqk * kv_esz;
+    sc->v_read_bytes = c->mla ? 0 : (size_t)kv_rows_read * Hk * Dvo * kv_esz;
     sc->bytes = (double)kv_rows_read * Hk * (Dqk + (c->mla ? 0 : Dvo)) * (double)ak_dtype_size(c->kv_dtype) +
                 (double)sc->b.num_tokens * Hq *
                     ((double)Dqk * ak_dtype_size(c->q_dtype) + (double)Dvo * ak_dtype_size(c->o_dtype));

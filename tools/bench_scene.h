@@ -72,6 +72,8 @@ typedef struct bench_scene {
     int64_t visible_keys; /* sum over query tokens of the keys each sees after masking */
     double flops;         /* 2 * (dqk + dvo) * num_qo_heads * visible_keys */
     double bytes;         /* KV rows read (each once) + q + o */
+    size_t k_read_bytes;  /* of which K rows */
+    size_t v_read_bytes;  /* and V rows (0 for MLA, whose value is in the K row) */
 
     /* storage, allocated by scene_alloc */
     int num_layers;
