@@ -89,7 +89,11 @@ struct __align__(16) plan_head {
      * block table, read in place (page_base = r x its stride); ragged: NULL */
     const int32_t *kv_table;
     int32_t merge_narrow; /* 1: the merge runs in narrow slices (merge.cu) */
-    int32_t unused;
+    /* 1: kv_table may be read before griddepcontrol.wait: it is the plan's
+     * copy of a host block table, written before any kernel of the step (or
+     * there is none: ragged). A caller's device table may be written by the
+     * kernel just before, so it is read only after the wait. */
+    int32_t table_early;
 };
 
 /* Everything the kernels read, by value. Strides in elements. */

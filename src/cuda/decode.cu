@@ -548,7 +548,11 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     const int num_items = p.head->counts[COUNT_DECODE];
     const int32_t *table = p.head->kv_table;
     const decode_item first = p.items[blockIdx.x];
-    decode_grid_start();
+    /* the first tile's block ids too, where the table is the plan's copy:
+     * their latency then overlaps the kernel before instead of preceding
+     * the first K/V copy */
+    const bool early =
+        p.head->table_early && (int)blockIdx.x < num_items && first.req >= 0 && first.kv_end > first.kv_begin;
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * tr::ROWS;
     const int rows = min(tr::ROWS, p.group - row_tile * tr::ROWS);
@@ -564,6 +568,8 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     auto fetch = [&](int t0, const decode_item &it) {
         fetch_tile_ids<CHUNKS, tr::TILE, tr::THREADS>(p, table, it.page_base, t0, it.kv_end, ids);
     };
+    if (early) fetch(first.kv_begin, first);
+    decode_grid_start();
     /* keys [t0, t0 + TILE) into stage s, at the ids fetched for them */
     auto issue = [&](int s, int t0, const decode_item &it) {
         KV *ks = kv_stages + (2 * s) * tr::TILE * DP, *vs = kv_stages + (2 * s + 1) * tr::TILE * DP;
@@ -584,7 +590,7 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
 #pragma unroll
         for (int s = 0; s < tr::STAGES - 1; s++) {
             if (s < n_tiles) {
-                fetch(it.kv_begin + s * tr::TILE, it);
+                if (s > 0 || !early || w != (int)blockIdx.x) fetch(it.kv_begin + s * tr::TILE, it);
                 issue(s, it.kv_begin + s * tr::TILE, it);
             }
             cp_async_commit();

@@ -1081,7 +1081,7 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     h->counts[COUNT_SCAN] = num_scans;
     h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
     h->merge_narrow = num_tasks < s->narrow_tasks;
-    h->unused = 0;
+    h->table_early = !s->plan_table;
     if (s->plan_table) {
         memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
         memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);

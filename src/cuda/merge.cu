@@ -111,20 +111,40 @@ __device__ __forceinline__ void merge_wait()
 #endif
 }
 
-/* One task's merge over SLICE of its D dims from dim0, by THREADS threads. */
+/* One task's merge over SLICE of its D dims from dim0, by THREADS threads:
+ * the weights (merge_weights), then the weighted sum. A thread's first PRE
+ * partials are loaded before the weights are known, so their latency and
+ * the LSEs' overlap instead of following one another. */
 template <int D, int SLICE, int THREADS, typename T>
 __device__ __forceinline__ void merge_slice(const attn_params &p, const merge_task &task, int head, int dim0,
-                                            int64_t step, float *weight, float4 *group_sum)
+                                            const float *lse_part, int64_t step, float *weight, float4 *group_sum)
 {
-    constexpr int LANES = SLICE / 4, GROUPS = THREADS / LANES;
+    constexpr int LANES = SLICE / 4, GROUPS = THREADS / LANES, PRE = 4;
     const int group = threadIdx.x / LANES, lane = threadIdx.x % LANES;
     /* every partial slot was written in this run (empty parts as zeros), so
      * no slot can poison the sum */
     const float *o_part = p.o_tmp + ((int64_t)task.first * p.num_qo_heads + head) * D + dim0 + lane * 4;
     const int64_t row = step * D;
+    float4 pre[PRE];
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int i = group + k * GROUPS;
+        pre[k] = i < task.n ? *(const float4 *)(o_part + i * row) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    merge_weights(p, task, head, lse_part, step, weight);
+    __syncthreads();
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < PRE; k++) {
+        const int i = group + k * GROUPS;
+        const float w = i < task.n ? weight[i] : 0.0f;
+        acc.x += w * pre[k].x;
+        acc.y += w * pre[k].y;
+        acc.z += w * pre[k].z;
+        acc.w += w * pre[k].w;
+    }
 #pragma unroll 8
-    for (int i = group; i < task.n; i += GROUPS) {
+    for (int i = group + PRE * GROUPS; i < task.n; i += GROUPS) {
         const float w = weight[i];
         const float4 v = *(const float4 *)(o_part + i * row);
         acc.x += w * v.x;
@@ -188,12 +208,10 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         const int64_t step = (int64_t)task.stride * p.num_qo_heads; /* between partial rows */
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
         __syncthreads(); /* the previous task is done with weight[] and group_sum */
-        merge_weights(p, task, head, lse_part, step, weight);
-        __syncthreads();
         if (narrow)
-            merge_slice<D, tr::N, tr::THREADS, T>(p, task, head, dim0, step, weight, group_sum);
+            merge_slice<D, tr::N, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
         else
-            merge_slice<D, tr::W, tr::THREADS, T>(p, task, head, dim0, step, weight, group_sum);
+            merge_slice<D, tr::W, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
     }
 }
 
