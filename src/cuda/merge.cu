@@ -79,7 +79,6 @@ __device__ __forceinline__ void merge_weights(const attn_params &p, const merge_
     const int n = task.n;
     const float z = p.sinks ? p.sinks[head] : -INFINITY;
     float mx = z;
-#pragma unroll 4
     for (int i = threadIdx.x; i < n; i += 32) mx = fmaxf(mx, lse_part[i * step]);
     mx = warp_max(mx);
     float sum = 0.0f;
@@ -115,13 +114,12 @@ __device__ __forceinline__ void merge_wait()
 /* One task's merge over SLICE of its D dims from dim0, by THREADS threads:
  * the weights (merge_weights), then the weighted sum. A thread's first PRE
  * partials are loaded before the weights are known, so their latency and
- * the LSEs' overlap instead of following one another (merge_task_slice
- * picks PRE). */
-template <int D, int SLICE, int THREADS, int PRE, typename T>
+ * the LSEs' overlap instead of following one another. */
+template <int D, int SLICE, int THREADS, typename T>
 __device__ __forceinline__ void merge_slice(const attn_params &p, const merge_task &task, int head, int dim0,
                                             const float *lse_part, int64_t step, float *weight, float4 *group_sum)
 {
-    constexpr int LANES = SLICE / 4, GROUPS = THREADS / LANES;
+    constexpr int LANES = SLICE / 4, GROUPS = THREADS / LANES, PRE = 4;
     const int group = threadIdx.x / LANES, lane = threadIdx.x % LANES;
     /* every partial slot was written in this run (empty parts as zeros), so
      * no slot can poison the sum */
@@ -184,25 +182,6 @@ __device__ __forceinline__ void merge_slice(const attn_params &p, const merge_ta
     }
 }
 
-/* PRE = 4 partials a thread before the weights; in the narrow shape (16
- * groups of 8 threads) 16 where the task has more than 4 a thread (one
- * request split across the wave: 264 partials, 17 a thread). Measured on
- * the H100: 16 always took llama3-8b 1 x 4096 (33 partials) from 13.4 to
- * 13.7 us; 4 always left 70b-tp8 1 x 32768 at 15.9 us against 14.7; 16 in
- * the wide shape of 512-dim rows took MLA 1 x 32768 from 37.7 to 39.6 us
- * (16 heads) and 50.7 to 53.3 us (128 heads). */
-template <int D, int SLICE, int THREADS, typename T>
-__device__ __forceinline__ void merge_task_slice(const attn_params &p, const merge_task &task, int head, int dim0,
-                                                 const float *lse_part, int64_t step, float *weight,
-                                                 float4 *group_sum)
-{
-    constexpr int GROUPS = THREADS / (SLICE / 4);
-    if (GROUPS >= 16 && task.n > 4 * GROUPS)
-        merge_slice<D, SLICE, THREADS, 16, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
-    else
-        merge_slice<D, SLICE, THREADS, 4, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
-}
-
 template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::THREADS) merge_kernel(const attn_params p)
 {
     typedef merge_traits<D> tr;
@@ -230,9 +209,9 @@ template <int D, typename T> __global__ void __launch_bounds__(merge_traits<D>::
         const float *lse_part = p.lse_tmp + (int64_t)task.first * p.num_qo_heads + head;
         __syncthreads(); /* the previous task is done with weight[] and group_sum */
         if (narrow)
-            merge_task_slice<D, tr::N, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
+            merge_slice<D, tr::N, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
         else
-            merge_task_slice<D, tr::W, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
+            merge_slice<D, tr::W, tr::THREADS, T>(p, task, head, dim0, lse_part, step, weight, group_sum);
     }
 }
 
