@@ -73,8 +73,9 @@ __global__ void floor_tail(unsigned *sink)
     if (threadIdx.x == 0 && sink[0] == FLOOR_MAGIC) sink[1] = FLOOR_MAGIC;
 }
 
-template <typename... Args>
-int launch(void (*k)(Args...), int blocks, int threads, cudaStream_t s, int pdl, Args... args)
+/* One launch of a floor kernel with its arguments' addresses (args), as a
+ * programmatic dependent when pdl is set. */
+int launch(const void *fn, int blocks, int threads, cudaStream_t s, int pdl, void **args)
 {
     cudaLaunchConfig_t lc = {};
     lc.gridDim = dim3(blocks);
@@ -85,12 +86,28 @@ int launch(void (*k)(Args...), int blocks, int threads, cudaStream_t s, int pdl,
     attr.val.programmaticStreamSerializationAllowed = 1;
     lc.attrs = &attr;
     lc.numAttrs = pdl ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&lc, k, args...);
+    const cudaError_t e = cudaLaunchKernelExC(&lc, fn, args);
     if (e != cudaSuccess) {
         fprintf(stderr, "attnkit-bench: floor kernel launch: %s\n", cudaGetErrorString(e));
         return -1;
     }
     return 0;
+}
+
+/* Programmatic launches as the library makes them: on sm_90+, and only
+ * when the kernels were compiled for it (a build for sm_80 has no
+ * griddepcontrol, so a dependent launched early would not wait). Asked
+ * once, at the first enqueue (an eager one: measure_floor warms up before
+ * it captures a graph); the bench uses one device. */
+int floor_pdl(const bd_ctx *ctx)
+{
+    static int pdl = -1;
+    if (pdl < 0) {
+        cudaFuncAttributes fa;
+        pdl = ctx->info.cc_major >= 9 && cudaFuncGetAttributes(&fa, (const void *)floor_read) == cudaSuccess &&
+              fa.ptxVersion >= 90;
+    }
+    return pdl;
 }
 
 } // namespace
@@ -105,9 +122,11 @@ extern "C" int bd_floor_enqueue(const bd_ctx *ctx, const void *a, size_t a_bytes
     if (blocks > most) blocks = most;
     if (blocks < 1) blocks = 1;
     cudaStream_t s = (cudaStream_t)ctx->stream;
-    const int pdl = ctx->info.cc_major >= 9;
-    if (launch(floor_read, (int)blocks, FLOOR_THREADS, s, pdl, (const uint4 *)a, na, (const uint4 *)b, nb,
-               (unsigned *)sink))
-        return -1;
-    return tail ? launch(floor_tail, 1, 32, s, pdl, (unsigned *)sink) : 0;
+    const int pdl = floor_pdl(ctx);
+    const uint4 *pa = (const uint4 *)a, *pb = (const uint4 *)b;
+    unsigned *ps = (unsigned *)sink;
+    void *read_args[5] = {&pa, (void *)&na, &pb, (void *)&nb, &ps};
+    if (launch((const void *)floor_read, (int)blocks, FLOOR_THREADS, s, pdl, read_args)) return -1;
+    void *tail_args[1] = {&ps};
+    return tail ? launch((const void *)floor_tail, 1, 32, s, pdl, tail_args) : 0;
 }
