@@ -7,16 +7,19 @@ FLASH_ATTENTION and the CUDNN_ATTENTION backends (dense [batch, heads, tokens,
 head_dim] tensors, GQA through enable_gqa), then runs
 
     build-gpu/attnkit-bench --device cuda --backend cuda_paged --workload prefill
-        --heads H/KV --head-dim D --batch B --q-len N --dtype bf16 --page-size 16 --json
+        --heads H/KV --head-dim D --batch B --q-len N --dtype bf16 --page-size P --json
 
 in the same script run, and prints TFLOP/s of each and attnkit's ratio to each.
-attnkit reads K/V through its paged cache (page size 16, blocks shuffled);
-the peers read contiguous tensors. FLOPs are counted alike on both sides:
+attnkit reads K/V through its paged cache (page size P, 16 unless
+--page-size says, blocks shuffled); the peers read contiguous tensors. Pages
+of whole key tiles (128 keys at head dims up to 128, 64 above) let the
+prefill copy each tile by TMA; smaller ones copy with cp.async. FLOPs are counted alike on both sides:
 4 * head_dim * num_qo_heads * (keys each query token sees), summed.
 
 Needs torch with CUDA; nothing else.
 Usage: python3 bench/gpu_sdpa.py [--shapes 16x1024,4x4096,1x16384] [--head-dims 128]
                                  [--heads 32/8] [--iters 20] [--bench PATH] [--non-causal]
+                                 [--page-size 16]
 Exit status: 0 when every side ran, 1 otherwise, 2 without torch or a GPU.
 """
 
@@ -68,10 +71,10 @@ def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters, causal=True):
     return statistics.median(times), ""
 
 
-def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True):
+def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True, page=16):
     cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
            "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
-           "bf16", "--page-size", "16", "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
+           "bf16", "--page-size", str(page), "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
@@ -90,6 +93,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--bench", default=DEFAULT_BENCH)
     ap.add_argument("--non-causal", action="store_true", help="every token sees every key (an encoder)")
+    ap.add_argument("--page-size", type=int, default=16, help="attnkit's page size (tokens)")
     args = ap.parse_args()
     try:
         import torch
@@ -103,8 +107,9 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     dims = [int(d) for d in args.head_dims.split(",") if d]
     causal = not args.non_causal
-    print("# %s, torch %s, bf16, %s, %d/%d heads, attnkit page size 16; medians of %d calls" % (
-        torch.cuda.get_device_name(), torch.__version__, "causal" if causal else "non-causal", hq, hk, args.iters))
+    print("# %s, torch %s, bf16, %s, %d/%d heads, attnkit page size %d; medians of %d calls" % (
+        torch.cuda.get_device_name(), torch.__version__, "causal" if causal else "non-causal", hq, hk,
+        args.page_size, args.iters))
     hdr = ("D", "batch", "tokens", "flash_ms", "flash_TF", "cudnn_ms", "cudnn_TF", "attnkit_ms", "attnkit_TF",
            "vs_flash", "vs_cudnn")
     print("%4s %6s %7s %9s %8s %9s %8s %10s %10s %8s %8s" % hdr)
@@ -118,7 +123,7 @@ def main():
                 res[name] = ms
                 if why:
                     notes.append("D%d %dx%d %s: %s" % (dim, batch, seq, name, why))
-            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters, causal)
+            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters, causal, args.page_size)
             res["attnkit"] = ms
             if why:
                 notes.append("D%d %dx%d attnkit: %s" % (dim, batch, seq, why))

@@ -141,9 +141,20 @@ struct attn_params {
      * values they hold then); kind AK_KV_SCALE_NONE: 1 */
     int kv_scale_kind;
     const float *k_scale, *v_scale;
-    /* 1: the kernel's second parameter is a TMA map of the K pool
-     * (attn_kernel.tma_map) to read whole tiles through */
+    /* 1: the kernel's second parameter holds a TMA map of the K pool
+     * (kv_maps.k, attn_kernel.tma_map) to read whole tiles through (MLA) */
     int k_tma;
+    /* prefill (prefill_wgmma.cu): the rows of a TMA box of K and V in the
+     * second parameter's maps, a whole key tile (the kernel's KEYS; paged: a
+     * page holds whole tiles), or 0: every copy by cp.async */
+    int kv_box;
+};
+
+/* The second parameter of the kernels that read K/V by TMA
+ * (attn_kernel.tma_map): the maps of K and of V (MLA: K alone), built by
+ * run() for the layer's pools and copied at the launch. */
+struct kv_maps {
+    CUtensorMap k, v;
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -841,7 +852,7 @@ struct attn_kernel {
     int rows;          /* prefill: query rows a tile (tokens x heads packed); decode: query heads a tile;
                           merge: blocks a head (slices of its dims) */
     int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
-    int tma_map;       /* fn takes a second parameter, a __grid_constant__ CUtensorMap (launch_kernel) */
+    int tma_map;       /* fn takes a second parameter, a __grid_constant__ kv_maps (launch_kernel) */
     int merge_sub;     /* merge: blocks of a head's wide slice in the grid's y (merge.cu; 0 or 1: one) */
 };
 
@@ -930,6 +941,19 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
  * copies with cp.async). Host only, no GPU work: run() calls it, and a
  * captured graph keeps the map it was captured with. */
 int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
+/* The maps of K and V for the wgmma prefill kernel (kv_maps, TMA boxes of
+ * 64 columns of 16-bit rows and a key tile of rows, 128-byte swizzle):
+ * answers the box's rows (attn_params.kv_box), or 0 where the pools do not
+ * allow TMA (alignment, strides, pages smaller than a tile or not made of
+ * whole tiles) or the driver has no encoder. rows: ragged K/V's row count
+ * (paged: unused). Host only, as ak_cuda_mla_tma_map. */
+int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t rows, kv_maps *maps);
+/* cuTensorMapEncodeTiled from the driver (the library links the runtime
+ * only), or NULL */
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+encode_tiled_fn ak_cuda_encode_tiled(void);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at
@@ -977,12 +1001,12 @@ ak_status ak_cuda_kernel_ptx_version(const attn_kernel *k, int *ptx);
 
 /* Launches k on `stream`, as a programmatic dependent of the kernel before it
  * when pdl is set (sm_90+), with map as its second parameter when it takes
- * one (attn_kernel.tma_map: the map is a __grid_constant__ there; it is
+ * one (attn_kernel.tma_map: the maps are a __grid_constant__ there; they are
  * not in attn_params because a kernel whose attn_params is a
  * __grid_constant__ reads every field through a pointer, measured slower).
  * The one launch path of every attention kernel. */
 static inline ak_status launch_kernel(void (*k)(const attn_params), dim3 grid, int threads, int smem, int pdl,
-                                      cudaStream_t stream, const attn_params &p, const CUtensorMap *map = NULL)
+                                      cudaStream_t stream, const attn_params &p, const kv_maps *map = NULL)
 {
     cudaLaunchConfig_t lc = {};
     lc.gridDim = grid;

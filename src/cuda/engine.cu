@@ -111,6 +111,8 @@ struct engine_state {
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
     int mla_tma;      /* run() encodes the K pool's TMA map for dec_k (mla_wgmma.cu's takes one),
                          unless AK_CUDA_MLA_TMA=0 (it then copies with cp.async alone) */
+    int pre_tma;      /* run() encodes the K and V pools' TMA maps for pre_k (prefill_wgmma.cu's takes
+                         them), unless AK_CUDA_PREFILL_TMA=0 (cp.async alone) */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
     int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
@@ -200,6 +202,21 @@ static int tc_pair(const ak_attn_config *cfg)
 }
 
 static int is_fp8(const ak_attn_config *cfg) { return cfg->kv_dtype == AK_FP8_E4M3; }
+
+/* cuTensorMapEncodeTiled, from the driver at first use */
+encode_tiled_fn ak_cuda_encode_tiled(void)
+{
+    static const encode_tiled_fn fn = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = NULL;
+        return (encode_tiled_fn)f;
+    }();
+    return fn;
+}
 
 /* An override from the environment with two values: *choice -1 when var is
  * unset or empty, 0 for a, 1 for b; anything else is an error naming var. */
@@ -578,6 +595,9 @@ static ak_status engine_create_inner(engine_state *s)
         if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         prefill_rows(cfg, s->pre_k.rows, &s->prow_tiles, &s->prow_heads, &s->ptok);
+        int tma;
+        AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
+        s->pre_tma = s->pre_k.tma_map && tma != 0;
         AK_TRY(ak_cuda_kernel_occupancy(&s->pre_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
         const int per_item = cfg->num_kv_heads * s->prow_tiles;
@@ -1215,6 +1235,14 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     return AK_OK;
 }
 
+/* Ragged K/V: the rows both tensors hold (the TMA maps' bounds); paged: 0. */
+static int64_t ragged_rows(const engine_state *s, const ak_run_args *a)
+{
+    if (!s->ragged) return 0;
+    const int64_t k = a->k->shape[0], v = s->cfg.mla ? k : a->v->shape[0];
+    return k < v ? k : v;
+}
+
 ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream)
 {
     engine_state *s = (engine_state *)state;
@@ -1247,9 +1275,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
-    CUtensorMap k_map; /* the MLA kernel's second parameter (copied at the launch) */
+    kv_maps k_map, kv_map; /* the MLA and prefill kernels' second parameters (copied at the launch) */
     memset(&k_map, 0, sizeof k_map);
-    p.k_tma = s->mla_tma && !s->ragged ? ak_cuda_mla_tma_map(&p, &k_map) : 0;
+    memset(&kv_map, 0, sizeof kv_map);
+    p.k_tma = s->mla_tma && !s->ragged ? ak_cuda_mla_tma_map(&p, &k_map.k) : 0;
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
@@ -1275,6 +1304,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
     const int scan = s->scan_k.fn && (all || s->num_scans > 0);
+    /* (a few microseconds of host time: only where the prefill kernel runs) */
+    if (prefill && s->pre_tma)
+        p.kv_box = ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, ragged_rows(s, a), &kv_map);
     /* The scan pass first, an ordinary launch. Decode is a programmatic
      * dependent of whatever kernel is before it (the scan, or the layer
      * before's merge, which lets it launch at once): its blocks read the
@@ -1288,7 +1320,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     if (prefill)
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
-                             s->pre_k.smem, s->pdl && decode, cs, p));
+                             s->pre_k.smem, s->pdl && decode, cs, p, s->pre_k.tma_map ? &kv_map : NULL));
     if (merge)
         AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
                              (int)(sizeof(float) * (size_t)s->merge_splits), s->pdl && (decode || prefill), cs, p));

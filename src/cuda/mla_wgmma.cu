@@ -443,13 +443,13 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
 #endif
 }
 
-/* k_map (ak_cuda_mla_tma_map) is read by TMA where the launch put it: a
+/* maps.k (ak_cuda_mla_tma_map) is read by TMA where the launch put it: a
  * __grid_constant__ */
 template <typename T>
-__global__ void __launch_bounds__(384, 1) mla_wgmma_kernel(const attn_params p, const __grid_constant__ CUtensorMap k_map)
+__global__ void __launch_bounds__(384, 1) mla_wgmma_kernel(const attn_params p, const __grid_constant__ kv_maps maps)
 {
-    if (p.ragged) mla_wgmma_body<T, 1>(p, &k_map);
-    else mla_wgmma_body<T, 0>(p, &k_map);
+    if (p.ragged) mla_wgmma_body<T, 1>(p, &maps.k);
+    else mla_wgmma_body<T, 0>(p, &maps.k);
 }
 
 template <typename T> attn_kernel mla_kernel_of()
@@ -474,26 +474,6 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype)
     return none;
 }
 
-/* cuTensorMapEncodeTiled, from the driver at first use (the library links
- * the runtime only) */
-typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-static encode_tiled_fn encode_tiled(void)
-{
-    static const encode_tiled_fn fn = [] {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
-            f = NULL;
-        return (encode_tiled_fn)f;
-    }();
-    return fn;
-}
-
 int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map)
 {
     typedef mla_wg W;
@@ -502,7 +482,7 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map)
     if (p->ragged || p->page_size % W::KEYS != 0 || p->num_blocks <= 0 || p->num_kv_heads != 1) return 0;
     if ((uintptr_t)p->k_pool % 16 || slot <= 0 || block <= 0 || slot % 16 || block % 16) return 0;
     if (slot >= ((int64_t)1 << 40) || block >= ((int64_t)1 << 40)) return 0; /* TMA's stride limit */
-    const encode_tiled_fn encode = encode_tiled();
+    const encode_tiled_fn encode = ak_cuda_encode_tiled();
     if (!encode) return 0;
     const cuuint64_t dims[3] = {(cuuint64_t)W::DQK, (cuuint64_t)p->page_size, (cuuint64_t)p->num_blocks};
     const cuuint64_t strides[2] = {(cuuint64_t)slot, (cuuint64_t)block};

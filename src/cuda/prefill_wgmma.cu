@@ -17,9 +17,12 @@
  *
  * Q, K and V tiles share one layout (wgmma.cuh's sw128: 64-element column
  * blocks, 128-byte swizzle), STAGES deep. The producer warpgroup
- * (producer.cuh) fills them with cp.async through the page table (or
- * the ragged rows), running ahead of the consumers across items, with its
- * registers given to the consumers (setmaxnreg). Stages pass between it and
+ * (producer.cuh) fills them, running ahead of the consumers across items,
+ * with its registers given to the consumers (setmaxnreg): a whole key tile
+ * on one page (pages of whole tiles) or of ragged rows by TMA, a box a
+ * column block issued by one thread (the pools' maps, built by run():
+ * ak_cuda_prefill_tma_maps); any other tile with cp.async through the page
+ * table, a block lookup a row. Stages pass between it and
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V); between the two,
@@ -42,6 +45,11 @@
 
 #include <limits.h>
 
+/* Keys per K/V stage for rows of d elements: the S accumulator is KEYS / 2
+ * floats a thread and o is DVN / 2; at DP = 256 a 64-key tile keeps both
+ * within 232 registers */
+static constexpr int wg_keys(int d) { return d <= 128 ? 128 : 64; }
+
 template <int DQK_, int DVO_> struct wg_traits {
     static constexpr int DQK = DQK_, DVO = DVO_;
     static constexpr int DP = head_dims<DQK, DVO>::DP; /* shared-memory rows */
@@ -58,9 +66,7 @@ template <int DQK_, int DVO_> struct wg_traits {
     static constexpr int CONSUMERS = 256, PRODUCERS = 128, THREADS = CONSUMERS + PRODUCERS;
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
     static constexpr int ROWS = 128;
-    /* keys per K/V stage: the S accumulator is KEYS / 2 floats a thread and
-     * o is DVN / 2; at DP = 256 a 64-key tile keeps both within 232 registers */
-    static constexpr int KEYS = DP <= 128 ? 128 : 64;
+    static constexpr int KEYS = wg_keys(DP);
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
      * tiles t - 1 (its V), t and t + 1 (in flight) in shared memory: three
@@ -337,7 +343,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 
 /* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
 template <int DQK, int DVO, typename T, int ADDR>
-__device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
+__device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const kv_maps *maps)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     typedef wg_traits<DQK, DVO> tr;
@@ -375,7 +381,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == 2) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR>(p, qs, stages, bar, kv_head, head0, hb, heads);
+        prefill_producer<tr, T, ADDR, true>(p, qs, stages, bar, kv_head, head0, hb, heads, maps);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
         prefill_wgmma_consumers<DQK, DVO, T>(p, qs, stages, bar, bad_keys, kv_head, head0, hb, heads);
@@ -385,20 +391,24 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p)
 #endif
 }
 
+/* maps (ak_cuda_prefill_tma_maps) are read by TMA where the launch put
+ * them: a __grid_constant__ */
 template <int DQK, int DVO, typename T>
-__global__ void __launch_bounds__(384, 1) prefill_wgmma_kernel(const attn_params p)
+__global__ void __launch_bounds__(384, 1) prefill_wgmma_kernel(const attn_params p, const __grid_constant__ kv_maps maps)
 {
     /* the addressing as a template argument: a runtime select costs this
      * kernel registers it does not have */
-    if (p.ragged) prefill_wgmma_body<DQK, DVO, T, 1>(p);
-    else prefill_wgmma_body<DQK, DVO, T, 0>(p);
+    if (p.ragged) prefill_wgmma_body<DQK, DVO, T, 1>(p, &maps);
+    else prefill_wgmma_body<DQK, DVO, T, 0>(p, &maps);
 }
 
 template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
     static attn_kernel get()
     {
         typedef wg_traits<DQK, DVO> tr;
-        const attn_kernel k = {prefill_wgmma_kernel<DQK, DVO, T>, tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE};
+        /* the second parameter on the launch path (launch_kernel) */
+        const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T>,
+                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1};
         return k;
     }
 };
@@ -415,4 +425,47 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
     const attn_kernel none = {NULL, 0, 0, 0};
     return none;
 #endif
+}
+
+/* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of
+ * 64 columns and a whole key tile of rows (128-byte swizzle: wgmma.cuh's
+ * layout). Paged: {D, page_size, kv heads, blocks} by the pools' strides,
+ * for pages of whole tiles; ragged: {D, rows, kv heads}. Measured (H100,
+ * llama3-8b 4 x 4096, page 128): boxes of 16 rows took 1.52 ms, 32 rows
+ * 1.28, 64 rows 1.17, a whole tile (128) 1.13, cp.async 1.17: a TMA copy
+ * costs by the box, so smaller pages keep cp.async. */
+int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t rows, kv_maps *maps)
+{
+    const int KV_BOX = wg_keys(dqk > dvo ? dqk : dvo);
+    const encode_tiled_fn encode = ak_cuda_encode_tiled();
+    if (!encode || (!p->ragged && (p->page_size % KV_BOX != 0 || p->num_blocks <= 0)) || (p->ragged && rows < KV_BOX))
+        return 0;
+    const int64_t esz = 2; /* 16-bit rows */
+    auto make = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
+        if ((uintptr_t)base % 16) return false;
+        const int64_t st[3] = {p->ragged ? block : slot, head, block};
+        for (int i = 0; i < (p->ragged ? 2 : 3); i++) /* TMA's strides: 16-byte multiples below 2^40 bytes */
+            if (st[i] * esz <= 0 || st[i] * esz % 16 || st[i] * esz >= ((int64_t)1 << 40)) return false;
+        const cuuint32_t box[4] = {64, (cuuint32_t)KV_BOX, 1, 1}, step[4] = {1, 1, 1, 1};
+        cuuint64_t dims[4], strides[3];
+        cuuint32_t rank;
+        if (p->ragged) {
+            rank = 3;
+            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)rows, dims[2] = (cuuint64_t)p->num_kv_heads;
+            strides[0] = (cuuint64_t)(block * esz), strides[1] = (cuuint64_t)(head * esz);
+        } else {
+            rank = 4;
+            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)p->page_size, dims[2] = (cuuint64_t)p->num_kv_heads;
+            dims[3] = (cuuint64_t)p->num_blocks;
+            strides[0] = (cuuint64_t)(slot * esz), strides[1] = (cuuint64_t)(head * esz);
+            strides[2] = (cuuint64_t)(block * esz);
+        }
+        return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, (void *)base, dims, strides, box, step,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    };
+    if (!make(&maps->k, p->k_pool, dqk, p->k_block_stride, p->k_stride_slot, p->k_stride_head) ||
+        !make(&maps->v, p->v_pool, dvo, p->v_block_stride, p->v_stride_slot, p->v_stride_head))
+        return 0;
+    return KV_BOX;
 }

@@ -119,6 +119,29 @@ template <int STAGES> struct ws_barriers {
     uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
 };
 
+/* A whole tile of K or V (map; D of its columns real, in D / 64 rounded up
+ * column blocks, the columns past D zero-filled by the map's bounds) by
+ * TMA into dst, completing on full: thread 0 of the producers issues a box
+ * of KEYS rows a column block and arrives with their bytes, the others
+ * arrive, so that the barrier's count is the same as for cp.async. at:
+ * paged, the tile's first slot in block `block`; ragged, its first row. */
+template <int D, int KEYS, int ADDR, typename T>
+__device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, int32_t block, int at, int kv_head, T *dst,
+                                              uint64_t *full)
+{
+    constexpr int NCB = (D + 63) / 64;
+    if (threadIdx.x % 128 == 0) {
+        mbar_arrive_expect_tx(full, (uint32_t)(KEYS * NCB * 128));
+#pragma unroll
+        for (int c = 0; c < NCB; c++) {
+            if (ADDR == 1) tma_load_3d(dst + c * (KEYS * 64), map, c * 64, at, kv_head, full);
+            else tma_load_4d(dst + c * (KEYS * 64), map, c * 64, at, kv_head, block, full);
+        }
+    } else {
+        mbar_arrive(full);
+    }
+}
+
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
  * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
  * block's items (in the consumers' order), its K/V tiles into the stages and
@@ -126,10 +149,14 @@ template <int STAGES> struct ws_barriers {
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
  * MMAs; after its epilogue where that stages o there): the copy of that
- * tile runs under the end of the previous item. */
-template <typename tr, typename T, int ADDR>
+ * tile runs under the end of the previous item. TMA: the kernel takes the
+ * pools' maps (kv_maps), whose boxes are whole tiles where p.kv_box is
+ * KEYS; a tile they can copy (whole, below kv_end, on one page) goes by
+ * TMA, any other by cp.async. */
+template <typename tr, typename T, int ADDR, bool TMA = false>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
-                                                 int kv_head, int head0, int hb, int heads)
+                                                 int kv_head, int head0, int hb, int heads,
+                                                 const kv_maps *maps = NULL)
 {
     constexpr int DQK = tr::DQK, DVO = tr::DVO;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
@@ -146,6 +173,21 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         auto fill = [&](int t) {
             const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
             T *ks = stages + st * 2 * KEYS * DP;
+            /* TMA: a whole tile below kv_end, on one page (paged: the maps'
+             * boxes are whole tiles, p.kv_box == KEYS, and a page holds
+             * whole tiles) */
+            if (TMA && p.kv_box == KEYS && (ADDR == 1 || t0 % KEYS == 0) && t0 + KEYS <= it.kv_end) {
+                int32_t block = 0;
+                int at;
+                if (ADDR == 1) at = it.page_base + t0;
+                else block = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at);
+                if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+                tma_tile_copy<DQK, KEYS, ADDR, T>(&maps->k, block, at, kv_head, ks, &bar.k_full[st]);
+                if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+                tma_tile_copy<DVO, KEYS, ADDR, T>(&maps->v, block, at, kv_head, ks + KEYS * DP, &bar.v_full[st]);
+                g++;
+                return;
+            }
             tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
             if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
             producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);

@@ -112,6 +112,15 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, i
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(bar))
                  : "memory");
 }
+/* The same for a 4-dimensional map. */
+__device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                            uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4, %5}], [%6];\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(bar))
+                 : "memory");
+}
 /* Waits until the phase of bar with this parity has completed. */
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
 {
