@@ -122,13 +122,16 @@ static const attn_case fixed_cases[] = {
      {{0, 0}, {1, 20}, {0, 33}, {5, 5}, {0, 0}}},
     {"prefill hnd page 64", 4, 2, 128, 128, AK_F16, 0, 0, 1, -1, 0, 64, HND, PAGED, 2, {{70, 70}, {3, 200}}},
     /* pages of whole key tiles (the GPU prefill's TMA copies: 128 keys at
-     * head dims up to 128, 64 above): rows of 96 (a box's columns past
+     * head dims up to 128, 64 above; TMA boxes of a tile): rows of 96 (a box's columns past
      * them), a page size that is not a power of two, split chunks on long
      * prefixes, 192/128 */
     {"prefill hnd page 128 d96 gqa4 on prefixes", 16, 4, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 128, HND, PAGED, 3,
      {{100, 100}, {70, 1000}, {33, 3100}}},
     {"prefill page 192 192/128 f16 long prefix", 8, 2, 192, 128, AK_F16, 0, 0, 1, -1, 0, 192, NHD, PAGED, 2,
      {{64, 3000}, {129, 129}}},
+    /* pages of half a 128-key tile (two TMA boxes a tile, each on its page) */
+    {"prefill page 64 d128 gqa4 bf16 on prefixes", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{64, 2000}, {300, 300}, {7, 135}}},
     {"ragged prefill", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{17, 17}, {113, 113}, {1, 1}}},
     {"ragged cross attention", 4, 2, 128, 128, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 3,
      {{30, 77}, {5, 1}, {2, 0}}},

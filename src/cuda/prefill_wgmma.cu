@@ -428,25 +428,26 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 }
 
 /* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of
- * 64 columns and a whole key tile of rows (128-byte swizzle: wgmma.cuh's
- * layout). Paged: {D, page_size, kv heads, blocks} by the pools' strides,
- * for pages of whole tiles; ragged: {D, rows, kv heads}. Measured (H100,
- * llama3-8b 4 x 4096, page 128): boxes of 16 rows took 1.52 ms, 32 rows
- * 1.28, 64 rows 1.17, a whole tile (128) 1.13, cp.async 1.17: a TMA copy
- * costs by the box, so smaller pages keep cp.async. */
+ * 64 columns (128-byte swizzle: wgmma.cuh's layout) and of rows a whole key
+ * tile, or half of one (64) where pages hold 64 keys but not a whole tile
+ * of 128. Paged: {D, page_size, kv heads, blocks} by the pools' strides;
+ * ragged: {D, rows, kv heads}, whole tiles. Measured (H100, llama3-8b
+ * 4 x 4096, page 128, an earlier producer): boxes of 16 rows took 1.52 ms,
+ * 32 rows 1.28, 64 rows 1.18, 128 rows 1.13: a TMA copy costs by the box,
+ * so pages below 64 keys keep cp.async (1.17 ms there). */
 int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t rows, kv_maps *maps)
 {
-    const int KV_BOX = wg_keys(dqk > dvo ? dqk : dvo);
+    const int keys = wg_keys(dqk > dvo ? dqk : dvo);
+    const int rows_box = p->ragged || p->page_size % keys == 0 ? keys : keys == 128 && p->page_size % 64 == 0 ? 64 : 0;
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
-    if (!encode || (!p->ragged && (p->page_size % KV_BOX != 0 || p->num_blocks <= 0)) || (p->ragged && rows < KV_BOX))
-        return 0;
+    if (!encode || rows_box == 0 || (!p->ragged && p->num_blocks <= 0) || (p->ragged && rows < rows_box)) return 0;
     const int64_t esz = 2; /* 16-bit rows */
     auto make = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
         if ((uintptr_t)base % 16) return false;
         const int64_t st[3] = {p->ragged ? block : slot, head, block};
         for (int i = 0; i < (p->ragged ? 2 : 3); i++) /* TMA's strides: 16-byte multiples below 2^40 bytes */
             if (st[i] * esz <= 0 || st[i] * esz % 16 || st[i] * esz >= ((int64_t)1 << 40)) return false;
-        const cuuint32_t box[4] = {64, (cuuint32_t)KV_BOX, 1, 1}, step[4] = {1, 1, 1, 1};
+        const cuuint32_t box[4] = {64, (cuuint32_t)rows_box, 1, 1}, step[4] = {1, 1, 1, 1};
         cuuint64_t dims[4], strides[3];
         cuuint32_t rank;
         if (p->ragged) {
@@ -467,5 +468,5 @@ int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t row
     if (!make(&maps->k, p->k_pool, dqk, p->k_block_stride, p->k_stride_slot, p->k_stride_head) ||
         !make(&maps->v, p->v_pool, dvo, p->v_block_stride, p->v_stride_slot, p->v_stride_head))
         return 0;
-    return KV_BOX;
+    return rows_box;
 }

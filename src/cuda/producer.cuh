@@ -122,21 +122,26 @@ template <int STAGES> struct ws_barriers {
 /* A whole tile of K or V (map; D of its columns real, in D / 64 rounded up
  * column blocks, the columns past D zero-filled by the map's bounds) by
  * TMA into dst, completing on full: thread 0 of the producers issues a box
- * of KEYS rows a column block and arrives with their bytes, the others
- * arrive, so that the barrier's count is the same as for cp.async. at:
- * paged, the tile's first slot in block `block`; ragged, its first row. */
+ * a column block and a part of the tile (BOXES parts of KEYS / BOXES rows:
+ * paged, each on one page) and arrives with their bytes, the others arrive,
+ * so that the barrier's count is the same as for cp.async. at[j]: paged,
+ * part j's first slot in block block[j]; ragged, its first row. */
 template <int D, int KEYS, int ADDR, typename T>
-__device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, int32_t block, int at, int kv_head, T *dst,
-                                              uint64_t *full)
+__device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int32_t (&block)[2], const int (&at)[2],
+                                              int boxes, int kv_head, T *dst, uint64_t *full)
 {
     constexpr int NCB = (D + 63) / 64;
     if (threadIdx.x % 128 == 0) {
         mbar_arrive_expect_tx(full, (uint32_t)(KEYS * NCB * 128));
 #pragma unroll
-        for (int c = 0; c < NCB; c++) {
-            if (ADDR == 1) tma_load_3d(dst + c * (KEYS * 64), map, c * 64, at, kv_head, full);
-            else tma_load_4d(dst + c * (KEYS * 64), map, c * 64, at, kv_head, block, full);
-        }
+        for (int j = 0; j < 2; j++) /* (unrolled: block and at stay in registers) */
+#pragma unroll
+            for (int c = 0; c < NCB; c++) {
+                if (j >= boxes) break;
+                T *to = dst + c * (KEYS * 64) + j * (KEYS / 2) * 64;
+                if (ADDR == 1) tma_load_3d(to, map, c * 64, at[j], kv_head, full);
+                else tma_load_4d(to, map, c * 64, at[j], kv_head, block[j], full);
+            }
     } else {
         mbar_arrive(full);
     }
@@ -150,9 +155,9 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, int32_t bl
  * consumers free only when the previous item is done with it (after its
  * MMAs; after its epilogue where that stages o there): the copy of that
  * tile runs under the end of the previous item. TMA: the kernel takes the
- * pools' maps (kv_maps), whose boxes are whole tiles where p.kv_box is
- * KEYS; a tile they can copy (whole, below kv_end, on one page) goes by
- * TMA, any other by cp.async. */
+ * pools' maps (kv_maps), whose boxes are a tile or half of one
+ * (p.kv_box); a tile they can copy (whole, below kv_end, paged on pages of
+ * whole boxes) goes by TMA, any other by cp.async. */
 template <typename tr, typename T, int ADDR, bool TMA = false>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
                                                  int kv_head, int head0, int hb, int heads,
@@ -173,18 +178,22 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         auto fill = [&](int t) {
             const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
             T *ks = stages + st * 2 * KEYS * DP;
-            /* TMA: a whole tile below kv_end, on one page (paged: the maps'
-             * boxes are whole tiles, p.kv_box == KEYS, and a page holds
-             * whole tiles) */
-            if (TMA && p.kv_box == KEYS && (ADDR == 1 || t0 % KEYS == 0) && t0 + KEYS <= it.kv_end) {
-                int32_t block = 0;
-                int at;
-                if (ADDR == 1) at = it.page_base + t0;
-                else block = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at);
+            /* TMA: a whole tile below kv_end, in boxes of p.kv_box rows (a
+             * tile, or half of one), paged each on one page (a page holds
+             * whole boxes: ak_cuda_prefill_tma_maps) */
+            if (TMA && p.kv_box > 0 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
+                const int boxes = KEYS / p.kv_box;
+                int32_t block[2] = {0, 0};
+                int at[2] = {it.page_base + t0, 0};
+                if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
+                    block[0] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at[0]);
+                    if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
+                }
                 if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DQK, KEYS, ADDR, T>(&maps->k, block, at, kv_head, ks, &bar.k_full[st]);
+                tma_tile_copy<DQK, KEYS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
                 if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DVO, KEYS, ADDR, T>(&maps->v, block, at, kv_head, ks + KEYS * DP, &bar.v_full[st]);
+                tma_tile_copy<DVO, KEYS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
+                                                  &bar.v_full[st]);
                 g++;
                 return;
             }
