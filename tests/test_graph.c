@@ -19,7 +19,8 @@
  * Ragged cases (contiguous K/V: cuda_varlen, cuda_paged's ragged mode)
  * capture run() alone, with q/o sized for the largest step and K/V buffers
  * that hold its sum of kv_len, and replay it after plans of prompt prefills
- * (or cross-attention) of other lengths.
+ * (or cross-attention) of other lengths; a growing case captures its
+ * smallest step instead, views of buffers that hold every later step.
  */
 #include "harness.h"
 
@@ -61,6 +62,9 @@ typedef struct graph_case {
     int device_table;  /* paged: each step's block table in device memory
                           (batch.device_block_table), in one of two buffers by turns, so
                           the replays follow the table each plan names */
+    int grow;          /* ragged: the capture is the smallest step (every request at a quarter
+                          of its longest) and later ones grow past it, so the replays read
+                          K/V rows past the captured step's (nothing captured may bound them) */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -78,6 +82,8 @@ static const graph_case graph_cases[] = {
     {"graph replay ragged prefill gqa4 bf16 d128", RAGGED, 16, 4, 128, AK_BF16, 4, 1, -1, 0, NHD, 0, 0, 0},
     {"graph replay ragged cross mqa f16 d64 window", RAGGED, 8, 1, 64, AK_F16, 3, 0, 50, 0, NHD, 0, 0, 0},
     {"graph replay ragged prefill gqa2 bf16 d256", RAGGED, 8, 4, 256, AK_BF16, 2, 1, -1, 0, NHD, 0, 0, 0},
+    {"graph replay ragged cross gqa4 bf16 d128 growing past the capture", RAGGED, 16, 4, 128, AK_BF16, 3, 0, -1, 0,
+     NHD, 0, 0, 0, 0, 0, 0, 1},
     {"graph replay mixed gqa4 bf16 d512 page 16", PAGED, 8, 2, 512, AK_BF16, 3, 1, -1, 16, NHD, 1, 0, 0},
     /* gpt-oss-shaped: 64/8 heads, head dim 64, sinks, window-128 and full layers */
     {"graph replay interleaved window/full sinks (gpt-oss)", PAGED, 64, 8, 64, AK_BF16, 4, 1, 127, 16, NHD, 0, 1, 1},
@@ -106,12 +112,17 @@ static const graph_case graph_cases[] = {
  * largest step), then a mix of decodes, verifications (2-8) and chunks; the
  * kv lengths mix changes every step (all short, one long, ...). Ragged: the
  * capture (s = 0) has every request at its longest; later steps are random,
- * some requests empty. */
+ * some requests empty (growing cases: the capture is the shortest). */
 static void step_lengths(uint64_t *rng, int s, const graph_case *gc, int32_t *q_lens, int32_t *kv_lens)
 {
     const int n = gc->num_reqs;
     for (int r = 0; r < n; r++) {
         if (gc->storage == AK_KV_RAGGED) {
+            if (gc->grow) { /* (cross-attention) */
+                q_lens[r] = s == 0 ? RG_MAX_Q / 4 : scn_rng_int(rng, 1, RG_MAX_Q);
+                kv_lens[r] = s == 0 ? RG_MAX_KV / 4 : scn_rng_int(rng, RG_MAX_KV / 2, RG_MAX_KV);
+                continue;
+            }
             const int q = s == 0 ? RG_MAX_Q : scn_rng_int(rng, 0, 7) == 0 ? 0 : scn_rng_int(rng, 1, RG_MAX_Q);
             q_lens[r] = q;
             kv_lens[r] = gc->causal ? q
@@ -467,10 +478,13 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 ok = 0;
                 break;
             }
+            /* (a growing case captures its smallest step: views of its rows
+             * of the same buffers, which hold every later step's) */
+            const int cT = gc->grow ? N : T, cKT = gc->grow ? KN : KT;
             for (int l = 0; l < layers && st == AK_OK; l++) {
-                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, T, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, T, Hq, Dv);
-                ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, KT, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, KT, Hk, D);
-                ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, T, Hq);
+                ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, cT, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, cT, Hq, Dv);
+                ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, cKT, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, cKT, Hk, D);
+                ak_tensor lt = ak_tensor_2d(g.lse[l], AK_F32, cT, Hq);
                 ak_tensor sk = ak_tensor_1d(sinks_d[l], AK_F32, Hq);
                 ak_paged_kv view;
                 ak_run_args a;

@@ -145,8 +145,8 @@ struct attn_params {
      * (kv_maps.k, attn_kernel.tma_map) to read whole tiles through (MLA) */
     int k_tma;
     /* prefill (prefill_wgmma.cu): the rows of a TMA box of K and V in the
-     * second parameter's maps, a whole key tile (the kernel's KEYS; paged: a
-     * page holds whole tiles), or 0: every copy by cp.async */
+     * second parameter's maps, a key tile (the kernel's KEYS) or half of one
+     * (paged: a page holds whole boxes), or 0: every copy by cp.async */
     int kv_box;
 };
 
@@ -942,12 +942,14 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
  * captured graph keeps the map it was captured with. */
 int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
 /* The maps of K and V for the wgmma prefill kernel (kv_maps, TMA boxes of
- * 64 columns of 16-bit rows and a key tile of rows, 128-byte swizzle):
- * answers the box's rows (attn_params.kv_box), or 0 where the pools do not
- * allow TMA (alignment, strides, pages smaller than a tile or not made of
- * whole tiles) or the driver has no encoder. rows: ragged K/V's row count
- * (paged: unused). Host only, as ak_cuda_mla_tma_map. */
-int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t rows, kv_maps *maps);
+ * 64 columns of 16-bit rows and a key tile of rows, or half of one, 128-byte
+ * swizzle): answers the box's rows (attn_params.kv_box), or 0 where the
+ * pools do not allow TMA (alignment, strides, pages not made of whole boxes)
+ * or the driver has no encoder. The maps depend on the pools (or ragged
+ * tensors' base and strides), never on the plan: ragged rows are bounded by
+ * the kernel's items alone, as its cp.async copies are. Host only, as
+ * ak_cuda_mla_tma_map. */
+int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps);
 /* cuTensorMapEncodeTiled from the driver (the library links the runtime
  * only), or NULL */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

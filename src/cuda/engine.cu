@@ -46,6 +46,9 @@
 /* A prefill item is split only into chunks of at least this many keys: below
  * it the merge costs more than the parallelism gains. */
 #define MIN_PREFILL_CHUNK 512
+/* Prefill chunks are multiples of the wgmma prefill's largest key tile, so a
+ * chunk's tiles start on TMA box boundaries (prefill_wgmma.cu). */
+#define PREFILL_CHUNK_ALIGN 128
 #define NUM_STAGING 2
 /* Extra rounds of decode items balance_chunk weighs for a batch larger than
  * the wave. */
@@ -953,6 +956,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         if (chunk < min_chunk) chunk = min_chunk;
         if (len > (int64_t)chunk * s->max_splits) chunk = round_up((len + s->max_splits - 1) / s->max_splits,
                                                                    CHUNK_QUANTUM);
+        chunk = round_up(chunk, PREFILL_CHUNK_ALIGN); /* (fewer chunks: within the same bounds) */
         const int k = chunks_of(len, chunk);
         if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_pitems ||
             *num_tasks + it.ntok > s->max_tasks)
@@ -1235,14 +1239,6 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     return AK_OK;
 }
 
-/* Ragged K/V: the rows both tensors hold (the TMA maps' bounds); paged: 0. */
-static int64_t ragged_rows(const engine_state *s, const ak_run_args *a)
-{
-    if (!s->ragged) return 0;
-    const int64_t k = a->k->shape[0], v = s->cfg.mla ? k : a->v->shape[0];
-    return k < v ? k : v;
-}
-
 ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream)
 {
     engine_state *s = (engine_state *)state;
@@ -1304,9 +1300,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
     const int scan = s->scan_k.fn && (all || s->num_scans > 0);
-    /* (a few microseconds of host time: only where the prefill kernel runs) */
-    if (prefill && s->pre_tma)
-        p.kv_box = ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, ragged_rows(s, a), &kv_map);
+    /* (a few microseconds of host time: only where the prefill kernel runs;
+     * the maps depend on the pools alone, so a captured graph serves any
+     * later plan) */
+    if (prefill && s->pre_tma) p.kv_box = ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, &kv_map);
     /* The scan pass first, an ordinary launch. Decode is a programmatic
      * dependent of whatever kernel is before it (the scan, or the layer
      * before's merge, which lets it launch at once): its blocks read the

@@ -19,10 +19,10 @@
  * blocks, 128-byte swizzle), STAGES deep. The producer warpgroup
  * (producer.cuh) fills them, running ahead of the consumers across items,
  * with its registers given to the consumers (setmaxnreg): a whole key tile
- * on one page (pages of whole tiles) or of ragged rows by TMA, a box a
- * column block issued by one thread (the pools' maps, built by run():
- * ak_cuda_prefill_tma_maps); any other tile with cp.async through the page
- * table, a block lookup a row. Stages pass between it and
+ * of ragged rows, or on pages of whole TMA boxes (a tile, or half of one),
+ * by TMA, a box a column block (and page) issued by one thread (the pools'
+ * maps, built by run(): ak_cuda_prefill_tma_maps); any other tile with
+ * cp.async through the page table, a block lookup a row. Stages pass between it and
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V); between the two,
@@ -431,19 +431,21 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
  * 64 columns (128-byte swizzle: wgmma.cuh's layout) and of rows a whole key
  * tile, or half of one (64) where pages hold 64 keys but not a whole tile
  * of 128. Paged: {D, page_size, kv heads, blocks} by the pools' strides;
- * ragged: {D, rows, kv heads}, whole tiles. Measured (H100, llama3-8b
- * 4 x 4096, page 128, an earlier producer): boxes of 16 rows took 1.52 ms,
- * 32 rows 1.28, 64 rows 1.18, 128 rows 1.13: a TMA copy costs by the box,
- * so pages below 64 keys keep cp.async (1.17 ms there). */
-int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t rows, kv_maps *maps)
+ * ragged: {D, rows, kv heads}, whole tiles, the rows unbounded (the items
+ * bound them). Measured (H100, llama3-8b 4 x 4096, page 128, an earlier
+ * producer): boxes of 16 rows took 1.52 ms, 32 rows 1.28, 64 rows 1.18, 128
+ * rows 1.13: a TMA copy costs by the box, so pages below 64 keys keep
+ * cp.async (1.17 ms there). */
+int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps)
 {
     const int keys = wg_keys(dqk > dvo ? dqk : dvo);
     const int rows_box = p->ragged || p->page_size % keys == 0 ? keys : keys == 128 && p->page_size % 64 == 0 ? 64 : 0;
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
-    if (!encode || rows_box == 0 || (!p->ragged && p->num_blocks <= 0) || (p->ragged && rows < rows_box)) return 0;
+    if (!encode || rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return 0;
     const int64_t esz = 2; /* 16-bit rows */
     auto make = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
         if ((uintptr_t)base % 16) return false;
+        if (p->num_kv_heads == 1) head = 8; /* (any valid stride: the coordinate is 0) */
         const int64_t st[3] = {p->ragged ? block : slot, head, block};
         for (int i = 0; i < (p->ragged ? 2 : 3); i++) /* TMA's strides: 16-byte multiples below 2^40 bytes */
             if (st[i] * esz <= 0 || st[i] * esz % 16 || st[i] * esz >= ((int64_t)1 << 40)) return false;
@@ -452,7 +454,10 @@ int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, int64_t row
         cuuint32_t rank;
         if (p->ragged) {
             rank = 3;
-            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)rows, dims[2] = (cuuint64_t)p->num_kv_heads;
+            /* rows: no bound of the plan's (a captured graph replays later
+             * plans over more rows); the kernel copies boxes below its items'
+             * kv_end alone, rows run() checked the tensors hold */
+            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)INT32_MAX, dims[2] = (cuuint64_t)p->num_kv_heads;
             strides[0] = (cuuint64_t)(block * esz), strides[1] = (cuuint64_t)(head * esz);
         } else {
             rank = 4;

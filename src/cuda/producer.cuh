@@ -3,8 +3,8 @@
  * prefill_wide.cu, mla_wgmma.cu) share: the copies of a producer warpgroup
  * (a tile of K/V rows through the block table, or the ragged rows, into a
  * stage of wgmma.cuh's swizzled layout, with cp.async, from a warpgroup that
- * holds few registers), the prefill producer over the work items, its
- * barriers, and the prefill softmax of a tile.
+ * holds few registers; or a whole tile by TMA), the prefill producer over
+ * the work items, its barriers, and the prefill softmax of a tile.
  */
 #ifndef AK_CUDA_PRODUCER_CUH
 #define AK_CUDA_PRODUCER_CUH
@@ -121,17 +121,18 @@ template <int STAGES> struct ws_barriers {
 
 /* A whole tile of K or V (map; D of its columns real, in D / 64 rounded up
  * column blocks, the columns past D zero-filled by the map's bounds) by
- * TMA into dst, completing on full: thread 0 of the producers issues a box
- * a column block and a part of the tile (BOXES parts of KEYS / BOXES rows:
- * paged, each on one page) and arrives with their bytes, the others arrive,
- * so that the barrier's count is the same as for cp.async. at[j]: paged,
- * part j's first slot in block block[j]; ragged, its first row. */
-template <int D, int KEYS, int ADDR, typename T>
+ * TMA into dst, completing on full: thread 0 of the PRODUCERS issues a box
+ * a column block and a part of the tile (`boxes` parts, 1 or 2, of
+ * KEYS / boxes rows: paged, each on one page) and arrives with their bytes,
+ * the others arrive, so that the barrier's count is the same as for
+ * cp.async. at[j]: paged, part j's first slot in block block[j]; ragged,
+ * its first row. */
+template <int D, int KEYS, int PRODUCERS, int ADDR, typename T>
 __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int32_t (&block)[2], const int (&at)[2],
                                               int boxes, int kv_head, T *dst, uint64_t *full)
 {
     constexpr int NCB = (D + 63) / 64;
-    if (threadIdx.x % 128 == 0) {
+    if (threadIdx.x % PRODUCERS == 0) {
         mbar_arrive_expect_tx(full, (uint32_t)(KEYS * NCB * 128));
 #pragma unroll
         for (int j = 0; j < 2; j++) /* (unrolled: block and at stay in registers) */
@@ -190,9 +191,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                     if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
                 }
                 if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DQK, KEYS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
+                tma_tile_copy<DQK, KEYS, tr::PRODUCERS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
                 if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DVO, KEYS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
+                tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
                                                   &bar.v_full[st]);
                 g++;
                 return;
