@@ -153,6 +153,9 @@ if want prefill && [[ -x $BUILD/attnkit-bench ]]; then
         2>&1 | grep -v "^#" | tee -a "$LOG/prefill-sdpa.txt"
     timeout 120 python3 bench/gpu_sdpa.py --bench $BUILD/attnkit-bench --shapes 4x4096 --head-dims 128 --non-causal \
         2>&1 | grep -v "^# vs" | tee -a "$LOG/prefill-sdpa.txt"
+    # the same at pages of 128 keys: whole key tiles by TMA
+    timeout 300 python3 bench/gpu_sdpa.py --bench $BUILD/attnkit-bench --shapes 16x1024,4x4096,1x16384 \
+        --head-dims 64,128,256 --page-size 128 2>&1 | grep -v "^# vs" | tee -a "$LOG/prefill-sdpa.txt"
     pb() { $BUILD/attnkit-bench --device cuda --backend cuda_paged --dtype bf16 --json "$@" 2>>"$LOG/bench.err"; }
     {
         pb --workload mixed --batch 64 --prefills 1 --q-len 2048 --kv-len 6144 --decode-kv-len 4096
