@@ -296,7 +296,7 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
         if (registry[i] == pick) {
             tb_printf(&lt, "chosen");
             if (pick->explain && have_dev) {
-                char note[AK_REASON_LEN];
+                char note[AK_REASON_LEN * 2]; /* (as ak_backend_describe's) */
                 pick->explain(cfg, &info, note, sizeof note);
                 tb_printf(&lt, " - %s", note);
             }

@@ -437,11 +437,21 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                       : f == PREFILL_PORTABLE || portable
                           ? "fp8 K/V converted as read; "
                           : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
+    /* the wgmma kernel's K/V copies (prefill_wgmma.cu; prefill_wide.cu's at
+     * 512 are cp.async): whole tiles by TMA for ragged K/V and pages of a
+     * multiple of 64 keys */
+    const char *tma_env = getenv("AK_CUDA_PREFILL_TMA");
+    const int wide = cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512;
+    const char *copies = f != PREFILL_WGMMA || wide ? ""
+                         : tma_env && !strcmp(tma_env, "0") ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
+                         : cfg->kv_storage == AK_KV_RAGGED || cfg->page_size % 64 == 0
+                             ? ", K/V tiles by TMA"
+                             : ", K/V by cp.async (TMA takes pages of 64n keys)";
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
-                 "%severy request on the prefill kernel (%s%s, %d query rows a tile: %d tokens x %d heads), no "
+                 "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads), no "
                  "split-KV, one launch per run%s",
-                 fp8, family_name(f), dims, rows, tokens, heads, inv);
+                 fp8, family_name(f), dims, copies, rows, tokens, heads, inv);
         return;
     }
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
@@ -459,8 +469,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - n, "%s", inv);
         return;
     }
-    snprintf(buf + n, cap - n, "; prefill on %s, %d query rows a tile (%d tokens x %d heads)%s", family_name(f), rows,
-             tokens, heads, inv);
+    snprintf(buf + n, cap - n, "; prefill on %s%s, %d query rows a tile (%d tokens x %d heads)%s", family_name(f),
+             copies, rows, tokens, heads, inv);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
