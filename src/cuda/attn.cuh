@@ -950,6 +950,10 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * the kernel's items alone, as its cp.async copies are. Host only, as
  * ak_cuda_mla_tma_map. */
 int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps);
+/* The rows of those maps' boxes for head dims (dqk, dvo), ragged K/V or
+ * pages of page_size keys, or 0: no TMA (the rule the maps and the
+ * backend's explanation share). */
+int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size);
 /* cuTensorMapEncodeTiled from the driver (the library links the runtime
  * only), or NULL */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

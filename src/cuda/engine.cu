@@ -438,13 +438,13 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                           ? "fp8 K/V converted as read; "
                           : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
     /* the wgmma kernel's K/V copies (prefill_wgmma.cu; prefill_wide.cu's at
-     * 512 are cp.async): whole tiles by TMA for ragged K/V and pages of a
-     * multiple of 64 keys */
+     * 512 are cp.async) */
     const char *tma_env = getenv("AK_CUDA_PREFILL_TMA");
     const int wide = cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512;
     const char *copies = f != PREFILL_WGMMA || wide ? ""
                          : tma_env && !strcmp(tma_env, "0") ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
-                         : cfg->kv_storage == AK_KV_RAGGED || cfg->page_size % 64 == 0
+                         : ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo,
+                                                    cfg->kv_storage == AK_KV_RAGGED, cfg->page_size) > 0
                              ? ", K/V tiles by TMA"
                              : ", K/V by cp.async (TMA takes pages of 64n keys)";
     if (mode == ENGINE_MODE_VARLEN) {

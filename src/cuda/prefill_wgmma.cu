@@ -436,10 +436,16 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
  * producer): boxes of 16 rows took 1.52 ms, 32 rows 1.28, 64 rows 1.18, 128
  * rows 1.13: a TMA copy costs by the box, so pages below 64 keys keep
  * cp.async (1.17 ms there). */
+int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
+{
+    if (dqk == 512 && dvo == 512) return 0; /* (prefill_wide.cu) */
+    const int keys = wg_keys(dqk > dvo ? dqk : dvo);
+    return ragged || page_size % keys == 0 ? keys : keys == 128 && page_size % 64 == 0 ? 64 : 0;
+}
+
 int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps)
 {
-    const int keys = wg_keys(dqk > dvo ? dqk : dvo);
-    const int rows_box = p->ragged || p->page_size % keys == 0 ? keys : keys == 128 && p->page_size % 64 == 0 ? 64 : 0;
+    const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size);
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
     if (!encode || rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return 0;
     const int64_t esz = 2; /* 16-bit rows */
