@@ -154,7 +154,7 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
  * its q rows into qs. The first
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
- * MMAs; after its epilogue where that stages o there): the copy of that
+ * last S; after its epilogue where that stages o there): the copy of that
  * tile runs under the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile or half of one
  * (p.kv_box); a tile they can copy (whole, below kv_end, paged on pages of
