@@ -3,10 +3,11 @@
  * the same work items, masks, online softmax and outputs, with the two
  * matrix products on warpgroup MMA (wgmma.mma_async) instead of mma.sync.
  *
- * A thread block is three warpgroups of 4 warps, specialized: two consumers
- * and a producer. Consumer g owns query rows [64 g, 64 g + 64) of the
- * tile's 128 (packed (token, query head) as in prefill.cu), each warp 16 of
- * them with their softmax state in registers.
+ * A thread block is warpgroups of 4 warps, specialized: consumers (two, or
+ * three at head dims up to 64) and a producer. Consumer g owns query rows
+ * [64 g, 64 g + 64) of the tile's 128 (192) (packed (token, query head) as
+ * in prefill.cu), each warp 16 of them with their softmax state in
+ * registers.
  * Per tile of KEYS keys, a warpgroup computes S = Q K^T with both operands
  * read by the tensor cores from shared memory (descriptors; no ldmatrix, no
  * register copies of K), turns S into P in registers, and accumulates
@@ -26,7 +27,7 @@
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V); between the two,
- * named barriers make them take turns at issuing their MMAs. Measured
+ * named barriers make them take turns (a ring) at issuing their MMAs. Measured
  * steps: BENCHMARKS.md.
  *
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
@@ -57,15 +58,23 @@ template <int DQK_, int DVO_> struct wg_traits {
      * MN-major operand's swizzle atom); the columns past DVO are computed
      * from whatever the stage holds there and never stored */
     static constexpr int DVN = (DVO + 63) / 64 * 64;
-    /* two consumer warpgroups (the MMAs and the softmax of 64 rows each)
+    /* CWG consumer warpgroups (the MMAs and the softmax of 64 rows each)
      * and a producer warpgroup (the copies); registers move from the
-     * producer to the consumers at the start (setmaxnreg), within the 168 a
-     * thread of 384 the launch gives. Measured (H100, d128 4 x 4096): the
-     * producer spills at 24 (and stalled its copies: 22% slower than 40);
-     * consumers at 224 spill more than at 232 */
-    static constexpr int CONSUMERS = 256, PRODUCERS = 128, THREADS = CONSUMERS + PRODUCERS;
-    static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-    static constexpr int ROWS = 128;
+     * producer to the consumers at the start (setmaxnreg), within the
+     * 65536 / THREADS a thread the launch gives (168 at 384 threads).
+     * Measured (H100, d128 4 x 4096): the producer spills at 24 (and
+     * stalled its copies: 22% slower than 40); consumers at 224 spill more
+     * than at 232. At DP 64 a tile's MMAs take half as long as at 128 but
+     * its softmax as long, so three consumers (192 rows, 160 registers, the
+     * producer 32) take turns. Measured (H100, 32/8
+     * heads, d64, against two): 4 x 4096 1.22x faster (0.680 against 0.831
+     * ms), 16 x 1024 1.20x, 1 x 16384 1.23x, page 16 1.19x, 32/32 heads
+     * 1.18x, though ptxas spills ~300 bytes at 160 registers */
+    static constexpr int CWG = DP <= 64 ? 3 : 2;
+    static constexpr int CONSUMERS = 128 * CWG, PRODUCERS = 128, THREADS = CONSUMERS + PRODUCERS;
+    static constexpr int PRODUCER_REGS = CWG == 2 ? 40 : 32;
+    static constexpr int CONSUMER_REGS = CWG == 2 ? 232 : (65536 - PRODUCERS * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int ROWS = 64 * CWG;
     static constexpr int KEYS = wg_keys(DP);
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
@@ -100,7 +109,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
-    constexpr int CONSUMERS = tr::CONSUMERS;
+    constexpr int CONSUMERS = tr::CONSUMERS, CWG = tr::CWG;
     constexpr int NT = KEYS / 8;     /* n tiles (8 keys) of S */
     constexpr int DN = DVN / 8;      /* n tiles of o */
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
@@ -112,10 +121,12 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * stage held until the epilogue) was 2% slower at 16 x 1024 and spilled */
     constexpr bool STAGED = !tr::PIPE;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
-    /* The two warpgroups take turns to issue their MMAs (named barriers 1
-     * and 2), so one's softmax runs while the other's MMAs do rather than
-     * both contending at once; warpgroup 0 goes first. */
-    if (wg == 1) bar_arrive(1, CONSUMERS);
+    /* The warpgroups take turns to issue their MMAs (named barrier 1 + w:
+     * warpgroup w's turn, passed on by w - 1 in a ring), so one's softmax
+     * runs while another's MMAs do rather than all contending at once;
+     * warpgroup 0 goes first. Barrier 1 + CWG: the consumers' own. */
+    constexpr int TURN = 256; /* (the warpgroup whose turn it is, and the one passing it) */
+    if (wg == CWG - 1) bar_arrive(1, TURN);
     int g0 = 0; /* tiles of the earlier items */
     int nq = 0; /* items so far */
     int mk = 0; /* mixed tiles */
@@ -182,15 +193,15 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
                         v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set], threadIdx.x);
                     fence_proxy_async(); /* its zeros, visible to wgmma */
-                    bar_sync(3, CONSUMERS);
+                    bar_sync(1 + CWG, CONSUMERS);
                     if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
                     mk++;
                 }
                 fence_proxy_async(); /* the copies, visible to wgmma */
-                bar_sync(1 + wg, CONSUMERS);
+                bar_sync(1 + wg, TURN);
                 return set;
             };
-            auto pass_turn = [&]() { bar_arrive(2 - wg, CONSUMERS); };
+            auto pass_turn = [&]() { bar_arrive(1 + (wg + 1) % CWG, TURN); };
             auto release_k = [&](int t) { mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]); };
             auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
@@ -346,7 +357,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         if (!tr::PIPE || item_checked(p, it, kv_head)) item(bool_c<true>());
         else item(bool_c<false>());
     }
-    if (wg == 0) bar_sync(1, CONSUMERS); /* warpgroup 1's last pass of the turn */
+    if (wg == 0) bar_sync(1, TURN); /* the last warpgroup's last pass of the turn */
 }
 
 /* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
@@ -387,7 +398,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     const int heads = min(hb, p.group - row_tile * hb);
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
-    if (wg == 2) {
+    if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
         prefill_producer<tr, T, ADDR, true>(p, qs, stages, bar, kv_head, head0, hb, heads, maps);
     } else {
@@ -402,7 +413,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
 /* maps (ak_cuda_prefill_tma_maps) are read by TMA where the launch put
  * them: a __grid_constant__ */
 template <int DQK, int DVO, typename T>
-__global__ void __launch_bounds__(384, 1) prefill_wgmma_kernel(const attn_params p, const __grid_constant__ kv_maps maps)
+__global__ void __launch_bounds__(wg_traits<DQK, DVO>::THREADS, 1) prefill_wgmma_kernel(const attn_params p, const __grid_constant__ kv_maps maps)
 {
     /* the addressing as a template argument: a runtime select costs this
      * kernel registers it does not have */
