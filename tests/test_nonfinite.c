@@ -119,6 +119,13 @@ static const nf_case cases[] = {
      0},
     {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),
      {IN_V, NAN, 0, 760, 0, 0, 9}, 0},
+    /* the last quarter of a key tile (keys 96-127 of 128): the Hopper
+     * kernel's V scan at head dim 64 has 48 rows a pass (three consumer
+     * warpgroups), whose last pass is partial */
+    {"d64 prefill: NaN in a value at a tile's keys 96-127 only the last rows see", DEC(2, {{120, 120}, {1, 30}}),
+     {IN_V, NAN, 0, 110, 0, 1, 7}, 0},
+    {"d64 prefill: +inf in a value at a second tile's keys 96-127", DEC(1, {{250, 250}}),
+     {IN_V, INFINITY, 0, 230, 0, 0, 40}, 0},
     {"d256 prefill: NaN in a value only the last rows see", DIMS(256, 256, 1, {{260, 260}}),
      {IN_V, NAN, 0, 250, 0, 1, 255}, 0},
     /* head dims 512: the wide kernel, whose second warpgroup scans V */

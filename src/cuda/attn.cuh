@@ -771,12 +771,16 @@ template <int DVO, int DP, int TILE, int THREADS, typename T, typename At>
 __device__ __forceinline__ bool scan_v_tile(T *vs, At at, uint32_t *bits, int tid)
 {
     constexpr int CHUNKS = DP / 8;
+    static_assert(THREADS % CHUNKS == 0, "whole rows a pass");
     const int chunk = tid % CHUNKS, row0 = tid / CHUNKS;
     if (chunk >= DVO / 8) return false;
     bool found = false;
+    /* passes of THREADS / CHUNKS rows; the last one partial where they do
+     * not divide the tile (384 threads at DP 64: 48 rows a pass) */
 #pragma unroll
-    for (int i = 0; i < TILE * CHUNKS / THREADS; i++) {
+    for (int i = 0; i < (TILE * CHUNKS + THREADS - 1) / THREADS; i++) {
         const int row = row0 + i * (THREADS / CHUNKS);
+        if ((TILE * CHUNKS) % THREADS != 0 && row >= TILE) break;
         uint4 *c = (uint4 *)(vs + at(row, chunk));
         uint4 v = *c;
         if (scrub_nonfinite<T>(v)) {

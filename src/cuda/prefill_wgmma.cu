@@ -61,7 +61,8 @@ template <int DQK_, int DVO_> struct wg_traits {
     /* CWG consumer warpgroups (the MMAs and the softmax of 64 rows each)
      * and a producer warpgroup (the copies); registers move from the
      * producer to the consumers at the start (setmaxnreg), within the
-     * 65536 / THREADS a thread the launch gives (168 at 384 threads).
+     * 65536 / THREADS a thread the launch gives (168 at 384 threads, 128
+     * at 512).
      * Measured (H100, d128 4 x 4096): the producer spills at 24 (and
      * stalled its copies: 22% slower than 40); consumers at 224 spill more
      * than at 232. At DP 64 a tile's MMAs take half as long as at 128 but
@@ -98,7 +99,7 @@ template <int DQK_, int DVO_> struct wg_traits {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
-/* The consumer warpgroups (threads 0-255): for each item, S = q K^T and
+/* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
 template <int DQK, int DVO, typename T>
@@ -115,8 +116,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
     /* The epilogue writes o through qs (16-byte coalesced rows) or straight
      * from registers. Straight, q's buffer frees as soon as the last S is
-     * done: measured (H100, against staged) 3-4% faster at d128 16 x 1024,
-     * 2.5% at 4 x 4096, the same at d64, 2.5% slower at d256. Staging o in
+     * done (see below). Measured (H100, against staged, when q was freed
+     * after the last P V): 3-4% faster at d128 16 x 1024, 2.5% at 4 x 4096,
+     * the same at d64, 2.5% slower at d256. Staging o in
      * the last tile's K stage instead (stmatrix, then 16-byte rows; the
      * stage held until the epilogue) was 2% slower at 16 x 1024 and spilled */
     constexpr bool STAGED = !tr::PIPE;
