@@ -81,7 +81,10 @@ template <int DQK_, int DVO_> struct wg_traits {
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
      * tiles t - 1 (its V), t and t + 1 (in flight) in shared memory: three
      * stages. At DP = 256 three do not fit beside Q. Measured on an H200
-     * without PIPE: 2 stages beat 3, and 128 keys beat 64 at D = 128. */
+     * without PIPE: 2 stages beat 3, and 128 keys beat 64 at D = 128.
+     * PIPE at DP 192 (three stages fit there) measured the same as without
+     * (H100, deepseek-v3-prefill 4 x 4096, 16 x 1024, 1 x 16384, pages of
+     * 64 and 16; 192/192), so it stays off there: 64-key tiles. */
     static constexpr bool PIPE = DP <= 128;
     static constexpr int STAGES = PIPE ? 3 : 2;
     static constexpr int CHUNKS = DP / 8;
