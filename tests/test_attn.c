@@ -92,6 +92,10 @@ static const attn_case fixed_cases[] = {
     {"qwen gqa7 page 3 chunks", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 3, NHD, PAGED, 3,
      {{1, 100}, {50, 300}, {130, 130}}},
     {"gqa160 (two row tiles)", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 2, {{20, 40}, {1, 50}}},
+    /* (the Hopper prefill's tile at d64 is 192 rows: gqa160 fits one, 200
+     * takes two of 100 heads there as well) */
+    {"gqa200 d64 (two row tiles on every prefill kernel)", 200, 1, 64, 64, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED,
+     2, {{12, 30}, {1, 45}}},
     {"verify on long prefixes (split keys)", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
      {{4, 3000}, {8, 2500}, {2, 4100}, {3, 700}}},
     {"non-causal decode on empty kv f16", 8, 2, 64, 64, AK_F16, 0, 0, 0, -1, 0, 16, NHD, PAGED, 3,
