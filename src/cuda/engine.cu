@@ -429,7 +429,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                                     "and no AK_CUDA_PREFILL=mma)"
                                   : " (head dims outside the tensor-core table)")
                            : "";
-    const int rows = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg)).rows;
+    const attn_kernel pk = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg));
+    const int rows = pk.rows;
     int row_tiles, heads, tokens;
     prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
     const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
@@ -437,12 +438,15 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                       : f == PREFILL_PORTABLE || portable
                           ? "fp8 K/V converted as read; "
                           : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
-    /* the wgmma kernel's K/V copies (prefill_wgmma.cu; prefill_wide.cu's at
-     * 512 are cp.async) */
-    const char *tma_env = getenv("AK_CUDA_PREFILL_TMA");
-    const int wide = cfg->head_dim_qk == 512 && cfg->head_dim_vo == 512;
-    const char *copies = f != PREFILL_WGMMA || wide ? ""
-                         : tma_env && !strcmp(tma_env, "0") ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
+    /* the K/V copies of a kernel that takes TMA maps (prefill_wgmma.cu's),
+     * by create's rule */
+    int tma;
+    if (env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma) != AK_OK) {
+        snprintf(buf, cap, "%s", ak_last_error());
+        return;
+    }
+    const char *copies = !pk.tma_map ? ""
+                         : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
                          : ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo,
                                                     cfg->kv_storage == AK_KV_RAGGED, cfg->page_size) > 0
                              ? ", K/V tiles by TMA"

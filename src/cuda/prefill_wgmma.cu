@@ -60,21 +60,24 @@ template <int DQK_, int DVO_> struct wg_traits {
     static constexpr int DVN = (DVO + 63) / 64 * 64;
     /* CWG consumer warpgroups (the MMAs and the softmax of 64 rows each)
      * and a producer warpgroup (the copies); registers move from the
-     * producer to the consumers at the start (setmaxnreg), within the
-     * 65536 / THREADS a thread the launch gives (168 at 384 threads, 128
-     * at 512).
-     * Measured (H100, d128 4 x 4096): the producer spills at 24 (and
-     * stalled its copies: 22% slower than 40); consumers at 224 spill more
-     * than at 232. At DP 64 a tile's MMAs take half as long as at 128 but
-     * its softmax as long, so three consumers (192 rows, 160 registers, the
-     * producer 32) take turns. Measured (H100, 32/8
-     * heads, d64, against two): 4 x 4096 1.22x faster (0.680 against 0.831
-     * ms), 16 x 1024 1.20x, 1 x 16384 1.23x, page 16 1.19x, 32/32 heads
-     * 1.18x, though ptxas spills ~300 bytes at 160 registers */
+     * producer to the consumers at the start (setmaxnreg): the consumers
+     * get what the launch gives the block (LAUNCH_REGS a thread, 168 at 384
+     * threads, 128 at 512) less the producer's. Measured (H100, d128 4 x
+     * 4096): the producer spills at 24 (and stalled its copies: 22% slower
+     * than 40); consumers at 224 spill more than at 232. At DP 64 a tile's
+     * MMAs take half as long as at 128 but its softmax as long, so three
+     * consumers (192 rows, 160 registers, the producer 32) take turns.
+     * Measured (H100, 32/8 heads, d64, against two): 4 x 4096 1.22x faster
+     * (0.680 against 0.831 ms), 16 x 1024 1.20x, 1 x 16384 1.23x, page 16
+     * 1.19x, 32/32 heads 1.18x, though ptxas spills ~300 bytes at 160
+     * registers */
     static constexpr int CWG = DP <= 64 ? 3 : 2;
     static constexpr int CONSUMERS = 128 * CWG, PRODUCERS = 128, THREADS = CONSUMERS + PRODUCERS;
+    /* the launch's registers a thread, in units of 8; asking more than the
+     * block holds would leave setmaxnreg.inc waiting forever */
+    static constexpr int LAUNCH_REGS = 65536 / THREADS / 8 * 8;
     static constexpr int PRODUCER_REGS = CWG == 2 ? 40 : 32;
-    static constexpr int CONSUMER_REGS = CWG == 2 ? 232 : (65536 - PRODUCERS * PRODUCER_REGS) / CONSUMERS / 8 * 8;
+    static constexpr int CONSUMER_REGS = (THREADS * LAUNCH_REGS - PRODUCERS * PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr int ROWS = 64 * CWG;
     static constexpr int KEYS = wg_keys(DP);
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
@@ -94,10 +97,7 @@ template <int DQK_, int DVO_> struct wg_traits {
      * the barriers (ws_barriers) */
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + (4 * STAGES + 2) * 8;
     static_assert((ROWS * CHUNKS) % PRODUCERS == 0, "q chunks divide among the producers");
-    /* the launch's registers: 65536 / THREADS a thread, in units of 8 (168);
-     * asking more than they hold would leave setmaxnreg.inc waiting forever */
-    static_assert(PRODUCERS * PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
-                  "the register file");
+    static_assert(CONSUMER_REGS == (CWG == 2 ? 232 : 160), "the consumers' registers measured above");
     /* the most a block may use (DP 128: 230,512 bytes, and 48 static) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
