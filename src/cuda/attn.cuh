@@ -404,8 +404,11 @@ __device__ __forceinline__ void load_kv_tile_ids(const attn_params &p, const til
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
         const int at = swz<DP>(row, chunk);
-        if (chunk < DQK / 8) cp_async_16(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes);
-        if (chunk < DVO / 8) cp_async_16(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes);
+        const uint64_t pol = l2_evict_first(); /* read once in the step */
+        if (chunk < DQK / 8)
+            cp_async_16_pol(ks + at, (const T *)p.k_pool + block * p.k_block_stride + k_off, bytes, pol);
+        if (chunk < DVO / 8)
+            cp_async_16_pol(vs + at, (const T *)p.v_pool + block * p.v_block_stride + v_off, bytes, pol);
     }
 }
 
@@ -457,6 +460,8 @@ __device__ __forceinline__ void load_kv_tile_fp8_ids(const attn_params &p, const
         const int64_t v_off = DQK == DVO ? k_off - lane.k + lane.v : lane.v + (int64_t)slot * p.v_stride_slot;
         const int bytes = t0 + row < kv_end && t0 + row >= kv_lo ? 16 : 0;
         const int at = fp8_at<DP>(row, chunk);
+        /* (no L2 policy here: with l2_evict_first's, the fp8 kernels stopped
+         * on an illegal instruction at this copy on the H100, nvcc 13) */
         if (chunk < DQK / 16)
             cp_async_16(ks + at, (const uint8_t *)p.k_pool + block * p.k_block_stride + k_off, bytes);
         if (chunk < DVO / 16)

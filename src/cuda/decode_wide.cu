@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
         /* fp8: 16 elements a chunk, rows as they are */
         constexpr int KC = FP8 ? DQK / 16 : KCH, VC = FP8 ? DVO / 16 : VCH, EPC = FP8 ? 16 : 8;
         constexpr int PER_ROW = SHARED ? KC : KC + VC;
+        const uint64_t pol = l2_evict_first(); /* read once in the step (common.cuh) */
         for (int i = threadIdx.x; i < KEYS * PER_ROW; i += tr::THREADS) {
             const int row = i / PER_ROW, c = i - row * PER_ROW;
             const int key = min(t0 + row, it.kv_end - 1);
@@ -151,16 +152,18 @@ __global__ void __launch_bounds__(wide_shape<DQK, MT, SHARED, FP8>::tr::THREADS)
                                                 slot * p.k_stride_slot + k_head + cc * EPC
                                           : (const uint8_t *)p.v_pool + block * p.v_block_stride +
                                                 slot * p.v_stride_slot + v_head + cc * EPC;
+                /* (no L2 policy: see load_kv_tile_fp8_ids) */
                 cp_async_16((is_k ? ks + row * DQK : vs + row * DVO) + cc * EPC, src, bytes);
             } else if (c < KCH) {
-                cp_async_16(ks + swz<DQK>(row, c),
-                            (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot + k_head + c * 8,
-                            bytes);
+                cp_async_16_pol(ks + swz<DQK>(row, c),
+                                (const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot + k_head +
+                                    c * 8,
+                                bytes, pol);
             } else {
-                cp_async_16(vs + swz<DVO>(row, c - KCH),
-                            (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot + v_head +
-                                (c - KCH) * 8,
-                            bytes);
+                cp_async_16_pol(vs + swz<DVO>(row, c - KCH),
+                                (const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot + v_head +
+                                    (c - KCH) * 8,
+                                bytes, pol);
             }
         }
     };

@@ -111,10 +111,13 @@ __device__ __forceinline__ void mla_tma_blocks(const CUtensorMap *map, int block
 {
     typedef mla_wg W;
     if (threadIdx.x % W::PRODUCERS == 0) {
+        /* L2 evicts these lines first: each row is read by this item's row
+         * tiles alone, at about the same time (common.cuh's measurements) */
+        const uint64_t pol = l2_evict_first();
 #pragma unroll
         for (int b = 0; b < W::BLOCKS; b++) {
             mbar_arrive_expect_tx(&full[b], W::KEYS * 64 * sizeof(T));
-            tma_load_3d(dst + b * W::KEYS * 64, map, b * 64, slot0, block, &full[b]);
+            tma_load_3d_pol(dst + b * W::KEYS * 64, map, b * 64, slot0, block, &full[b], pol);
         }
     } else {
 #pragma unroll

@@ -112,6 +112,15 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const CUtensorMap *map, i
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(bar))
                  : "memory");
 }
+/* tma_load_3d with an L2 policy (common.cuh's l2_evict_first) */
+__device__ __forceinline__ void tma_load_3d_pol(void *dst, const CUtensorMap *map, int c0, int c1, int c2,
+                                                uint64_t *bar, uint64_t pol)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint "
+                 "[%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(bar)), "l"(pol)
+                 : "memory");
+}
 /* The same for a 4-dimensional map. */
 __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
                                             uint64_t *bar)
