@@ -14,25 +14,33 @@ Hopper default behind 'auto').
 
 Each side's call is captured 10 times into one CUDA graph and the graph is
 replayed (median of rounds), so no Python cost is timed. Printed per shape:
-microseconds a call (one side per --kernels entry for attnkit), TFLOP/s (2 x tokens x heads x kv_len x (576 + 512)), the
+microseconds a call (one side per --kernels entry for attnkit), TFLOP/s (2 x heads x (576 + 512) a visible key), the
 fraction of a device-to-device copy's bandwidth (measured in the same run)
 that reading each latent row once (plus q and o) would take, and which bound
 applies: an H100 does about 240 FLOP per latent byte at its balance point,
 so 128 heads (272 FLOP a byte at q_len 1) are compute-bound, 16 heads (34)
 memory-bound. "attnkit x": the side's time over attnkit's (above 1: attnkit
 is faster). Outputs are compared with attnkit's (max abs difference).
+
+The MLA constants, attnkit's MLA backend and call, FlashInfer's wrapper
+and operands, and the byte and FLOP counts come from bench/peers.py, whose
+mla workload (python3 bench/peers.py --workloads mla) runs the same sides
+beside SDPA and FlashMLA with peers.py's method (layers over 4x the L2,
+CSV). The FLOP count is causal: with q_len > 1, token i of q_len sees
+kv_len - q_len + i + 1 keys.
 """
 import argparse
 import csv
-import math
 import os
 import statistics
 import sys
 
 from fp8 import copy_ceiling, import_libs  # bench/fp8.py: the same libraries, the same eager copy ceiling
+# bench/peers.py's MLA pieces (its mla workload runs the same sides beside SDPA and FlashMLA)
+from peers import (MLA_DQK as DQK, MLA_LAT as LAT, MLA_SM_SCALE, attnkit_mla_backend, attnkit_mla_call,
+                   flashinfer_mla_operands, flashinfer_mla_wrapper, mla_bytes, mla_flop)
 
-LAT, ROPE, PAGE = 512, 64, 64
-DQK = LAT + ROPE
+PAGE = 64
 
 
 def parse_args():
@@ -66,14 +74,16 @@ class Scene:
         self.block_table = perm.reshape(batch, pages)
         self.kv_lens = [kv_len] * batch
         self.qo_indptr = [i * q_len for i in range(batch + 1)]
-        self.sm_scale = 1.0 / math.sqrt(192.0)
+        self.sm_scale = MLA_SM_SCALE
 
     def flops(self):
-        return 2.0 * self.tokens * self.heads * self.kv_len * (DQK + LAT)
+        """2 x heads x (576 + 512) a visible key (q_len > 1: causal, token i
+        of q_len sees kv_len - q_len + i + 1 keys)"""
+        return float(mla_flop([(self.q_len, self.kv_len)] * self.batch, self.heads))
 
     def bytes(self):
         """each latent row read once, q read and o written"""
-        return self.batch * self.kv_len * DQK * 2 + self.tokens * self.heads * (DQK + LAT) * 2
+        return mla_bytes([(self.q_len, self.kv_len)] * self.batch, self.heads)
 
 
 def attnkit_side(torch, attnkit, sc, kernel=""):
@@ -83,32 +93,25 @@ def attnkit_side(torch, attnkit, sc, kernel=""):
         os.environ["AK_CUDA_MLA"] = kernel
     else:
         os.environ.pop("AK_CUDA_MLA", None)
-    cfg = attnkit.Config(num_qo_heads=sc.heads, num_kv_heads=1, head_dim_qk=DQK, head_dim_vo=LAT, mla=True,
-                         sm_scale=sc.sm_scale, dtype="bf16", device="cuda", page_size=PAGE)
-    lim = attnkit.Limits(max_reqs=sc.batch, max_tokens=sc.tokens, max_blocks_per_req=sc.block_table.shape[1],
-                         num_cache_blocks=sc.num_blocks)
-    b = attnkit.Backend(cfg, lim, name="cuda_mla")
-    b.plan(sc.qo_indptr, sc.kv_lens, sc.block_table)
+    b = attnkit_mla_backend(attnkit, sc.heads, sc.qo_indptr, sc.kv_lens, sc.block_table, sc.num_blocks, PAGE,
+                            sc.sm_scale)
     o = torch.empty(sc.tokens, sc.heads, LAT, dtype=torch.bfloat16, device="cuda")
-    call = b.prepare_run(sc.q, sc.latent.unsqueeze(2), None, o)
+    call = attnkit_mla_call(b, sc.q, sc.latent, o)
     return (lambda: call()), o, b
 
 
 def flashinfer_side(torch, fi, sc, backend):
-    ws = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
-    w = fi.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    """FlashInfer's MLA wrapper on contiguous copies of the latent and rotary
+    parts (bench/peers.py's mla workload passes views of the one cache)"""
     dev = "cuda"
     qo_indptr = torch.tensor(sc.qo_indptr, dtype=torch.int32, device=dev)
     pages = sc.block_table.shape[1]
     kv_indptr = torch.arange(0, sc.num_blocks + 1, pages, dtype=torch.int32, device=dev)
     kv_indices = sc.block_table.reshape(-1).to(dev)
     kv_len_arr = torch.tensor(sc.kv_lens, dtype=torch.int32, device=dev)
-    w.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, sc.heads, LAT, ROPE, PAGE, True, sc.sm_scale,
-           torch.bfloat16, torch.bfloat16)
-    ckv = sc.latent[..., :LAT].contiguous()
-    kpe = sc.latent[..., LAT:].contiguous()
-    q_nope = sc.q[..., :LAT].contiguous()
-    q_pe = sc.q[..., LAT:].contiguous()
+    w, ws = flashinfer_mla_wrapper(torch, fi, backend, qo_indptr, kv_indptr, kv_indices, kv_len_arr, sc.heads,
+                                   PAGE, sc.sm_scale, torch.bfloat16, causal=True)
+    ckv, kpe, q_nope, q_pe = flashinfer_mla_operands(sc.latent, sc.q, copy=True)
     o = torch.empty(sc.tokens, sc.heads, LAT, dtype=torch.bfloat16, device="cuda")
     call = lambda: w.run(q_nope, q_pe, ckv, kpe, out=o)
     return call, o, (w, ws, ckv, kpe, q_nope, q_pe)
@@ -202,7 +205,7 @@ def main():
                              attnkit_over_side=f"{ms / base:.3f}", max_abs_diff=f"{diff:.3g}", timed=how,
                              ceiling_gbs=f"{ceiling:.1f}"))
             del keep
-        del sc
+        sc = None  # its tensors go before the next shape's
         torch.cuda.empty_cache()
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:

@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """
-peers.py - attnkit's cuda_paged beside its peers, on the same KV contents and
-queries: FlashInfer's BatchDecode / BatchPrefill wrappers on the paged cache
-and its ragged prefill wrapper on contiguous K/V (if importable), PyTorch SDPA
-with the flash, cuDNN and memory-efficient backends on a dense copy of the
-cache, FlexAttention (if present), torch's varlen_attn and attnkit's own
-cuda_varlen on contiguous K/V. Outputs are checked against attnkit's; times
-are CUDA-event medians; decode is timed as CUDA-graph replays where a side can
-be captured. Prints peer time / attnkit (cuda_paged) time per shape (above 1:
-attnkit is faster) and writes every measurement to a CSV.
+peers.py - attnkit's cuda_paged (and cuda_mla) beside its peers, on the same KV
+contents and queries: FlashInfer's BatchDecode / BatchPrefill wrappers on the
+paged cache and its ragged prefill wrapper on contiguous K/V (if importable),
+PyTorch SDPA with the flash, cuDNN and memory-efficient backends on a dense
+copy of the cache, FlexAttention (if present), torch's varlen_attn and
+attnkit's own cuda_varlen on contiguous K/V; for MLA models, FlashInfer's
+BatchMLAPagedAttentionWrapper (backends auto, fa2, fa3), FlashMLA (if
+importable) and SDPA on the latent cache. Outputs are checked against
+attnkit's; times are CUDA-event medians; decode and MLA are timed as
+CUDA-graph replays where a side can be captured. Prints peer time / attnkit
+time per shape (above 1: attnkit is faster) and writes every measurement to a
+CSV.
 
     make build                                 # or: cmake --build build --target attnkit_shared
     python3 bench/peers.py                     # every default shape (see --help)
@@ -16,19 +19,40 @@ attnkit is faster) and writes every measurement to a CSV.
     python3 bench/peers.py --workloads mixed --mixed-chunk 1024 --mixed-decodes 127
     python3 bench/peers.py --quick             # a few shapes of each kind
     python3 bench/peers.py --device cpu --quick   # plumbing check on a machine without a GPU
+    python3 bench/peers.py --workloads mla --quick  # deepseek-v3 and deepseek-v3-tp8, MLA decode
+    python3 bench/peers.py --models deepseek-v3 --mla-q-lens 1,2   # + 2 query tokens a request (MTP)
 
 Workloads: decode (every request q_len 1 on the same kv_len, so the dense copy
 for SDPA / Flex is an exact [batch, kv_heads, kv_len, head_dim] tensor),
 prefill (causal, q_len = kv_len, no prefix) and mixed (one step of an engine
 with chunked prefill: a prompt chunk on a cached prefix plus decodes, in one
-paged cache and one call where a side can take the whole batch).
+paged cache and one call where a side can take the whole batch) run on the
+GQA models; mla on the MLA models.
+
+mla: DeepSeek-V3's attention in its absorbed form (docs/ARCHITECTURE.md,
+"MLA"): one latent pool per layer [num_blocks, page_size, 576], each row 512
+latent values + 64 rotary ones, whose first 512 are the value; q [tokens,
+heads, 576], o [tokens, heads, 512]; sm_scale 1/sqrt(192) (bench/mla.py's).
+Every request has --mla-q-lens query tokens (1: decode; more: multi-token
+prediction, causal among them, aligned to the end of the KV as attnkit and
+FlashInfer align it) on the same kv_len. Models: deepseek-v3 (128 heads),
+deepseek-v3-tp8 (16), or mla-H (H heads). Which models run which workloads:
+GQA models run decode, prefill and mixed, MLA models mla alone. Without
+--workloads, each model runs all of its own (so --models deepseek-v3 runs
+mla); the default --models has no MLA model, so a default run is GQA only.
+--workloads mla with no MLA model in --models adds deepseek-v3 and
+deepseek-v3-tp8; a GQA workload asked with MLA models alone is an error.
 
 Method (the same for every side): inputs are random bf16 in [-1, 1); block
 ids are shuffled; the dense and contiguous (ragged) copies hold the cache's
 values. Each shape holds as many layers of K/V (and q, o) as make 4x the L2
 (at most 32); one sample is a pass over all layers divided by the layer
 count, so no side reads its K/V from L2 when a real step would not. Warm-up
-passes, then --iters samples; the median is reported.
+passes, then --iters samples; the median is reported. MLA counts each latent
+row once in the CSV's gbps (576 values a key, read by every head from one
+load, plus q and o) and 2 x heads x (576 + 512) FLOPs a visible key; an MLA
+output must also be within the tolerance in relative (Frobenius) error, the
+test harness's own measure (|o| is ~1e-2 there, below what max-abs sees).
 """
 import argparse
 import csv
@@ -38,6 +62,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,11 +74,25 @@ MODELS = {
     "phi3-mini": (32, 32, 96),
     "gemma2-9b": (16, 8, 256),
 }
-PEERS = ("attnkit", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
-         "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "torch_varlen")
+# MLA models (DeepSeek-V3's absorbed form): num_qo_heads over one latent KV head
+MLA_MODELS = {
+    "deepseek-v3": 128,
+    "deepseek-v3-tp8": 16,  # 128 heads over 8 GPUs
+}
+MLA_LAT, MLA_ROPE = 512, 64          # kv_lora_rank, qk_rope_head_dim
+MLA_DQK = MLA_LAT + MLA_ROPE         # a latent row, and q's head dim in the absorbed form
+MLA_SM_SCALE = 1.0 / math.sqrt(192)  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim = 128 + 64), before yarn
+GQA_PEERS = ("attnkit", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
+             "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "torch_varlen")
+# the sides of the mla workload: attnkit is cuda_mla there
+MLA_PEERS = ("attnkit", "flashinfer_mla", "flashinfer_mla_fa2", "flashinfer_mla_fa3", "flash_mla",
+             "sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
+FLASHINFER_MLA_BACKENDS = {"flashinfer_mla": "auto", "flashinfer_mla_fa2": "fa2", "flashinfer_mla_fa3": "fa3"}
+PEERS = GQA_PEERS + tuple(p for p in MLA_PEERS if p not in GQA_PEERS)
 # the sides that read contiguous K/V [sum kv_len, kv_heads, head_dim] instead of the cache
 RAGGED_PEERS = ("attnkit_varlen", "flashinfer_ragged", "torch_varlen")
-WORKLOADS = ("decode", "prefill", "mixed")
+GQA_WORKLOADS = ("decode", "prefill", "mixed")
+WORKLOADS = GQA_WORKLOADS + ("mla",)
 TOLERANCE = {"bf16": 2e-2, "f16": 4e-3}  # the test harness's, relative to max |o|
 MAX_LAYERS = 32
 
@@ -63,14 +102,18 @@ MAX_LAYERS = 32
 SHAPE_DEFAULTS = {
     ("cuda", False): dict(batches="1,16,64,256", kv_lens="1024,2048,4096,8192,16384,32768",
                           prefill_lens="1024,2048,4096,8192,16384", ragged_prefill_lens="",
-                          mixed_chunk=2048, mixed_prefix=4096, mixed_decodes=63, mixed_decode_kv=4096),
+                          mixed_chunk=2048, mixed_prefix=4096, mixed_decodes=63, mixed_decode_kv=4096,
+                          mla_batches="1,16,64,128", mla_kv_lens="1024,4096,8192,32768", mla_q_lens="1"),
     ("cuda", True): dict(batches="1,64", kv_lens="1024,8192,32768", prefill_lens="1024,4096",
                          ragged_prefill_lens="largest",
-                         mixed_chunk=2048, mixed_prefix=4096, mixed_decodes=63, mixed_decode_kv=4096),
+                         mixed_chunk=2048, mixed_prefix=4096, mixed_decodes=63, mixed_decode_kv=4096,
+                         mla_batches="1,64", mla_kv_lens="8192", mla_q_lens="1"),
     ("cpu", False): dict(batches="1,4", kv_lens="256,1024", prefill_lens="128,512", ragged_prefill_lens="",
-                         mixed_chunk=64, mixed_prefix=192, mixed_decodes=3, mixed_decode_kv=256),
+                         mixed_chunk=64, mixed_prefix=192, mixed_decodes=3, mixed_decode_kv=256,
+                         mla_batches="1,4", mla_kv_lens="256,1024", mla_q_lens="1"),
     ("cpu", True): dict(batches="1,4", kv_lens="256", prefill_lens="128", ragged_prefill_lens="",
-                        mixed_chunk=32, mixed_prefix=96, mixed_decodes=3, mixed_decode_kv=128),
+                        mixed_chunk=32, mixed_prefix=96, mixed_decodes=3, mixed_decode_kv=128,
+                        mla_batches="1,4", mla_kv_lens="256", mla_q_lens="1"),
 }
 
 
@@ -83,9 +126,13 @@ def parse_args():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     gpu, quick, cpu = SHAPE_DEFAULTS[("cuda", False)], SHAPE_DEFAULTS[("cuda", True)], \
         SHAPE_DEFAULTS[("cpu", False)]
-    p.add_argument("--models", default="llama3-8b,qwen2.5-7b",
-                   help=f"comma list of {', '.join(MODELS)}, or HQ/HK/D (heads and head dim, e.g. 32/8/80)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of " + ", ".join(WORKLOADS))
+    p.add_argument("--models",
+                   help=f"comma list of {', '.join(MODELS)} (GQA), or HQ/HK/D (heads and head dim, e.g. "
+                   f"32/8/80); of {', '.join(MLA_MODELS)} (MLA), or mla-H (H heads) (default "
+                   "llama3-8b,qwen2.5-7b; with --workloads mla alone, deepseek-v3,deepseek-v3-tp8)")
+    p.add_argument("--workloads",
+                   help="comma list of " + ", ".join(WORKLOADS) + " (default: each model's own: "
+                   + ", ".join(GQA_WORKLOADS) + " for GQA models, mla for MLA models)")
     p.add_argument("--batches", help=f"decode batch sizes (default {gpu['batches']})")
     p.add_argument("--kv-lens", help=f"decode kv_len, every request the same (default {gpu['kv_lens']})")
     p.add_argument("--prefill-lens", help=f"prefill q_len = kv_len, causal (default {gpu['prefill_lens']})")
@@ -102,11 +149,26 @@ def parse_args():
                    help=f"mixed: decode requests beside the chunk (default {gpu['mixed_decodes']})")
     p.add_argument("--mixed-decode-kv", type=int,
                    help=f"mixed: kv_len of each decode (default {gpu['mixed_decode_kv']})")
-    p.add_argument("--peers", default=",".join(PEERS), help="comma list of " + ", ".join(PEERS))
-    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--mla-batches", help=f"mla batch sizes (default {gpu['mla_batches']}; --quick "
+                   f"{quick['mla_batches']})")
+    p.add_argument("--mla-kv-lens", help=f"mla kv_len, every request the same (default {gpu['mla_kv_lens']}; "
+                   f"--quick {quick['mla_kv_lens']})")
+    p.add_argument("--mla-q-lens",
+                   help=f"mla query tokens a request, causal among them (default {gpu['mla_q_lens']}; "
+                   "e.g. 1,2 adds multi-token prediction's 2)")
+    p.add_argument("--mla-page-size", type=int, default=64,
+                   help="mla: tokens a page of the latent cache (FlashMLA takes 64 only)")
+    p.add_argument("--mla-fi-operands", default="view", choices=("view", "copy"),
+                   help="mla: FlashInfer's ckv / kpe (and q_nope / q_pe) as views of the one latent pool "
+                   "and q, row stride 576 (view, as engines pass them), or contiguous copies (copy, as "
+                   "bench/mla.py does)")
+    p.add_argument("--peers",
+                   help="comma list of " + ", ".join(PEERS) + " (default all; each shape runs those of its kind: GQA "
+                   + ", ".join(GQA_PEERS) + "; mla " + ", ".join(MLA_PEERS) + ")")
+    p.add_argument("--page-size", type=int, default=16, help="GQA workloads' page size")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "f16"))
     p.add_argument("--graph", default="on", choices=("on", "off"),
-                   help="time decode as CUDA-graph replays where a side can be captured")
+                   help="time decode and mla as CUDA-graph replays where a side can be captured")
     p.add_argument("--iters", type=int, default=20, help="timed samples per side and shape")
     p.add_argument("--warmup", type=int, default=3, help="untimed passes first")
     p.add_argument("--mem-fraction", type=float, default=0.85,
@@ -115,32 +177,59 @@ def parse_args():
     p.add_argument("--lib", default=None, help="libattnkit.so (default: ATTNKIT_LIB or build/)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: attnkit's cpu backend and SDPA math on small shapes (default "
-                   f"batches {cpu['batches']}, kv_lens {cpu['kv_lens']}, prefill {cpu['prefill_lens']}), "
-                   "to check this script")
+                   f"batches {cpu['batches']}, kv_lens {cpu['kv_lens']}, prefill {cpu['prefill_lens']}; "
+                   f"mla batches {cpu['mla_batches']}, kv_lens {cpu['mla_kv_lens']}), to check this script")
     p.add_argument("--quick", action="store_true",
                    help=f"batches {quick['batches']} x kv_len {quick['kv_lens']}; prefill "
                    f"{quick['prefill_lens']} (the contiguous-K/V sides at the largest); "
-                   "one mixed step")
+                   f"one mixed step; mla batches {quick['mla_batches']} x kv_len {quick['mla_kv_lens']}")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     for k, v in SHAPE_DEFAULTS[(a.device, a.quick)].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
-    a.models = [m for m in a.models.split(",") if m]
+    a.models = [m for m in (a.models or "llama3-8b,qwen2.5-7b").split(",") if m]
     for m in a.models:
-        if m not in MODELS:  # or HQ/HK/D: any heads and head dim (e.g. 32/8/80)
+        if m in MODELS or m in MLA_MODELS:
+            continue
+        if m.startswith("mla-"):  # mla-H: an MLA model of H heads
             try:
-                hq, hk, d = (int(x) for x in m.split("/"))
-                assert hq > 0 and hk > 0 and hq % hk == 0 and d > 0
+                heads = int(m[4:])
+                assert heads > 0
             except (ValueError, AssertionError):
-                p.error(f"unknown model {m!r}; one of {', '.join(MODELS)}, or HQ/HK/D (e.g. 32/8/80)")
-            MODELS[m] = (hq, hk, d)
-    a.workloads = [w for w in a.workloads.split(",") if w]
-    for w in a.workloads:
-        if w not in WORKLOADS:
-            p.error(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
+                p.error(f"unknown model {m!r}; mla-H takes a head count, e.g. mla-64")
+            MLA_MODELS[m] = heads
+            continue
+        try:  # or HQ/HK/D: any heads and head dim (e.g. 32/8/80)
+            hq, hk, d = (int(x) for x in m.split("/"))
+            assert hq > 0 and hk > 0 and hq % hk == 0 and d > 0
+        except (ValueError, AssertionError):
+            p.error(f"unknown model {m!r}; one of {', '.join(MODELS)}, {', '.join(MLA_MODELS)}, "
+                    "HQ/HK/D (e.g. 32/8/80) or mla-H (e.g. mla-64)")
+        MODELS[m] = (hq, hk, d)
+    # which models run which workloads: GQA models decode / prefill / mixed, MLA models mla
+    if a.workloads is None:
+        a.workloads = list(WORKLOADS)
+    else:
+        a.workloads = [w for w in a.workloads.split(",") if w]
+        for w in a.workloads:
+            if w not in WORKLOADS:
+                p.error(f"unknown workload {w!r}; one of {', '.join(WORKLOADS)}")
+        if "mla" in a.workloads and not any(m in MLA_MODELS for m in a.models):
+            # --workloads mla with no MLA model named: both DeepSeek-V3 shapes (a GQA model
+            # named, or the default ones, still runs the GQA workloads asked, if any)
+            a.models += ["deepseek-v3", "deepseek-v3-tp8"]
+        gqa_asked = [w for w in a.workloads if w in GQA_WORKLOADS]
+        if gqa_asked and not any(m in MODELS for m in a.models):
+            p.error(f"--workloads {','.join(gqa_asked)} run on GQA models and --models names none "
+                    "(MLA models run the mla workload alone)")
     a.batches, a.kv_lens, a.prefill_lens = ints(a.batches), ints(a.kv_lens), ints(a.prefill_lens)
+    a.mla_batches, a.mla_kv_lens, a.mla_q_lens = ints(a.mla_batches), ints(a.mla_kv_lens), ints(a.mla_q_lens)
+    if min(a.mla_batches + a.mla_kv_lens + a.mla_q_lens + [1]) < 1 or a.mla_page_size < 1:
+        p.error("--mla-batches, --mla-kv-lens, --mla-q-lens and --mla-page-size must be >= 1")
+    if any(q > kv for q in a.mla_q_lens for kv in a.mla_kv_lens):
+        p.error("an mla request's query tokens are the last of its keys: --mla-q-lens <= --mla-kv-lens")
     if a.ragged_prefill_lens == "largest":
         a.ragged_prefill_lens = [max(a.prefill_lens)] if a.prefill_lens else []
     else:
@@ -148,11 +237,21 @@ def parse_args():
     if min(a.mixed_chunk, a.mixed_decode_kv) < 1 or min(a.mixed_prefix, a.mixed_decodes) < 0:
         p.error("--mixed-chunk and --mixed-decode-kv must be >= 1, --mixed-prefix and "
                 "--mixed-decodes >= 0")
-    a.peers = [x for x in a.peers.split(",") if x]
+    a.peers_given = a.peers is not None
+    a.peers = [x for x in (a.peers or ",".join(PEERS)).split(",") if x]
     for x in a.peers:
         if x not in PEERS:
             p.error(f"unknown peer {x!r}; one of {', '.join(PEERS)}")
     return a
+
+
+def peers_for(args, mla):
+    """The --peers of one kind of shape: in --peers order where given, else
+    in GQA_PEERS' / MLA_PEERS' order."""
+    kind = MLA_PEERS if mla else GQA_PEERS
+    if args.peers_given:
+        return [p for p in args.peers if p in kind]
+    return [p for p in kind if p in args.peers]
 
 
 # ---------------------------------------------------------------------------
@@ -187,6 +286,14 @@ def import_flashinfer():
         return None, f"flashinfer not importable: {type(e).__name__}: {e}"
 
 
+def import_flash_mla():
+    try:
+        import flash_mla
+        return flash_mla, None
+    except Exception as e:
+        return None, f"flash_mla not importable: {type(e).__name__}: {e}"
+
+
 # ---------------------------------------------------------------------------
 # A shape's data: one paged cache per layer, shared by every side
 # ---------------------------------------------------------------------------
@@ -195,13 +302,21 @@ class Scene:
     """The requests of one shape, reqs = [(q_len, kv_len)] in batch order, over
     one paged cache per layer; dense and contiguous copies made on demand."""
 
+    mla = False
+    kv_pools = 2  # K and V
+
     def __init__(self, torch, args, model, workload, reqs):
+        self.Hq, self.Hk, self.D = MODELS[model]
+        self.Dv = self.D  # o's head dim (and V's)
+        self.P = args.page_size
+        self.sm_scale = None  # the default, 1/sqrt(D), on every side
+        self._setup(torch, args, model, workload, reqs)
+
+    def _setup(self, torch, args, model, workload, reqs):
         self.torch, self.args = torch, args
         self.model, self.workload, self.reqs = model, workload, reqs
         self.batch = len(reqs)
         self.q_len, self.kv_len = reqs[0]  # the first request's, for the table (the chunk in mixed)
-        self.Hq, self.Hk, self.D = MODELS[model]
-        self.P = args.page_size
         self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
         self.dev = torch.device(args.device)
         self.tokens = sum(q for q, _ in reqs)
@@ -219,8 +334,8 @@ class Scene:
             else:
                 self.groups.append((r, 1, q, kv))
         self.esize = 2
-        self.kv_layer_bytes = 2 * self.num_blocks * self.P * self.Hk * self.D * self.esize
-        self.dense_layer_bytes = 2 * self.kv_tokens * self.Hk * self.D * self.esize  # ragged alike
+        self.kv_layer_bytes = self.kv_pools * self.num_blocks * self.P * self.Hk * self.D * self.esize
+        self.dense_layer_bytes = self.kv_pools * self.kv_tokens * self.Hk * self.D * self.esize  # ragged alike
         if self.dev.type == "cuda":
             l2 = getattr(torch.cuda.get_device_properties(self.dev), "L2_cache_size", 50 << 20)
             self.layers = max(1, min(MAX_LAYERS, math.ceil(4 * l2 / self.kv_layer_bytes)))
@@ -244,10 +359,24 @@ class Scene:
 
     def build(self):
         torch = self.torch
-        need = self.layers * (self.kv_layer_bytes + 2 * self.tokens * self.Hq * self.D * self.esize)
+        need = self.layers * (self.kv_layer_bytes + self.tokens * self.Hq * (self.D + self.Dv) * self.esize)
         if need > self.free_bytes():
             raise Skip(f"the paged cache needs {need / 2**30:.1f} GiB, "
                        f"{self.free_bytes() / 2**30:.1f} GiB are free")
+        self._build_tables()
+        shape = (self.num_blocks, self.P, self.Hk, self.D)
+        torch.manual_seed(self.args.seed)
+
+        def rand(*s):
+            return torch.empty(*s, dtype=self.dtype, device=self.dev).uniform_(-1, 1)
+
+        self.k = [rand(*shape) for _ in range(self.layers)]
+        self.v = [rand(*shape) for _ in range(self.layers)]
+        self.q = [rand(self.tokens, self.Hq, self.D) for _ in range(self.layers)]
+
+    def _build_tables(self):
+        """The shuffled block ids, block table, indptrs and slots of the batch."""
+        torch = self.torch
         g = torch.Generator().manual_seed(self.args.seed)
         perm = torch.randperm(self.num_blocks, generator=g).to(torch.int32)
         # request r owns blocks perm[kv_indptr[r] .. kv_indptr[r + 1] - 1], in order
@@ -277,15 +406,6 @@ class Scene:
                                           dtype=torch.int32, device=self.dev)
         self.qo_indptr_dev = self.qo_indptr.to(self.dev)
         self.kv_token_indptr_dev = self.kv_token_indptr.to(self.dev)
-        shape = (self.num_blocks, self.P, self.Hk, self.D)
-        torch.manual_seed(self.args.seed)
-
-        def rand(*s):
-            return torch.empty(*s, dtype=self.dtype, device=self.dev).uniform_(-1, 1)
-
-        self.k = [rand(*shape) for _ in range(self.layers)]
-        self.v = [rand(*shape) for _ in range(self.layers)]
-        self.q = [rand(self.tokens, self.Hq, self.D) for _ in range(self.layers)]
 
     def _room_for_copies(self, what):
         if self.layers * self.dense_layer_bytes > self.free_bytes():
@@ -321,19 +441,76 @@ class Scene:
 
                 q = self.q[layer][q_ptr[first]:q_ptr[first + count]]
                 qd = q.view(count, q_len, self.Hq, self.D).transpose(1, 2).contiguous()
-                runs.append((qd, kv(self.k[layer]), kv(self.v[layer])))
+                k = kv(self.k[layer])
+                # MLA: no V pool; the value is the first Dv values of each latent row (a view)
+                runs.append((qd, k, kv(self.v[layer]) if self.v is not None else k[..., :self.Dv]))
             dense.append(runs)
         self.dense = dense
         return self.dense
 
     def bytes_per_call(self):
-        kv = 2 * self.kv_tokens * self.Hk * self.D * self.esize
-        return kv + 2 * self.tokens * self.Hq * self.D * self.esize
+        return attn_bytes(self.reqs, self.Hq, self.Hk, self.D, self.Dv, self.kv_pools, self.esize)
 
     def flop_per_call(self):
-        # causal, aligned to the end of the KV: token i of q_len sees kv_len - q_len + i + 1 keys
-        keys = sum(q * kv - q * (q - 1) // 2 for q, kv in self.reqs)
-        return 4 * self.Hq * self.D * keys
+        return attn_flop(self.reqs, self.Hq, self.D, self.Dv)
+
+
+class MLAScene(Scene):
+    """The requests of an mla shape over one latent pool per layer,
+    [num_blocks, P, 576] (self.latent; self.k is the same memory as a K-only
+    cache [num_blocks, P, 1, 576]), q [tokens, heads, 576], o [tokens, heads,
+    512]; sm_scale 1/sqrt(192)."""
+    mla = True
+    kv_pools = 1  # the latent rows alone: the value is their first 512 values
+
+    def __init__(self, torch, args, model, workload, reqs):
+        self.Hq, self.Hk, self.D, self.Dv = MLA_MODELS[model], 1, MLA_DQK, MLA_LAT
+        self.P = args.mla_page_size
+        self.sm_scale = MLA_SM_SCALE
+        self._setup(torch, args, model, workload, reqs)
+
+    def build(self):
+        torch = self.torch
+        need = self.layers * (self.kv_layer_bytes + self.tokens * self.Hq * (self.D + self.Dv) * self.esize)
+        if need > self.free_bytes():
+            raise Skip(f"the latent cache needs {need / 2**30:.1f} GiB, "
+                       f"{self.free_bytes() / 2**30:.1f} GiB are free")
+        self._build_tables()
+        torch.manual_seed(self.args.seed)
+
+        def rand(*s):
+            return torch.empty(*s, dtype=self.dtype, device=self.dev).uniform_(-1, 1)
+
+        self.latent = [rand(self.num_blocks, self.P, MLA_DQK) for _ in range(self.layers)]
+        self.k = [lat.unsqueeze(2) for lat in self.latent]
+        self.v = None
+        self.q = [rand(self.tokens, self.Hq, MLA_DQK) for _ in range(self.layers)]
+
+
+def attn_bytes(reqs, hq, hk, d, dv, kv_pools=2, esize=2):
+    """Bytes a call moves at least: each request's K/V rows read once
+    (kv_pools 2: K and V; 1: MLA's latent rows, which hold the value too),
+    q read and o written."""
+    tokens = sum(q for q, _ in reqs)
+    kv_tokens = sum(kv for _, kv in reqs)
+    return (kv_pools * kv_tokens * hk * d + tokens * hq * (d + dv)) * esize
+
+
+def attn_flop(reqs, hq, d, dv):
+    """2 x (d + dv) FLOPs a head and visible key (q.k and p.v). Causal, aligned
+    to the end of the KV: token i of q_len sees kv_len - q_len + i + 1 keys,
+    the keys computed (a decode's one token sees all; MLA's several tokens a
+    request, multi-token prediction, count the ones each sees)."""
+    keys = sum(q * kv - q * (q - 1) // 2 for q, kv in reqs)
+    return 2 * hq * (d + dv) * keys
+
+
+def mla_bytes(reqs, heads, esize=2):
+    return attn_bytes(reqs, heads, 1, MLA_DQK, MLA_LAT, 1, esize)
+
+
+def mla_flop(reqs, heads):
+    return attn_flop(reqs, heads, MLA_DQK, MLA_LAT)
 
 
 # ---------------------------------------------------------------------------
@@ -444,6 +621,139 @@ def setup_flashinfer_ragged(sc, fi):
     return StepList(steps, (w, ws)), lambda: (steps[0](), o[0])[1]
 
 
+# ---------------------------------------------------------------------------
+# MLA: the pieces bench/mla.py shares (attnkit's cuda_mla and FlashInfer's
+# BatchMLAPagedAttentionWrapper over one latent cache), then the mla sides
+# ---------------------------------------------------------------------------
+
+def attnkit_mla_backend(attnkit, heads, qo_indptr, kv_lens, block_table, num_blocks, page_size,
+                        sm_scale=MLA_SM_SCALE, dtype="bf16", device="cuda", name="cuda_mla"):
+    """A planned attnkit backend (cuda_mla; cpu on the CPU) in MLA mode:
+    one latent KV head of rows of 576, the value their first 512, causal
+    (several query tokens a request see the keys up to their own position,
+    aligned to the end of the KV). qo_indptr / kv_lens: lists or host
+    tensors; block_table [batch, pages] int32 on the host."""
+    cfg = attnkit.Config(num_qo_heads=heads, num_kv_heads=1, head_dim_qk=MLA_DQK, head_dim_vo=MLA_LAT,
+                         mla=True, sm_scale=sm_scale, causal=True, dtype=dtype, device=device,
+                         page_size=page_size)
+    lim = attnkit.Limits(max_reqs=len(kv_lens), max_tokens=int(qo_indptr[-1]),
+                         max_blocks_per_req=block_table.shape[1], num_cache_blocks=num_blocks)
+    b = attnkit.Backend(cfg, lim, name=name)
+    b.plan(qo_indptr, kv_lens, block_table)
+    return b
+
+
+def attnkit_mla_call(backend, q, latent, o):
+    """backend's prepared run() on one layer: q [tokens, heads, 576], latent
+    [num_blocks, page, 576] (a K-only NHD cache of one head; no V), o
+    [tokens, heads, 512]."""
+    return backend.prepare_run(q, latent.unsqueeze(2), None, o)
+
+
+def flashinfer_mla_wrapper(torch, fi, backend, qo_indptr, kv_indptr, kv_indices, kv_lens, heads, page_size,
+                           sm_scale=MLA_SM_SCALE, dtype=None, causal=True):
+    """(wrapper, workspace): a planned flashinfer.mla.BatchMLAPagedAttentionWrapper
+    (backend 'auto', 'fa2' or 'fa3'). qo_indptr [batch + 1], kv_indptr [batch
+    + 1] (in pages), kv_indices (page ids), kv_lens [batch] (tokens): int32
+    on the device. causal: FlashInfer's MLA mask is aligned to the end of the
+    KV (a key is masked when kv_idx + q_len > kv_len + q_idx), as attnkit's."""
+    dtype = dtype or torch.bfloat16
+    ws = torch.zeros(256 << 20, dtype=torch.uint8, device=kv_indptr.device)
+    w = fi.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    w.plan(qo_indptr, kv_indptr, kv_indices, kv_lens, heads, MLA_LAT, MLA_ROPE, page_size, causal,
+           sm_scale, dtype, dtype)
+    return w, ws
+
+
+def flashinfer_mla_operands(latent, q, copy=False):
+    """(ckv, kpe, q_nope, q_pe) as FlashInfer's MLA run() takes them: the
+    latent part [num_blocks, page, 512] and the rotary part [num_blocks,
+    page, 64] of the cache, q's parts [tokens, heads, 512] and [.., 64].
+    copy=False: views of latent and q (row strides 576, which run() takes:
+    it passes the page / row / head strides to its kernels), so FlashInfer
+    reads the memory attnkit reads; copy=True: contiguous copies."""
+    parts = (latent[..., :MLA_LAT], latent[..., MLA_LAT:], q[..., :MLA_LAT], q[..., MLA_LAT:])
+    return tuple(t.contiguous() for t in parts) if copy else parts
+
+
+def setup_attnkit_mla(sc, attnkit):
+    if attnkit is None:
+        raise Skip("attnkit not importable")
+    torch = sc.torch
+    name = "cuda_mla" if sc.dev.type == "cuda" else "cpu"
+    try:
+        b = attnkit_mla_backend(attnkit, sc.Hq, sc.qo_indptr, sc.kv_lens, sc.block_table, sc.num_blocks,
+                                sc.P, sc.sm_scale, sc.args.dtype, attnkit_device(sc), name)
+    except attnkit.Error as e:
+        raise Skip(f"{name}: {e}") from None
+    o = [torch.empty(sc.tokens, sc.Hq, sc.Dv, dtype=sc.dtype, device=sc.dev) for _ in range(sc.layers)]
+    calls = [attnkit_mla_call(b, sc.q[l], sc.latent[l], o[l]) for l in range(sc.layers)]
+    steps = StepList([(lambda c=c: c()) for c in calls], b)
+    return steps, lambda: (steps[0](), o[0])[1]
+
+
+def setup_flashinfer_mla(sc, fi, backend):
+    torch = sc.torch
+    copy = sc.args.mla_fi_operands == "copy"
+    if copy and sc.layers * sc.kv_layer_bytes > sc.free_bytes():
+        raise Skip(f"copies of the latent cache need {sc.layers * sc.kv_layer_bytes / 2**30:.1f} GiB, "
+                   f"{sc.free_bytes() / 2**30:.1f} GiB are free")
+    try:
+        w, ws = flashinfer_mla_wrapper(torch, fi, backend, sc.qo_indptr_dev, sc.kv_indptr, sc.kv_indices,
+                                       sc.kv_lens.to(sc.dev), sc.Hq, sc.P, sc.sm_scale, sc.dtype)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise Skip(f"flashinfer mla {backend}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") \
+            from None
+    ops = [flashinfer_mla_operands(sc.latent[l], sc.q[l], copy) for l in range(sc.layers)]
+    o = [torch.empty(sc.tokens, sc.Hq, sc.Dv, dtype=sc.dtype, device=sc.dev) for _ in range(sc.layers)]
+
+    def step(l):
+        ckv, kpe, q_nope, q_pe = ops[l]
+        return w.run(q_nope, q_pe, ckv, kpe, out=o[l])
+    steps = [(lambda l=l: step(l)) for l in range(sc.layers)]
+    # which kernel 'auto' chose (the wrapper's own attribute: fa3 on sm90a, else fa2)
+    chose = getattr(w, "_backend", None)
+    notes = [f"auto ran {chose}" if backend == "auto" and chose else None,
+             "ckv / kpe, q_nope / q_pe: contiguous copies" if copy else None]
+    return StepList(steps, (w, ws, ops), "; ".join(n for n in notes if n) or None), \
+        lambda: (steps[0](), o[0])[1]
+
+
+def setup_flash_mla(sc, fm):
+    """FlashMLA's flash_mla_with_kvcache on the latent cache as it is ([num_blocks,
+    64, 1, 576]), q [batch, q_len, heads, 576]. Its interface has two
+    generations: get_mla_metadata(cache_seqlens, q_len * heads // kv_heads,
+    kv_heads) -> (tile_scheduler_metadata, num_splits) tensors, and, since
+    its sparse-attention rewrite, get_mla_metadata(*args) -> (FlashMLASchedMeta,
+    None), filled in by the first call; the old arguments serve both, as does
+    passing both results on. Its causal is aligned to the end of the KV (its
+    multi-token-prediction use)."""
+    if sc.P != 64:
+        raise Skip(f"FlashMLA takes pages of 64 tokens (--mla-page-size {sc.P})")
+    if len(sc.groups) != 1:
+        raise Skip("FlashMLA takes q [batch, q_len, heads, 576]: every request the same q_len")
+    block_table = sc.block_table.to(sc.dev)
+    seqlens = sc.kv_lens.to(sc.dev)
+    refused = (RuntimeError, ValueError, TypeError, AssertionError)
+    try:
+        meta, splits = fm.get_mla_metadata(seqlens, sc.q_len * sc.Hq, 1)
+    except refused as e:
+        raise Skip(f"flash_mla get_mla_metadata: {type(e).__name__}: {e}") from None
+    qs = [q.view(sc.batch, sc.q_len, sc.Hq, MLA_DQK) for q in sc.q]
+
+    def step(l):
+        out, _ = fm.flash_mla_with_kvcache(qs[l], sc.k[l], block_table, seqlens, MLA_LAT, meta, splits,
+                                           softmax_scale=sc.sm_scale, causal=True)
+        return out
+    try:
+        step(0)  # the new interface plans on its first call: outside any capture
+    except refused as e:
+        raise Skip(f"flash_mla: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    steps = [(lambda l=l: step(l)) for l in range(sc.layers)]
+    return StepList(steps, (block_table, seqlens, meta, splits, qs)), \
+        lambda: step(0).reshape(sc.tokens, sc.Hq, sc.Dv)
+
+
 def run_masks(sc, backend_name):
     """Per run of equal requests, SDPA's (is_causal, attn_mask). torch's
     is_causal is aligned to the top left when q_len < kv_len; a chunk on a
@@ -457,7 +767,9 @@ def run_masks(sc, backend_name):
             masks.append((False, None))
         elif q_len == kv_len:
             masks.append((True, None))
-        elif backend_name == "flash":
+        elif backend_name == "flash" and not sc.mla:
+            # (not for MLA: where flash refuses the head dims, CausalBias falls back to the
+            # efficient kernel inside sdpa_kernel(FLASH_ATTENTION) and would time that)
             from torch.nn.attention.bias import causal_lower_right
             masks.append((False, causal_lower_right(q_len, kv_len)))
         else:
@@ -474,6 +786,11 @@ def two_calls_note(sc):
 
 
 def setup_sdpa(sc, backend_name):
+    """MLA: the absorbed form on the dense copy, q [batch, heads, q_len, 576],
+    K the latent rows [batch, 1, kv_len, 576] shared by the heads
+    (enable_gqa, or expanded), V their first 512 values (a view), scale
+    1/sqrt(192); a backend that refuses head dim 576, or V's 512 beside
+    K's 576, is skipped with its reason."""
     torch = sc.torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -485,7 +802,10 @@ def setup_sdpa(sc, backend_name):
     group = sc.Hq // sc.Hk
 
     def make(expand):
-        if expand:
+        if expand and sc.mla:  # one latent head for all: a stride-0 view, no copy
+            kvs = [[(k.expand(-1, sc.Hq, -1, -1), v.expand(-1, sc.Hq, -1, -1))
+                    for _, k, v in runs] for runs in dense]
+        elif expand:
             kvs = [[(k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1))
                     for _, k, v in runs] for runs in dense]
         else:
@@ -494,12 +814,20 @@ def setup_sdpa(sc, backend_name):
         # enable_gqa only where it is wanted: a release whose CausalBias does not
         # take it still runs the repeated-heads fallback
         kw = {"enable_gqa": True} if gqa and not expand else {}
+        if sc.sm_scale is not None:  # MLA's 1/sqrt(192), not 1/sqrt(576)
+            kw["scale"] = sc.sm_scale
 
         def step(l):
             with sdpa_kernel(backend):
                 return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, **kw)
                         for (q, _, _), (k, v), (causal, mask) in zip(dense[l], kvs[l], masks)]
-        step(0)  # raises when the backend refuses
+        with warnings.catch_warnings(record=True) as caught:  # torch says why a kernel refused
+            warnings.simplefilter("always")
+            try:
+                step(0)  # raises when the backend refuses
+            except refused as e:
+                e.why = refusal(e, caught)  # with torch's reasons
+                raise
         return step, (kvs, masks)
 
     refused = (RuntimeError, TypeError, ValueError)
@@ -508,21 +836,36 @@ def setup_sdpa(sc, backend_name):
         how = None
     except refused as e:
         if not gqa:
-            raise Skip(f"sdpa {backend_name}: {str(e).splitlines()[0]}") from None
-        if group * sc.layers * sc.dense_layer_bytes > sc.free_bytes():
-            raise Skip(f"sdpa {backend_name} refused enable_gqa ({str(e).splitlines()[0]}); "
+            raise Skip(f"sdpa {backend_name}: {refusal(e)}") from None
+        if not sc.mla and group * sc.layers * sc.dense_layer_bytes > sc.free_bytes():
+            raise Skip(f"sdpa {backend_name} refused enable_gqa ({refusal(e)}); "
                        "repeated K/V would not fit") from None
         try:
             step, keep = make(True)
         except refused as e2:
-            raise Skip(f"sdpa {backend_name}: {str(e2).splitlines()[0]}") from None
-        how = "K/V heads repeated (enable_gqa refused)"
+            raise Skip(f"sdpa {backend_name}: {refusal(e2)}") from None
+        how = (f"the latent head expanded over the heads (a stride-0 view; enable_gqa refused: {refusal(e)})"
+               if sc.mla else "K/V heads repeated (enable_gqa refused)")
     steps = [(lambda l=l: step(l)) for l in range(sc.layers)]
 
     def output():
-        return torch.cat([o.transpose(1, 2).reshape(-1, sc.Hq, sc.D) for o in step(0)])
+        return torch.cat([o.transpose(1, 2).reshape(-1, sc.Hq, sc.Dv) for o in step(0)])
     note = "; ".join(x for x in (two_calls_note(sc), how) if x) or None
     return StepList(steps, keep, note), output
+
+
+def refusal(e, caught=()):
+    """An SDPA refusal's first line, with the reasons torch gave as warnings
+    ("Flash attention requires ..."); without caught, the one make() kept."""
+    if not caught and getattr(e, "why", None):
+        return e.why
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    why = []
+    for w in caught:
+        t = " ".join(str(w.message).split("(Triggered internally")[0].split())
+        if t and not t.endswith("because:") and t not in why:
+            why.append(t)
+    return msg + (" (" + " | ".join(why[:3]) + ")" if why else "")
 
 
 _compiled_flex = []
@@ -716,8 +1059,16 @@ def time_steps(torch, steps, use_graph, args, dev):
 # ---------------------------------------------------------------------------
 
 def shapes(args):
-    """(model, workload, reqs) per shape; reqs = [(q_len, kv_len)] per request."""
+    """(model, workload, reqs) per shape; reqs = [(q_len, kv_len)] per request.
+    MLA models run the mla workload alone, GQA models never do."""
     for model in args.models:
+        if model in MLA_MODELS:
+            if "mla" in args.workloads:
+                for q_len in args.mla_q_lens:
+                    for b in args.mla_batches:
+                        for kv in args.mla_kv_lens:
+                            yield model, "mla", [(q_len, kv)] * b
+            continue
         if "decode" in args.workloads:
             for b in args.batches:
                 for kv in args.kv_lens:
@@ -730,8 +1081,31 @@ def shapes(args):
             yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes
 
 
-def run_side(peer, sc, attnkit, fi, fi_reason, args):
-    use_graph = args.graph == "on" and sc.workload == "decode"
+def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
+    use_graph = args.graph == "on" and sc.workload in ("decode", "mla")
+    if sc.mla:
+        if peer == "attnkit":
+            steps, out = setup_attnkit_mla(sc, attnkit)
+        elif peer in FLASHINFER_MLA_BACKENDS:
+            if sc.dev.type != "cuda":
+                raise Skip("CUDA only")
+            if fi is None:
+                raise Skip(fi_reason)
+            steps, out = setup_flashinfer_mla(sc, fi, FLASHINFER_MLA_BACKENDS[peer])
+        elif peer == "flash_mla":
+            if sc.dev.type != "cuda":
+                raise Skip("CUDA only")
+            if fm is None:
+                raise Skip(fm_reason)
+            steps, out = setup_flash_mla(sc, fm)
+        elif peer in ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient"):
+            steps, out = setup_sdpa(sc, peer.split("_")[1] if sc.dev.type == "cuda" else "math")
+        else:
+            raise Skip("not an mla side")
+        o = out()
+        med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
+        note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
+        return o, med, mn, n, graph_used, note
     if peer in RAGGED_PEERS:
         if sc.workload != "prefill":
             raise Skip("prefill only (contiguous K/V of the step's own tokens, no cached prefix)")
@@ -772,19 +1146,27 @@ def main():
     attnkit, ak_reason = import_attnkit(args.lib)
     fi, fi_reason = (None, "not asked for") if not any(p.startswith("flashinfer") for p in args.peers) \
         else import_flashinfer()
+    mla_run = "mla" in args.workloads and any(m in MLA_MODELS for m in args.models)
+    gqa_run = any(w in GQA_WORKLOADS for w in args.workloads) and any(m in MODELS for m in args.models)
+    fm, fm_reason = import_flash_mla() if mla_run and "flash_mla" in args.peers else (None, "not asked for")
     dev = torch.device(args.device)
     devname = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"# device {devname}; torch {torch.__version__}; "
           f"flashinfer {fi.__version__ if fi else '- (' + str(fi_reason) + ')'}; "
           f"attnkit {attnkit.library_path if attnkit else '- (' + str(ak_reason) + ')'}")
-    print(f"# dtype {args.dtype}, page {args.page_size}, graph {args.graph} (decode), "
+    print(f"# dtype {args.dtype}, page {args.page_size}{' (GQA)' if mla_run else ''}, graph {args.graph} (decode{', mla' if mla_run else ''}), "
           f"{args.iters} samples after {args.warmup} warm-up passes, median per layer call")
-    if "mixed" in args.workloads:
+    if mla_run:
+        print(f"# mla: DeepSeek-V3 absorbed, latent rows of {MLA_LAT} + {MLA_ROPE} in pages of "
+              f"{args.mla_page_size}, q 576 / o 512 a head, sm_scale 1/sqrt(192), causal among a "
+              f"request's --mla-q-lens tokens; FlashInfer's operands: {args.mla_fi_operands}; "
+              f"flash_mla {getattr(fm, '__version__', '') if fm else '- (' + str(fm_reason) + ')'}")
+    if gqa_run and "mixed" in args.workloads:
         print(f"# mixed: one step of {args.mixed_decodes + 1} requests in one paged cache, a prompt chunk "
               f"of {args.mixed_chunk} tokens on a {args.mixed_prefix}-token prefix (kv_len "
               f"{args.mixed_prefix + args.mixed_chunk}, the row's q_len / kv_len) + {args.mixed_decodes} "
               f"decodes on {args.mixed_decode_kv} keys")
-    if any(p in RAGGED_PEERS for p in args.peers):
+    if gqa_run and "prefill" in args.workloads and any(p in RAGGED_PEERS for p in args.peers):
         print("# " + ", ".join(p for p in RAGGED_PEERS if p in args.peers) + ": contiguous K/V "
               "[sum kv_len, kv_heads, head_dim] (the cache's values), prefill at "
               + ",".join(str(n) for n in args.ragged_prefill_lens if n in args.prefill_lens))
@@ -802,18 +1184,20 @@ def main():
     writer.writeheader()
     failed = False
     for model, workload, reqs in shapes(args):
-        sc = Scene(torch, args, model, workload, reqs)
+        sc = (MLAScene if workload == "mla" else Scene)(torch, args, model, workload, reqs)
         batch, q_len, kv_len = sc.batch, sc.q_len, sc.kv_len
+        peers = peers_for(args, sc.mla)
         results = {}
         try:
             sc.build()
         except Skip as e:
-            for peer in args.peers:
+            for peer in peers:
                 results[peer] = dict(status="skipped", note=str(e))
         else:
-            for peer in args.peers:
+            for peer in peers:
                 try:
-                    o, med, mn, n, graph_used, note = run_side(peer, sc, attnkit, fi, fi_reason, args)
+                    o, med, mn, n, graph_used, note = run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason,
+                                                               args)
                     results[peer] = dict(status="ok", out=o, median_us=med, min_us=mn, samples=n,
                                          graph=graph_used, note=note)
                 except Skip as e:
@@ -825,18 +1209,28 @@ def main():
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
         # check every output against the first side that ran (attnkit when it did)
-        ref_peer = next((p for p in args.peers if results[p]["status"] == "ok"), None)
+        ref_peer = next((p for p in peers if results[p]["status"] == "ok"), None)
         ref = results[ref_peer]["out"].float() if ref_peer else None
         base = results.get("attnkit", {}).get("median_us")
-        for peer in args.peers:
+        for peer in peers:
             r = results[peer]
             row = dict(model=model, workload=workload, batch=batch, q_len=q_len, kv_len=kv_len,
-                       dtype=args.dtype, page_size=args.page_size, layers=sc.layers, peer=peer,
+                       dtype=args.dtype, page_size=sc.P, layers=sc.layers, peer=peer,
                        status=r["status"], note=r.get("note") or "", requests=sc.requests())
             if r["status"] == "ok":
-                diff = (r["out"].float() - ref).abs().max().item()
+                err = r["out"].float() - ref
+                diff = err.abs().max().item()
                 tol = TOLERANCE[args.dtype] * max(1.0, ref.abs().max().item())
                 ok = diff <= tol
+                if sc.mla:
+                    # random latent rows give a flat softmax and |o| ~ 1e-2, which the test above
+                    # passes whatever o holds (zeros too): also the harness's own test, the
+                    # relative (Frobenius) error within the same tolerance
+                    rel = (err.norm() / ref.norm().clamp_min(1e-30)).item()
+                    if rel > TOLERANCE[args.dtype]:
+                        ok = False
+                        row["note"] = "; ".join(x for x in (row["note"], f"relative error {rel:.3g} > "
+                                                            f"{TOLERANCE[args.dtype]:g}") if x)
                 failed |= not ok
                 row.update(median_us=f"{r['median_us']:.2f}", min_us=f"{r['min_us']:.2f}",
                            samples=r["samples"], graph=int(r["graph"]),
@@ -849,8 +1243,8 @@ def main():
             writer.writerow(row)
             rows.append(row)
         csv_file.flush()
-        print_row(sc, results, args.peers)
-        for peer in args.peers:
+        print_row(sc, results, peers)
+        for peer in peers:
             results[peer].pop("out", None)
         del sc, results, ref
         if dev.type == "cuda":
@@ -876,14 +1270,15 @@ _header_printed = []
 
 def print_row(sc, results, peers):
     """One line per shape: attnkit's time, then each peer's time / attnkit's
-    (with 'g' for a graph replay); without attnkit the peers' own times."""
+    (with 'g' for a graph replay); without attnkit the peers' own times. A
+    header whenever the columns change (the mla shapes have their own)."""
     others = [p for p in peers if p != "attnkit"]
     col = lambda p: max(len(p) + 2, 10)  # noqa: E731  (a column's width)
-    if not _header_printed:
-        print(f"{'model':<15}{'workload':<9}{'batch':>6}{'q_len':>7}{'kv_len':>7}{'layers':>7}"
+    if _header_printed[-1:] != [others]:
+        print(f"{'model':<16}{'workload':<9}{'batch':>6}{'q_len':>7}{'kv_len':>7}{'layers':>7}"
               f"{'attnkit_us':>12}  " + "".join(f"{p:>{col(p)}}" for p in others)
               + "   (peer time / attnkit time; us where attnkit did not run)")
-        _header_printed.append(1)
+        _header_printed.append(others)
     a = results.get("attnkit", {})
     base = a.get("median_us") if a.get("status") == "ok" else None
 
@@ -896,7 +1291,7 @@ def print_row(sc, results, peers):
         return f"{v}{mark}{bad}"
 
     ak = cell(a, True) if a else "-"
-    print(f"{sc.model:<15}{sc.workload:<9}{sc.batch:>6}{sc.q_len:>7}{sc.kv_len:>7}{sc.layers:>7}"
+    print(f"{sc.model:<16}{sc.workload:<9}{sc.batch:>6}{sc.q_len:>7}{sc.kv_len:>7}{sc.layers:>7}"
           f"{ak:>12}  " + "".join(f"{cell(results[p], base is None):>{col(p)}}" for p in others))
     sys.stdout.flush()
 
