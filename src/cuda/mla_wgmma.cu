@@ -94,7 +94,7 @@ __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
                                                 uint64_t (&full)[mla_wg::BLOCKS])
 {
     typedef mla_wg W;
-    producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T, 8 * B, 8 * B + 8>(p, ids, kv_head, t0, kv_end,
+    producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T, 8 * B, 8 * B + 8, true>(p, ids, kv_head, t0, kv_end,
                                                                                      dst);
     mbar_arrive_cp_async(&full[B]);
     if constexpr (B + 1 < W::BLOCKS) mla_copy_blocks<T, B + 1>(p, ids, kv_head, t0, kv_end, dst, full);

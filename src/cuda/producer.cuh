@@ -45,8 +45,10 @@ __device__ __forceinline__ void tile_blocks(const attn_params &p, const int32_t 
  * (sw128<KEYS>: DP / 64 column blocks of KEYS rows), from the blocks of r;
  * keys from kv_end on are zero-filled (no read). Only the 16-byte chunks
  * [C0, C1) of each row (multiples of TPR): a caller that signals column
- * blocks one by one copies a block a call. */
-template <int D, int DP, int KEYS, int THREADS, bool V_, typename T, int C0 = 0, int C1 = DP / 8>
+ * blocks one by one copies a block a call. ONCE: the rows are read by this
+ * block alone (a decode), so they are copied with L2's evict-first policy
+ * (common.cuh). */
+template <int D, int DP, int KEYS, int THREADS, bool V_, typename T, int C0 = 0, int C1 = DP / 8, bool ONCE = false>
 __device__ __forceinline__ void producer_copy(const attn_params &p, const producer_rows<DP, KEYS, THREADS> &r,
                                               int kv_head, int t0, int kv_end, T *dst)
 {
@@ -67,10 +69,12 @@ __device__ __forceinline__ void producer_copy(const attn_params &p, const produc
         const int bytes = t0 + row < kv_end ? 16 : 0;
         const int base = row * 64 + ((q ^ (row & 7)) << 3); /* chunk q's element offset */
 #pragma unroll
-        for (int j = C0 / TPR; j < C1 / TPR; j++) /* chunk TPR j + q: column block of 8, slot (c % 8) ^ (row % 8) */
-            if ((D / 8) % TPR == 0 ? TPR * j < D / 8 : TPR * j + q < D / 8)
-                cp_async_16(dst + (TPR * j / 8) * (KEYS * 64) + (base ^ ((TPR * j % 8) << 3)), src + TPR * j * 8,
-                            bytes);
+        for (int j = C0 / TPR; j < C1 / TPR; j++) { /* chunk TPR j + q: column block of 8, slot (c % 8) ^ (row % 8) */
+            T *to = dst + (TPR * j / 8) * (KEYS * 64) + (base ^ ((TPR * j % 8) << 3));
+            if (!((D / 8) % TPR == 0 ? TPR * j < D / 8 : TPR * j + q < D / 8)) continue;
+            if (ONCE) cp_async_16_pol(to, src + TPR * j * 8, bytes, l2_evict_first());
+            else cp_async_16(to, src + TPR * j * 8, bytes);
+        }
     }
 }
 
