@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=cpu_sdpa.DEFAULT_SEQ_LEN)
     ap.add_argument("--iters", type=int, default=cpu_sdpa.DEFAULT_ITERS, help="timed calls per side and count")
     ap.add_argument("--bench", default=cpu_sdpa.DEFAULT_BENCH, help="path of attnkit-bench")
-    ap.add_argument("--isa", default="", help="AK_CPU_ISA for attnkit (amx, avx512, avx2, scalar)")
+    ap.add_argument("--isa", default="", help="AK_CPU_ISA for attnkit (amx, avx512bf16, avx512, avx2, scalar)")
     ap.add_argument("--no-torch", action="store_true", help="attnkit only")
     args = ap.parse_args()
 

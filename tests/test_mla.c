@@ -11,6 +11,7 @@
  * W_UK [H][nope][latent], W_UV [H][latent][v], c [keys][latent], k_pe
  * [keys][rope], q_nope [tokens][H][nope], q_pe [tokens][H][rope].
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "harness.h"
 
 #include "dtype.h"
@@ -398,8 +399,97 @@ done:
     for (int i = 0; i < 2; i++) ak_kv_cache_destroy(cache[i]);
 }
 
+/* ---- the cpu backend's MLA paths, kernel by kernel --------------------------- */
+
+/* MLA batches against cpu_ref on the cpu backend, once for each kernel this
+ * CPU runs (AK_CPU_ISA, set around each case: test_core clears the variable,
+ * so a value given to the whole run does not reach these): its MLA items (a
+ * request of up to 128 / heads tokens: all of them x all heads against each
+ * latent row) on f32 FMAs, VDPBF16PS (bf16 q and K; bf16 P too where o is
+ * bf16) and AMX tiles, and their edges: 16 to 128 heads, 1 to 8 tokens a
+ * request, contexts of 0 to 3 keys, pages of 1, 16, 64 and 128 keys with
+ * split-KV chunks (multiples of 64 keys) ending inside a page, every
+ * dtype, sinks, soft-cap, window, fp8 rows, head dims that are not whole
+ * vectors. */
+#define NHD AK_LAYOUT_NHD
+#define PAGED AK_KV_PAGED
+#define RAGGED AK_KV_RAGGED
+static const attn_case cpu_mla_cases[] = {
+    {"h16 bf16 page16 tiny + verify + split", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 8,
+     {{1, 1}, {1, 2}, {1, 3}, {2, 2}, {3, 3}, {0, 0}, {8, 300}, {1, 1500}}, .mla = 1},
+    {"h16 bf16 page128 f32 out split mid-page", 16, 1, 576, 512, AK_BF16, 0, 1, 1, -1, 0, 128, NHD, PAGED, 3,
+     {{1, 1300}, {5, 40}, {1, 17}}, .mla = 1},
+    {"h16 bf16 page64 sinks soft-cap", 16, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 20.0f, 64, NHD, PAGED, 3,
+     {{1, 1100}, {8, 8}, {1, 1}}, .mla = 1},
+    {"h16 bf16 page16 window 50", 16, 1, 576, 512, AK_BF16, 0, 0, 1, 50, 0, 16, NHD, PAGED, 3,
+     {{4, 300}, {1, 200}, {1, 3}}, .mla = 1},
+    {"h32 f16 page1", 32, 1, 576, 512, AK_F16, 0, 0, 1, -1, 0, 1, NHD, PAGED, 4, {{1, 700}, {4, 37}, {1, 1}, {2, 2}},
+     .mla = 1},
+    {"h64 f32 page128", 64, 1, 576, 512, AK_F32, 0, 0, 1, -1, 0, 128, NHD, PAGED, 3, {{1, 900}, {2, 130}, {1, 3}},
+     .mla = 1},
+    {"h128 bf16 page64 f32 out", 128, 1, 576, 512, AK_BF16, 0, 1, 1, -1, 0, 64, NHD, PAGED, 3,
+     {{1, 1100}, {1, 2}, {0, 0}}, .mla = 1},
+    {"h128 bf16 page128 split", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2, {{1, 1400}, {1, 3}},
+     .mla = 1},
+    {"h16 fp8 bf16 page16 per-layer", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{1, 500}, {3, 40}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_LAYER, .mla = 1},
+    {"h16 72/40 bf16 ragged", 16, 1, 72, 40, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3,
+     {{1, 400}, {7, 30}, {1, 1}}, .mla = 1},
+    {"h16 bf16 sinks empty last chunk", 16, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{8, 1285}, {1, 1}}, .mla = 1},
+    {"h16 f32 sinks window 600 page1", 16, 1, 576, 512, AK_F32, 1, 0, 1, 600, 0, 1, NHD, PAGED, 3,
+     {{8, 1285}, {3, 5}, {0, 0}}, .mla = 1},
+    {"h16 bf16 sinks window 600 page1 softcap", 16, 1, 576, 512, AK_BF16, 1, 0, 1, 600, 30.0f, 1, NHD, PAGED, 3,
+     {{8, 1285}, {3, 5}, {0, 0}}, .mla = 1},
+    {"h8 bf16 16 tokens", 8, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{16, 1285}, {16, 16}, {9, 700}}, .mla = 1},
+    {"h2 bf16 72/40 64 tokens", 2, 1, 72, 40, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{64, 1300}, {64, 64}, {33, 40}}, .mla = 1},
+    {"h3 f16 72/40 42 tokens", 3, 1, 72, 40, AK_F16, 1, 0, 1, 100, 0, 16, NHD, PAGED, 3,
+     {{42, 1300}, {42, 42}, {33, 40}}, .mla = 1},
+    {"h256 bf16", 256, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 0, 64, NHD, PAGED, 2, {{1, 1300}, {1, 1}}, .mla = 1},
+    {"h24 bf16 f32out", 24, 1, 576, 512, AK_BF16, 0, 1, 1, -1, 0, 64, NHD, PAGED, 3, {{5, 1300}, {5, 5}, {2,3}}, .mla = 1},
+    {"h20 bf16 ragged 100/36", 20, 1, 100, 36, AK_BF16, 1, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{6, 1300}, {5, 5}, {2,3}}, .mla = 1},
+    {"h16 bf16 fp8 per-head", 16, 1, 576, 512, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{8, 1285}, {1, 1}}, .kv_fp8 = 1, .kv_scale = AK_KV_SCALE_PER_HEAD, .mla = 1},
+    {"h4 72/64 bf16 page16", 4, 1, 72, 64, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3, {{1, 900}, {30, 30}, {2, 2}},
+     .mla = 1},
+};
+
+static void cpu_mla_kernels(test_ctx *t)
+{
+    if (t->device.kind != AK_DEVICE_CPU || (t->backend && strcmp(t->backend, "cpu") != 0)) return;
+    static const char *const isas[] = {"", "scalar", "avx2", "avx512", "avx512bf16", "amx"};
+    char saved[32] = "";
+    if (getenv("AK_CPU_ISA")) snprintf(saved, sizeof saved, "%s", getenv("AK_CPU_ISA"));
+    for (size_t i = 0; i < sizeof isas / sizeof *isas; i++)
+        for (size_t k = 0; k < sizeof cpu_mla_cases / sizeof *cpu_mla_cases; k++) {
+            attn_case tc = cpu_mla_cases[k];
+            /* 64 and 128 heads on the automatic kernel only: cpu_ref's cost
+             * (under the sanitizers most of all), and the other kernels run
+             * the same code at 16 and 32 heads with fewer row blocks */
+            if (isas[i][0] && tc.num_qo_heads > 32) continue;
+            char name[160];
+            snprintf(name, sizeof name, "mla cpu %s: %s", isas[i][0] ? isas[i] : "auto", tc.name);
+            tc.name = name;
+            if (!t_selected(t, name)) continue;
+            if (isas[i][0]) setenv("AK_CPU_ISA", isas[i], 1);
+            else unsetenv("AK_CPU_ISA");
+            /* a kernel this CPU (or build, or dtype) lacks: skipped, not failed */
+            const ak_attn_config cfg = case_config(&tc, t->device);
+            char kernel[256];
+            if (ak_cpu_kernel_describe(&cfg, kernel, sizeof kernel) != AK_OK)
+                t_skip(t, "cpu", name, "%s", kernel);
+            else
+                run_case(t, &tc);
+        }
+    if (saved[0]) setenv("AK_CPU_ISA", saved, 1);
+    else unsetenv("AK_CPU_ISA");
+}
+
 void test_mla(test_ctx *t)
 {
+    cpu_mla_kernels(t);
     for (size_t i = 0; i < sizeof mla_cases / sizeof *mla_cases; i++) run_mla_case(t, &mla_cases[i]);
     kv_update_k_only(t, AK_BF16, AK_BF16, AK_KV_SCALE_NONE);
     kv_update_k_only(t, AK_F16, AK_F16, AK_KV_SCALE_NONE);

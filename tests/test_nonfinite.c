@@ -63,7 +63,41 @@ typedef struct nf_case {
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
 #define LONG_BATCH MQA16(-1, 2, {{260, 260}, {256, 700}})
 
+/* MLA (cfg.mla: one latent row a key, V the start of it): 16 heads over
+ * rows of 576 / 512, or 4 over 72 / 40 (head dims the cpu backends take,
+ * not whole vectors); windows; pages of 1; a multi-token request whose
+ * last split chunk its first tokens see none of (with sinks) */
+#define MLA(w, ...) {NULL, 16, 1, 576, 512, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__, 0, 0, 1}
+#define MLA4(w, ...) {NULL, 4, 1, 72, 40, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__, 0, 0, 1}
+#define MLA1(w, ...) {NULL, 16, 1, 576, 512, AK_F32, 0, 0, 1, w, 0, 1, NHD, PAGED, __VA_ARGS__, 0, 0, 1}
+#define MLA_DEC MLA(-1, 3, {{1, 40}, {1, 300}, {1, 3000}})
+#define MLA_VER MLA(-1, 3, {{4, 300}, {8, 70}, {1, 3000}})
+#define MLA_WIN MLA(20, 2, {{6, 300}, {1, 50}})
 static const nf_case cases[] = {
+    {"mla empty last chunk: NaN in V of last key", MLA(-1, 1, {{8, 1285}}), {IN_K, NAN, 0, 1284, 0, 0, 1}, 4},
+    {"mla empty last chunk: NaN in q", MLA(-1, 1, {{8, 1285}}), {IN_Q, NAN, 0, 0, 0, 3, 1}, 4},
+    {"mla page1 empty last chunk, an empty request: NaN in q", MLA1(-1, 2, {{8, 1285}, {0, 0}}), {IN_Q, NAN, 0, 0, 0, 3, 1}, 4},
+    {"mla page1 window 600 split: NaN in V", MLA1(600, 2, {{8, 1285}, {3, 5}}), {IN_K, NAN, 0, 700, 0, 0, 1}, 4},
+    {"mla decode: NaN in V part", MLA_DEC, {IN_K, NAN, 1, 100, 0, 0, 3}, 0},
+    {"mla decode: +inf in rope part", MLA_DEC, {IN_K, INFINITY, 0, 39, 0, 0, 570}, 0},
+    {"mla decode: NaN in q", MLA_DEC, {IN_Q, NAN, 0, 0, 1, 5, 20}, 0},
+    {"mla decode: -inf in q rope", MLA_DEC, {IN_Q, -INFINITY, 0, 0, 0, 15, 575}, 0},
+    {"mla decode split: NaN in V middle chunk", MLA_DEC, {IN_K, NAN, 2, 1500, 0, 0, 511}, 4},
+    {"mla decode split: NaN in K rope first chunk", MLA_DEC, {IN_K, NAN, 2, 3, 0, 0, 513}, 4},
+    {"mla decode split: NaN in q", MLA_DEC, {IN_Q, NAN, 0, 0, 2, 7, 0}, 4},
+    {"mla verify: NaN in V of last key (only last token sees)", MLA_VER, {IN_K, NAN, 0, 299, 0, 0, 10}, 0},
+    {"mla verify: +inf in V of a key only later tokens see", MLA_VER, {IN_K, INFINITY, 1, 66, 0, 0, 0}, 0},
+    {"mla verify: NaN in rope of last key", MLA_VER, {IN_K, NAN, 0, 299, 0, 0, 560}, 0},
+    {"mla verify split: NaN in V of key 2999", MLA_VER, {IN_K, NAN, 2, 2999, 0, 0, 5}, 4},
+    {"mla verify: NaN in V past kv_len (unused slot)", MLA_VER, {IN_K, NAN, 1, 79, 0, 0, 5}, 0},
+    {"mla verify 4 threads: NaN in V of last key", MLA(-1, 2, {{8, 2000}, {1, 30}}), {IN_K, NAN, 0, 1999, 0, 0, 10}, 4},
+    {"mla verify 4 threads: NaN in V of a key in the middle", MLA(-1, 2, {{8, 2000}, {1, 30}}), {IN_K, NAN, 0, 1000, 0, 0, 10}, 4},
+    {"mla window: NaN in V some windows leave out", MLA_WIN, {IN_K, NAN, 0, 276, 0, 0, 7}, 0},
+    {"mla window: NaN in K outside every window", MLA_WIN, {IN_K, NAN, 0, 200, 0, 0, 7}, 0},
+    {"mla window: NaN in V some windows leave out (late)", MLA_WIN, {IN_K, NAN, 0, 298, 0, 0, 7}, 0},
+    {"mla4 72/40 verify: NaN in V of last key", MLA4(-1, 2, {{30, 300}, {2, 40}}), {IN_K, NAN, 0, 299, 0, 0, 39}, 0},
+    {"mla4 72/40 verify: NaN in V of last key r1", MLA4(-1, 2, {{30, 300}, {2, 40}}), {IN_K, NAN, 1, 39, 0, 0, 3}, 0},
+    {"mla4 72/40 verify: NaN in rope of last key r1", MLA4(-1, 2, {{30, 300}, {2, 40}}), {IN_K, NAN, 1, 39, 0, 0, 60}, 0},
     /* a visible key: NaN, +inf, -inf (a -inf logit would otherwise vanish as a masked key) */
     {"decode: NaN in a visible key", DECODE_BATCH, {IN_K, NAN, 1, 100, 0, 1, 3}, 0},
     {"decode: +inf in a visible key", DECODE_BATCH, {IN_K, INFINITY, 0, 39, 0, 0, 0}, 0},
@@ -209,7 +243,7 @@ static void corrupt(scene *sc, const corruption *b)
     const ak_dtype kvt = sc->cfg.kv_dtype;
     if (b->where == IN_K || past)
         write_element(sc->cfg.device, sc->kv.k_data, row * tc->head_dim_qk + b->dim, kvt, b->value);
-    if (b->where == IN_V || past)
+    if ((b->where == IN_V || past) && sc->kv.v_data) /* (MLA: no V pool, V is K's) */
         write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, kvt, b->value);
 }
 

@@ -21,13 +21,14 @@
 #endif
 
 /* What the CPU offers the cpu backend's kernels (the one place that asks):
- * AVX2 + FMA + F16C; AVX-512F; and AMX-TILE + AMX-BF16 (CPUID leaf 7, EBX
- * bit 30, EDX bits 24 and 22) with AVX512BW and AVX512_BF16 (leaf 7.1, EAX
- * bit 5), granted to this process by Linux, which hands the AMX tile state
- * out only on request (arch_prctl ARCH_REQ_XCOMP_PERM). */
+ * AVX2 + FMA + F16C; AVX-512F; AVX512BW with AVX512_BF16 (CPUID leaf 7,
+ * EBX bit 30; leaf 7.1, EAX bit 5); and with those AMX-TILE + AMX-BF16
+ * (leaf 7, EDX bits 24 and 22), granted to this process by Linux, which
+ * hands the AMX tile state out only on request (arch_prctl
+ * ARCH_REQ_XCOMP_PERM). */
 ak_cpu_features ak_cpu_features_get(void)
 {
-    ak_cpu_features f = {0, 0, 0};
+    ak_cpu_features f = {0, 0, 0, 0};
 #if defined(__x86_64__) || defined(__i386__)
     /* F16C from CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports
      * does not know "f16c" */
@@ -36,9 +37,10 @@ ak_cpu_features ak_cpu_features_get(void)
     __builtin_cpu_init();
     f.avx2_fma_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     f.avx512f = f.avx2_fma_f16c && __builtin_cpu_supports("avx512f");
-    if (f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
-        (b & (1u << 30)) && (d & (1u << 24)) && (d & (1u << 22)) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
-        (a & (1u << 5))) {
+    unsigned int d7 = 0;
+    f.avx512_bf16 = f.avx512f && __get_cpuid_count(7, 0, &a, &b, &c, &d7) && (b & (1u << 30)) &&
+                    __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+    if (f.avx512_bf16 && (d7 & (1u << 24)) && (d7 & (1u << 22))) {
 #if defined(__linux__) && defined(SYS_arch_prctl)
         enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
         f.amx_bf16 = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;

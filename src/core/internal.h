@@ -124,6 +124,7 @@ typedef struct ak_cpu_features {
     int avx2_fma_f16c; /* AVX2 + FMA + F16C */
     int avx512f;       /* AVX-512F (with the above) */
     int amx_bf16;      /* AMX-TILE + AMX-BF16 + AVX512BW + AVX512_BF16, tile state granted */
+    int avx512_bf16;   /* AVX-512F + AVX512BW + AVX512_BF16 (VDPBF16PS) */
 } ak_cpu_features;
 ak_cpu_features ak_cpu_features_get(void);
 

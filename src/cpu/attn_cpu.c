@@ -9,13 +9,16 @@
  * plan()  validates through ak_batch_build_meta, then cuts the batch into work
  *         items (attn_cpu.h): a request of few query tokens (decode, short
  *         verify) is one item over all KV heads; longer ones are tiles of
- *         query tokens x one KV head; each against a chunk of its keys. It
+ *         query tokens x one KV head; with MLA (one latent KV head) a request
+ *         of up to AK_CPU_MLA_ROWS rows is one item whose latent rows serve
+ *         every head (mla_run_tiles); each against a chunk of its keys. It
  *         splits the largest items' keys into chunks when the threads would
  *         otherwise idle, and orders the list largest first.
  * run()   one OpenMP parallel region: with the AMX kernel, first the K/V
  *         tiles of prefill requests packed once into the tile unit's layout
  *         (plan_pack), then the work list with dynamic scheduling, then the
- *         merge of split items through the shared softmax state.
+ *         merge of split items through the shared softmax state, in tasks
+ *         of a few rows each (plan_merge_tasks).
  * Every buffer is allocated at create() from ak_limits; run() allocates nothing.
  */
 #include "attn_cpu.h"
@@ -60,6 +63,13 @@
 /* Rows of the partial pool per split chunk it is sized for (at least the
  * rows of a decode item); see plan_split. */
 #define AK_CPU_SPLIT_ROWS 64
+/* The merge of split items runs as tasks of whole rows, about this many
+ * per thread (more rows a task when there are more): on 16 threads one
+ * request of 16 heads split 64 ways is 16 tasks of one row instead of one
+ * task of 16 rows while 15 threads wait, 8 x 128 heads 64 tasks of 16 rows.
+ * (The merge was 17% of the 128-head run with one scalar task per split
+ * item, BENCHMARKS.md 2026-11-26; this split is not timed on its own yet.) */
+#define AK_CPU_MERGE_TASKS_PER_THREAD 4
 /* Fixed cost of a work item, in row x key units (setup, Q load, store). */
 #define AK_CPU_ITEM_OVERHEAD 256
 /* The AMX kernel's packed K/V pool holds, per KV head, the key tiles of
@@ -71,14 +81,6 @@
 
 /* ---- state --------------------------------------------------------------------- */
 
-/* A split item: the partial states of its num_parts chunks, at rows
- * first_row + p * rows of the partial pool (p = 0 .. num_parts - 1), merge
- * into o and lse. */
-typedef struct cpu_merge {
-    int32_t req, kv_head, kv_heads, q_begin, q_count;
-    int32_t first_row, num_parts, rows;
-} cpu_merge;
-
 typedef struct cpu_state {
     ak_attn_config cfg;
     ak_limits lim;
@@ -88,6 +90,8 @@ typedef struct cpu_state {
     int tile_tokens;   /* query tokens per single-head work item at most */
     int max_tokens_all_heads; /* a request with at most this many query tokens is one
                                  item over all KV heads (the kernel's in-place rows) */
+    int mla_tokens;    /* cfg.mla: a request with at most this many query tokens is one
+                          MLA item (AK_CPU_MLA_ROWS rows at most); else 0 */
     int max_rows;      /* rows of the largest item */
     int max_splits;
     int dqk_pad, dvo_pad;
@@ -100,8 +104,10 @@ typedef struct cpu_state {
     int natural_cap;
     ak_cpu_work *work;     /* [work_cap] the list run() executes, largest first */
     int work_cap, num_work;
-    cpu_merge *merges;     /* [part_cap] */
-    int num_merges;
+    ak_cpu_merge *splits;  /* [part_cap] the split items, all rows each */
+    int num_splits;
+    ak_cpu_merge *merges;  /* [merge_cap] the merge tasks run() executes: rows of the splits */
+    int num_merges, merge_cap;
     int part_cap;          /* split chunks per plan at most */
     int part_rows;         /* rows of the partial pool */
     float *part_o;         /* [part_rows, dvo_pad] normalised partial outputs */
@@ -125,30 +131,42 @@ typedef struct cpu_state {
 
 /* ---- kernels ----------------------------------------------------------------------- */
 
-/* The best kernel this CPU runs for cfg into *out; 0 on success. The AMX kernel
- * serves configs whose q and K/V are both bf16. AK_CPU_ISA asks for one kernel
- * (for tests and comparisons): scalar, avx2, avx512 (AVX-512 without AMX) or
- * amx. A kernel this CPU, build or config cannot run, or an unknown name, is an
- * error (-1, the reason in why) rather than quietly the automatic choice.
- * create(), explain() and ak_cpu_kernel_describe (the tools' device line) all
- * ask here, so they name the same kernel. */
+/* The best kernel this CPU runs for cfg into *out; 0 on success. The AMX
+ * kernel serves configs whose q and K/V are both bf16, and so does the
+ * avx512+bf16 one (AVX512-BF16 without AMX: its dot products serve MLA).
+ * AK_CPU_ISA asks for one kernel (for tests and comparisons): scalar, avx2,
+ * avx512 (AVX-512 without AMX or AVX512-BF16), avx512bf16 or amx. A kernel
+ * this CPU, build or config cannot run, or an unknown name, is an error (-1,
+ * the reason in why) rather than quietly the automatic choice. create(),
+ * explain() and ak_cpu_kernel_describe (the tools' device line) all ask
+ * here, so they name the same kernel. */
 static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, char *why, size_t cap)
 {
-    int avx2 = 0, avx512 = 0, amx = 0;
+    int avx2 = 0, avx512 = 0, avx512_bf16 = 0, amx = 0;
     const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
-    const ak_cpu_kernels *avx2_k = NULL, *avx512_k = NULL, *amx_k = NULL;
+    const ak_cpu_kernels *avx2_k = NULL, *avx512_k = NULL, *avx512_bf16_k = NULL, *amx_k = NULL;
 #if defined(__x86_64__) || defined(__i386__)
     const ak_cpu_features f = ak_cpu_features_get();
     avx2 = f.avx2_fma_f16c;
     avx512 = f.avx512f;
     avx2_k = &ak_cpu_kernels_avx2;
     avx512_k = &ak_cpu_kernels_avx512;
+#if defined(AK_CPU_HAVE_AVX512_BF16)
+    avx512_bf16 = f.avx512_bf16; /* the kernel is built only where the compiler knows AVX512-BF16 */
+    avx512_bf16_k = &ak_cpu_kernels_avx512_bf16;
+#endif
 #if defined(AK_CPU_HAVE_AMX)
     amx = f.amx_bf16; /* the kernel is built only where the compiler knows AMX */
     amx_k = &ak_cpu_kernels_avx512_amx;
 #endif
 #endif
-    *out = amx && bf16 ? amx_k : avx512 ? avx512_k : avx2 ? avx2_k : &ak_cpu_kernels_scalar;
+    /* avx512+bf16 by itself only for MLA, the one path whose dot products
+     * it changes (its GQA paths are avx512's, built with AVX512BW) */
+    *out = amx && bf16                       ? amx_k
+           : avx512_bf16 && bf16 && cfg->mla ? avx512_bf16_k
+           : avx512                          ? avx512_k
+           : avx2                            ? avx2_k
+                                             : &ak_cpu_kernels_scalar;
     const char *want = getenv("AK_CPU_ISA");
     if (!want || !*want) return 0;
     if (!strcmp(want, "scalar")) {
@@ -157,17 +175,21 @@ static int pick_kernels(const ak_attn_config *cfg, const ak_cpu_kernels **out, c
         *out = avx2_k;
     } else if (!strcmp(want, "avx512") && avx512) {
         *out = avx512_k;
+    } else if (!strcmp(want, "avx512bf16") && avx512_bf16 && bf16) {
+        *out = avx512_bf16_k;
     } else if (!strcmp(want, "amx") && amx && bf16) {
         *out = amx_k;
-    } else if (!strcmp(want, "avx2") || !strcmp(want, "avx512") || !strcmp(want, "amx")) {
+    } else if (!strcmp(want, "avx2") || !strcmp(want, "avx512") || !strcmp(want, "avx512bf16") ||
+               !strcmp(want, "amx")) {
         snprintf(why, cap, "AK_CPU_ISA=%s: %s", want,
                  !strcmp(want, "avx2")     ? "this CPU (or build) has no AVX2+FMA+F16C"
                  : !strcmp(want, "avx512") ? "this CPU (or build) has no AVX-512F"
-                 : !bf16                   ? "the AMX kernel serves bf16 q and K/V only"
-                                           : "this CPU (or build) has no AMX-BF16");
+                 : !bf16                   ? "the AVX512-BF16 and AMX kernels serve bf16 q and K/V only"
+                 : !strcmp(want, "amx")    ? "this CPU (or build) has no AMX-BF16"
+                                           : "this CPU (or build) has no AVX512-BF16");
         return -1;
     } else {
-        snprintf(why, cap, "AK_CPU_ISA=%s: expected scalar, avx2, avx512 or amx", want);
+        snprintf(why, cap, "AK_CPU_ISA=%s: expected scalar, avx2, avx512, avx512bf16 or amx", want);
         return -1;
     }
     return 0;
@@ -190,12 +212,16 @@ ak_status ak_cpu_kernel_describe(const ak_attn_config *cfg, char *buf, size_t ca
     if (!buf || !cap) return AK_OK;
 #if defined(__x86_64__) || defined(__i386__)
     const ak_cpu_features f = ak_cpu_features_get();
-    int amx_built = 0;
+    int amx_built = 0, bf16_built = 0;
 #if defined(AK_CPU_HAVE_AMX)
     amx_built = 1;
 #endif
-    snprintf(buf, cap, "%s (AVX2+FMA+F16C %s, AVX-512F %s, AMX-BF16 %s%s)", k->isa, f.avx2_fma_f16c ? "yes" : "no",
-             f.avx512f ? "yes" : "no", f.amx_bf16 ? "yes" : "no",
+#if defined(AK_CPU_HAVE_AVX512_BF16)
+    bf16_built = 1;
+#endif
+    snprintf(buf, cap, "%s (AVX2+FMA+F16C %s, AVX-512F %s, AVX512-BF16 %s%s, AMX-BF16 %s%s)", k->isa,
+             f.avx2_fma_f16c ? "yes" : "no", f.avx512f ? "yes" : "no", f.avx512_bf16 ? "yes" : "no",
+             f.avx512_bf16 && !bf16_built ? ", its kernel not in this build" : "", f.amx_bf16 ? "yes" : "no",
              f.amx_bf16 && !amx_built ? ", its kernel not in this build" : "");
 #else
     snprintf(buf, cap, "%s", k->isa);
@@ -252,6 +278,16 @@ static int tile_tokens_for(const ak_attn_config *cfg)
     return tt > 1 ? tt : 1;
 }
 
+/* MLA: query tokens of the largest request served as one MLA item (all its
+ * tokens x heads, AK_CPU_MLA_ROWS rows at most, at least one token); 0
+ * without MLA. */
+static int mla_tokens_for(const ak_attn_config *cfg)
+{
+    if (!cfg->mla) return 0;
+    const int tokens = AK_CPU_MLA_ROWS / cfg->num_qo_heads;
+    return tokens > 1 ? tokens : 1;
+}
+
 static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, char *buf, size_t cap)
 {
     (void)dev;
@@ -259,6 +295,20 @@ static void cpu_explain(const ak_attn_config *cfg, const ak_device_info *dev, ch
     if (pick_kernels(cfg, &k, buf, cap)) return; /* the reason create() will fail with */
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
     const int all_heads_tokens = k->in_place_rows / group;
+    if (cfg->mla) {
+        const int bf16 = cfg->q_dtype == AK_BF16 && cfg->kv_dtype == AK_BF16;
+        const int mla_amx = k->amx && bf16 && mla_tokens_for(cfg) * group >= AK_CPU_MLA_AMX_ROWS;
+        snprintf(buf, cap,
+                 "%s kernels, %d threads; MLA: requests of <= %d tokens: all %d heads x %d latent rows per "
+                 "tile, each row read once (%s); longer: %d query tokens x %d heads x %d keys per tile; split-KV",
+                 k->isa, ak_cpu_num_threads(), mla_tokens_for(cfg), group,
+                 mla_amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_MLA_TILE_KEYS,
+                 mla_amx                  ? "AMX tiles"
+                 : k->bf16_dot && bf16    ? "VDPBF16PS"
+                                          : "f32 FMA",
+                 tile_tokens_for(cfg), group, k->amx ? AK_CPU_TILE_KEYS_AMX : AK_CPU_TILE_KEYS);
+        return;
+    }
     snprintf(buf, cap,
              "%s kernels, %d threads; %d query tokens x %d heads x %d keys per tile%s; requests of <= %d "
              "tokens: all %d KV heads x %d keys; split-KV",
@@ -274,6 +324,7 @@ static void cpu_destroy(void *state)
     free(s->kv_lens);
     free(s->natural);
     free(s->work);
+    free(s->splits);
     free(s->merges);
     free(s->part_o);
     free(s->part_lse);
@@ -308,7 +359,8 @@ static ak_status alloc_scratch(cpu_state *s)
     const int rows = s->kern->amx ? round_up(s->max_rows, 32) : s->max_rows;
     const int keys = AK_CPU_TILE_KEYS_MAX + AK_CPU_TILE_PAD;
     const int dmax = s->dqk_pad > s->dvo_pad ? s->dqk_pad : s->dvo_pad;
-    const int max_tok = s->tile_tokens > s->max_tokens_all_heads ? s->tile_tokens : s->max_tokens_all_heads;
+    int max_tok = s->tile_tokens > s->max_tokens_all_heads ? s->tile_tokens : s->max_tokens_all_heads;
+    if (s->mla_tokens > max_tok) max_tok = s->mla_tokens;
     const int dq32 = round_up(s->cfg.head_dim_qk, 32);
 #define AK_LINE(n) (((int64_t)(n) + 15) / 16 * 16)
     /* AMX buffers, in floats: bf16 q rows, key pairs, value pairs, the
@@ -318,10 +370,15 @@ static ak_status alloc_scratch(cpu_state *s)
                                            AK_LINE((int64_t)rows * AK_CPU_AMX_SUM_LANES) +
                                            AK_LINE((int64_t)rows * AK_CPU_TILE_KEYS_AMX)
                                      : 0;
+    /* MLA on VDPBF16PS: probability pairs and a value tile of key pairs, in floats */
+    const int mla_bf16 = s->mla_tokens > 0 && s->kern->bf16_dot;
+    const int64_t mla = mla_bf16 ? AK_LINE((int64_t)rows * AK_CPU_MLA_TILE_KEYS / 2) +
+                                       AK_LINE((int64_t)AK_CPU_MLA_TILE_KEYS / 2 * 2 * s->dvo_pad / 2)
+                                 : 0;
     const int64_t per_thread = AK_LINE((int64_t)rows * s->dqk_pad) + AK_LINE((int64_t)rows * keys) +
                                AK_LINE((int64_t)rows * s->dvo_pad) + 2 * AK_LINE(rows) +
                                AK_LINE((int64_t)keys * s->dqk_pad) + AK_LINE((int64_t)keys * s->dvo_pad) +
-                               AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys) + amx;
+                               AK_LINE(dmax) + 2 * AK_LINE(max_tok) + 8 * AK_LINE(keys) + amx + mla;
     s->scratch_mem = alloc_floats(per_thread * s->threads);
     /* prefetch lines of one in-place tile: all heads x 16 keys, or 64 keys of
      * one head, x the lines of a K and a V row */
@@ -353,6 +410,10 @@ static ak_status alloc_scratch(cpu_state *s)
         for (int b = 0; b < 2; b++) {
             sc->koff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
             sc->voff[b] = (int64_t *)p, p += 2 * AK_LINE(keys);
+        }
+        if (mla_bf16) {
+            sc->mla_p = (uint32_t *)p, p += AK_LINE((int64_t)rows * AK_CPU_MLA_TILE_KEYS / 2);
+            sc->mla_v = (uint16_t *)p, p += AK_LINE((int64_t)AK_CPU_MLA_TILE_KEYS / 2 * 2 * s->dvo_pad / 2);
         }
         if (s->kern->amx) {
             sc->amx_q = (uint16_t *)p, p += AK_LINE((int64_t)rows * dq32 / 2);
@@ -406,9 +467,12 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     if (s->tile_tokens > lim->max_tokens) s->tile_tokens = lim->max_tokens;
     s->max_tokens_all_heads = s->kern->in_place_rows / s->group;
     if (s->max_tokens_all_heads > lim->max_tokens) s->max_tokens_all_heads = lim->max_tokens;
+    s->mla_tokens = mla_tokens_for(cfg);
+    if (s->mla_tokens > lim->max_tokens) s->mla_tokens = lim->max_tokens;
     s->max_rows = s->tile_tokens * s->group;
     if (s->max_tokens_all_heads * cfg->num_qo_heads > s->max_rows)
         s->max_rows = s->max_tokens_all_heads * cfg->num_qo_heads;
+    if (s->mla_tokens * cfg->num_qo_heads > s->max_rows) s->max_rows = s->mla_tokens * cfg->num_qo_heads;
     s->max_splits = lim->max_splits > 0 ? lim->max_splits : AK_CPU_DEFAULT_MAX_SPLITS;
     s->dqk_pad = round_up(cfg->head_dim_qk, s->kern->vec_width);
     s->dvo_pad = round_up(cfg->head_dim_vo, s->kern->vec_width);
@@ -430,19 +494,26 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
     s->part_cap = (int)parts;
     s->work_cap = (int)(natural + parts);
     /* the pool holds every chunk of decode-sized items (all heads of one
-     * token: num_qo_heads rows); larger items split while rows remain */
+     * token: num_qo_heads rows); larger items (MLA's of several tokens)
+     * split while rows remain: sizing it for MLA's 128 rows an item would
+     * reserve 2 MiB of partials a thread at 16 heads, zeroed at create */
     int split_rows = s->max_tokens_all_heads * cfg->num_qo_heads;
     if (split_rows < AK_CPU_SPLIT_ROWS) split_rows = s->max_rows < AK_CPU_SPLIT_ROWS ? s->max_rows : AK_CPU_SPLIT_ROWS;
     s->part_rows = s->part_cap * split_rows;
+    /* merge tasks: the split items (at most part_cap / 2) each cut into
+     * tasks of at least total rows / (threads x TASKS_PER_THREAD) rows, so
+     * at most one more than that share each */
+    s->merge_cap = s->part_cap + AK_CPU_MERGE_TASKS_PER_THREAD * s->threads + 1;
 
     ak_status st = AK_OK;
     s->kv_lens = malloc(sizeof(int32_t) * (size_t)lim->max_reqs);
     s->natural = malloc(sizeof(ak_cpu_work) * (size_t)s->natural_cap);
     s->work = malloc(sizeof(ak_cpu_work) * (size_t)s->work_cap);
-    s->merges = malloc(sizeof(cpu_merge) * (size_t)(s->part_cap + 1));
+    s->splits = malloc(sizeof(ak_cpu_merge) * (size_t)(s->part_cap + 1));
+    s->merges = malloc(sizeof(ak_cpu_merge) * (size_t)s->merge_cap);
     s->part_o = alloc_floats((int64_t)s->part_rows * s->dvo_pad);
     s->part_lse = alloc_floats((int64_t)s->part_rows);
-    if (!s->kv_lens || !s->natural || !s->work || !s->merges || !s->part_o || !s->part_lse)
+    if (!s->kv_lens || !s->natural || !s->work || !s->splits || !s->merges || !s->part_o || !s->part_lse)
         st = ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the cpu plan buffers (%d work items)", s->work_cap);
     if (st == AK_OK) st = alloc_scratch(s);
 #if defined(AK_CPU_PHASE_TIMES)
@@ -476,7 +547,9 @@ static int64_t keys_seen(const ak_attn_config *c, int p0, int cnt, int kv_len)
 /* The batch as work items before splitting; returns how many, and the sum of
  * their costs in *total. A request of few query tokens (decode, short
  * verify) is one item over all KV heads, whose tiles read whole pages in
- * address order; longer ones are tiles of query tokens x one KV head. */
+ * address order; longer ones are tiles of query tokens x one KV head. With
+ * MLA a request of up to mla_tokens query tokens is one MLA item: all its
+ * tokens x heads against each latent row. */
 static int plan_natural(cpu_state *s, int64_t *total)
 {
     const ak_attn_config *c = &s->cfg;
@@ -485,7 +558,8 @@ static int plan_natural(cpu_state *s, int64_t *total)
     for (int r = 0; r < s->num_reqs; r++) {
         const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r];
         const int kv_len = s->kv_lens[r];
-        const int all_heads = q_len <= s->max_tokens_all_heads;
+        const int mla = q_len <= s->mla_tokens; /* mla_tokens is 0 without MLA */
+        const int all_heads = mla || q_len <= s->max_tokens_all_heads;
         const int tt = all_heads ? q_len : s->tile_tokens;
         for (int qb = 0; qb < q_len; qb += tt) {
             const int cnt = q_len - qb < tt ? q_len - qb : tt;
@@ -500,6 +574,7 @@ static int plan_natural(cpu_state *s, int64_t *total)
             w.kv_begin = k_hi >= k_lo ? k_lo : 0; /* an empty range still writes o = 0 */
             w.kv_end = k_hi >= k_lo ? k_hi + 1 : 0;
             w.part = -1;
+            w.mla = mla;
             w.cost = keys_seen(c, p0, cnt, kv_len) * s->group * w.kv_heads + AK_CPU_ITEM_OVERHEAD;
             for (int g = 0; g < c->num_kv_heads; g += w.kv_heads) {
                 w.kv_head = g;
@@ -523,7 +598,7 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
      * rest of the batch), so each row's reduction order is its own */
     const int64_t chunk_cost = total / ((int64_t)s->threads * AK_CPU_OVERSUB) + 1;
     int nw = 0, chunks = 0, rows_used = 0;
-    s->num_merges = 0;
+    s->num_splits = 0;
     for (int i = 0; i < num_natural; i++) {
         const ak_cpu_work *it = &s->natural[i];
         const int keys = it->kv_end - it->kv_begin;
@@ -535,7 +610,7 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
             const int span = round_up(ak_ceil_div(keys, (int)want), AK_CPU_TILE_KEYS);
             const int parts = ak_ceil_div(keys, span);
             if (parts >= 2) {
-                cpu_merge *mg = &s->merges[s->num_merges++];
+                ak_cpu_merge *mg = &s->splits[s->num_splits++];
                 mg->req = it->req;
                 mg->kv_head = it->kv_head;
                 mg->kv_heads = it->kv_heads;
@@ -544,6 +619,8 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
                 mg->first_row = rows_used;
                 mg->num_parts = parts;
                 mg->rows = rows;
+                mg->row_begin = 0;
+                mg->row_end = rows;
                 for (int p = 0; p < parts; p++) {
                     ak_cpu_work w = *it;
                     w.kv_begin = it->kv_begin + p * span;
@@ -561,6 +638,26 @@ static void plan_split(cpu_state *s, int num_natural, int64_t total)
         s->work[nw++] = *it;
     }
     s->num_work = nw;
+}
+
+/* The merge of the split items as tasks of whole rows: about
+ * AK_CPU_MERGE_TASKS_PER_THREAD per thread in all, each within one split
+ * item, so that a few wide items (or one long request) merge on every
+ * thread. */
+static void plan_merge_tasks(cpu_state *s)
+{
+    int64_t total_rows = 0;
+    for (int i = 0; i < s->num_splits; i++) total_rows += s->splits[i].rows;
+    const int64_t want = (int64_t)s->threads * AK_CPU_MERGE_TASKS_PER_THREAD;
+    const int task_rows = (int)((total_rows + want - 1) / want);
+    s->num_merges = 0;
+    for (int i = 0; i < s->num_splits; i++)
+        for (int m = 0; m < s->splits[i].rows; m += task_rows) {
+            ak_cpu_merge *mg = &s->merges[s->num_merges++];
+            *mg = s->splits[i];
+            mg->row_begin = m;
+            mg->row_end = s->splits[i].rows - m < task_rows ? s->splits[i].rows : m + task_rows;
+        }
 }
 
 /* AMX kernel: which requests get their K/V packed by run() before the items
@@ -581,7 +678,8 @@ static void plan_pack(cpu_state *s)
         const int q_len = s->meta.qo_indptr[r + 1] - s->meta.qo_indptr[r], kv_len = s->kv_lens[r];
         ak_cpu_pack *pk = &s->pack[r];
         pk->first = -1;
-        if (q_len <= s->max_tokens_all_heads || kv_len == 0) continue;
+        /* decode-sized and MLA items read their rows once anyway */
+        if (q_len <= s->max_tokens_all_heads || q_len <= s->mla_tokens || kv_len == 0) continue;
         pk->t0 = ak_visible_lo(kv_len - q_len, s->cfg.window_left) / tile;
         pk->tiles = ak_ceil_div(kv_len, tile) - pk->t0;
         if (used + (int64_t)pk->tiles * heads > s->pack_cap) continue;
@@ -631,44 +729,13 @@ static ak_status cpu_plan(void *state, const ak_batch *batch, const ak_batch_met
     int64_t total = 0;
     const int num_natural = plan_natural(s, &total);
     plan_split(s, num_natural, total);
+    plan_merge_tasks(s);
     sort_largest_first(s->work, s->num_work);
     plan_pack(s);
     return AK_OK;
 }
 
 /* ---- run --------------------------------------------------------------------------- */
-
-/* Merges the partial states of one split item into o and lse (shared softmax
- * state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i). An empty
- * part (lse -inf) is skipped; a NaN part (the kernel writes a corrupted row's
- * partial state as NaN) makes lse, and so every weight and o, NaN. acc: a
- * [head_dim_vo] buffer of the calling thread. */
-static void merge_item(const ak_cpu_ctx *c, const cpu_merge *mg, float *acc)
-{
-    const int group = c->group, dvo = c->head_dim_vo;
-    const size_t oesz = ak_dtype_size(c->o_dtype);
-    const int64_t tok0 = (int64_t)c->qo_indptr[mg->req] + mg->q_begin;
-    for (int gt = 0; gt < mg->kv_heads * mg->q_count; gt++)
-        for (int h = 0; h < group; h++) {
-            const int t = gt % mg->q_count, m = gt * group + h; /* rows as in the kernel */
-            const int64_t head = (int64_t)(mg->kv_head + gt / mg->q_count) * group + h;
-            /* the parts were finished without the sink: it joins here, once */
-            float lse = c->sinks ? c->sinks[head] : -INFINITY;
-            for (int i = 0; i < mg->num_parts; i++)
-                lse = ak_lse_add(lse, c->part_lse[(int64_t)mg->first_row + i * mg->rows + m]);
-            memset(acc, 0, sizeof(float) * (size_t)dvo);
-            for (int i = 0; i < mg->num_parts; i++) {
-                const int64_t slot_row = (int64_t)mg->first_row + i * mg->rows + m;
-                if (c->part_lse[slot_row] == -INFINITY) continue;
-                const float w = ak_lse_weight(c->part_lse[slot_row], lse);
-                const float *po = c->part_o + slot_row * c->dvo_pad;
-                for (int d = 0; d < dvo; d++) acc[d] += w * po[d];
-            }
-            char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
-            for (int d = 0; d < dvo; d++) ak_store_from_f32(dst, c->o_dtype, d, acc[d]);
-            if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
-        }
-}
 
 static void fill_ctx(const cpu_state *s, const ak_run_args *a, ak_cpu_ctx *c)
 {
@@ -790,7 +857,7 @@ static ak_status cpu_run(void *state, const ak_run_args *a, ak_stream stream)
 #pragma omp barrier
         AK_PHASE(AK_PHASE_ITEMS_WAITED);
 #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < s->num_merges; i++) merge_item(&c, &s->merges[i], sc->o);
+        for (int i = 0; i < s->num_merges; i++) kern->merge(&c, &s->merges[i], sc);
         AK_PHASE(AK_PHASE_MERGED);
 #if defined(AK_CPU_PHASE_TIMES)
         s->times[tid].runs++;

@@ -1,8 +1,10 @@
 /*
  * attn_cpu_kernel.h - the body of the cpu backend's kernel, compiled once per
- * instruction set. kernels_scalar.c, kernels_avx2.c, kernels_avx512.c and
- * kernels_amx.c each define the ISA macro (simd.h), AK_CPU_KERNELS_NAME and
- * AK_CPU_ISA_NAME, then include this file, which defines that kernel table.
+ * instruction set. kernels_scalar.c, kernels_avx2.c, kernels_avx512.c,
+ * kernels_avx512_bf16.c and kernels_amx.c each define the ISA macro (simd.h;
+ * AK_CPU_BF16 for VDPBF16PS, AK_CPU_AMX for the tile unit),
+ * AK_CPU_KERNELS_NAME and AK_CPU_ISA_NAME, then include this file, which
+ * defines that kernel table.
  *
  * One work item (attn_cpu.h) is flash attention over tiles of keys:
  *
@@ -17,6 +19,10 @@
  *                         (load_kt), then broadcast-FMA blocks like PV (qk_nn)
  *                       AMX (kernels_amx.c, q and K/V bf16): bf16 tiles, K/V
  *                         packed once per request by run() (amx_pack_tile)
+ *                       MLA items (mla_run_tiles): every head against each
+ *                         tile of latent rows, which are K and (their first
+ *                         head_dim_vo values) V at once; VDPBF16PS where q and
+ *                         K are bf16, else f32 FMAs
  *     online_softmax  soft-cap, mask, running max m, P = exp(S - m), d,
  *                     rescale O when m grows (AMX: fused with scaling S and
  *                     rounding P to bf16, amx_softmax)
@@ -24,6 +30,8 @@
  *                     converted once), or bf16 tiles (AMX)
  *   store             o = O / d and lse = m + log d (or the partial state)
  *
+ * A split item's partial states are merged afterwards by merge_task, a few of
+ * its rows at a time.
  * fp8 K/V are read unscaled (vf_load_e4m3) on every path, and the scales are
  * folded where they cost nothing: KV head g's k_scale into its q rows at
  * load_q (s = sm_scale * q . (k_scale x) = (sm_scale k_scale q) . x), its
@@ -436,6 +444,203 @@ static void qk_nn(const float *q, int ldq, int rows, const void *const *ktp, int
     pv_t(q, ldq, rows, ktp, AK_F32, dim, s, lds, ncols, 0, NULL);
 }
 
+/* ---- bf16 pairs: AVX512-BF16 (kernels_avx512_bf16.c, kernels_amx.c) ---------- */
+
+#if defined(AK_CPU_BF16)
+/* qk_bf16 and pv_bf16's remainder switches are written for AVX-512's blocks */
+_Static_assert(AK_QK_MR == 6 && AK_PV_MR == 6 && AK_PV_NV == 4, "the bf16 blocks' remainder cases");
+/* 32 bf16 (one 64-byte vector, an AMX tile row) of a row of `dim` elements
+ * from d, zeros past dim (a masked load: nothing past the row is read). */
+AK_INLINE __m512i bf16_load32(const void *row, int d, int dim)
+{
+    if (d + 32 <= dim) return _mm512_loadu_si512((const uint16_t *)row + d);
+    const __mmask32 keep = d < dim ? (__mmask32)((1ull << (dim - d)) - 1) : 0;
+    return _mm512_maskz_loadu_epi16(keep, (const uint16_t *)row + d);
+}
+
+/* The query rows of KV head g0 as raw bf16 into dst, [ntok * group][dq32]
+ * (row t * group + h), dims zero-padded to 32. */
+static void bf16_load_q(const ak_cpu_ctx *c, uint16_t *dst, int64_t tok0, int g0, int ntok, int dq32)
+{
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < c->group; h++) {
+            const int64_t head = (int64_t)g0 * c->group + h;
+            const uint16_t *src = (const uint16_t *)c->q + (tok0 + t) * c->q_stride0 + head * c->q_stride1;
+            uint16_t *row = dst + (int64_t)(t * c->group + h) * dq32;
+            for (int d = 0; d < dq32; d += 32) _mm512_storeu_si512(row + d, bf16_load32(src, d, c->head_dim_qk));
+        }
+}
+
+/* Key pairs [0, pairs) of a value tile in the B layout of TDPBF16PS (and of
+ * VDPBF16PS with a broadcast pair of probabilities): vv[p * ldv + 2d + e] =
+ * V[2p + e][d], the two keys of a pair interleaved per dim (ldv = 2 *
+ * dvo_pad); keys from n on are zeros. */
+static void bf16_load_v(uint16_t *vv, int ldv, const void *const *rows, int n, int pairs, int dim, int dvo_pad)
+{
+    /* word indices into (a, b): a0 b0 a1 b1 ... for dims d .. d + 15, then d + 16 .. */
+    static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
+    for (int p = 0; p < pairs; p++) {
+        const int ja = 2 * p, jb = 2 * p + 1;
+        for (int d = 0; d < dvo_pad; d += 32) {
+            const __m512i a = ja < n ? bf16_load32(rows[ja], d, dim) : _mm512_setzero_si512();
+            const __m512i b = jb < n ? bf16_load32(rows[jb], d, dim) : _mm512_setzero_si512();
+            uint16_t *dst = vv + (int64_t)p * ldv + 2 * d;
+            _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+            if (d + 16 < dvo_pad) _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
+        }
+    }
+}
+
+/* VDPBF16PS: acc + a . b over each lane's pair of bf16 (products exact in
+ * f32, summed in f32; bf16 denormals count as zero, as on the AMX unit). */
+AK_INLINE vf vf_dot_bf16(vf acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
+
+/* qk_block with bf16 q and K on VDPBF16PS: mr query rows (raw bf16, zero-padded
+ * to whole 32-value steps) x 4 keys read in place, over dims [0, dim) in
+ * steps of 32 (K's last one masked); the 4 sums of a row are reduced together
+ * and scaled by `scale` (sm_scale: q enters unscaled, to stay exact). */
+AK_INLINE void qk_bf16_block(const uint16_t *q, int ldq, const void *const *kp, int dim, float scale, float *s,
+                             int lds, const int mr, ak_pf *pf)
+{
+    vf acc[AK_QK_MR][AK_QK_NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+        acc[i][0] = vf_zero();
+        acc[i][1] = vf_zero();
+        acc[i][2] = vf_zero();
+        acc[i][3] = vf_zero();
+    }
+    for (int d = 0; d < dim; d += 32) {
+        pf_step(pf);
+        const __m512i b0 = bf16_load32(kp[0], d, dim), b1 = bf16_load32(kp[1], d, dim);
+        const __m512i b2 = bf16_load32(kp[2], d, dim), b3 = bf16_load32(kp[3], d, dim);
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            const __m512i a = _mm512_loadu_si512(q + (int64_t)i * ldq + d);
+            acc[i][0] = vf_dot_bf16(acc[i][0], a, b0);
+            acc[i][1] = vf_dot_bf16(acc[i][1], a, b1);
+            acc[i][2] = vf_dot_bf16(acc[i][2], a, b2);
+            acc[i][3] = vf_dot_bf16(acc[i][3], a, b3);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+        float *si = s + (int64_t)i * lds;
+        vf_hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], si);
+        for (int j = 0; j < AK_QK_NR; j++) si[j] *= scale;
+    }
+}
+
+/* S[rows, nkeys4] = scale Q K^T for nkeys4 a multiple of 4 (padding keys
+ * point at zeros). */
+static void qk_bf16(const uint16_t *q, int ldq, int rows, const void *const *kp, int nkeys4, int dim, float scale,
+                    float *s, int lds, ak_pf *pf)
+{
+    for (int j = 0; j < nkeys4; j += AK_QK_NR) {
+        int i = 0;
+        for (; i + AK_QK_MR <= rows; i += AK_QK_MR)
+            qk_bf16_block(q + (int64_t)i * ldq, ldq, kp + j, dim, scale, s + (int64_t)i * lds + j, lds, AK_QK_MR, pf);
+        const uint16_t *qi = q + (int64_t)i * ldq;
+        float *si = s + (int64_t)i * lds + j;
+        switch (rows - i) {
+        case 1: qk_bf16_block(qi, ldq, kp + j, dim, scale, si, lds, 1, pf); break;
+        case 2: qk_bf16_block(qi, ldq, kp + j, dim, scale, si, lds, 2, pf); break;
+        case 3: qk_bf16_block(qi, ldq, kp + j, dim, scale, si, lds, 3, pf); break;
+        case 4: qk_bf16_block(qi, ldq, kp + j, dim, scale, si, lds, 4, pf); break;
+        case 5: qk_bf16_block(qi, ldq, kp + j, dim, scale, si, lds, 5, pf); break;
+        default: break;
+        }
+    }
+}
+
+/* pp[m * ldp + p] = P[m][2p], P[m][2p + 1] as one pair of bf16 (rounded to
+ * nearest even), for key pairs [0, pairs) of the rows' probabilities (s:
+ * [rows][lds]); keys from n on are zeros. */
+static void bf16_pairs_p(const float *s, int lds, int rows, int n, int pairs, uint32_t *pp, int ldp)
+{
+    for (int m = 0; m < rows; m++) {
+        const float *row = s + (int64_t)m * lds;
+        for (int j = 0; j < 2 * pairs; j += 32) {
+            const __mmask16 k0 = n - j >= 16 ? 0xffff : n > j ? (__mmask16)((1u << (n - j)) - 1) : 0;
+            const __mmask16 k1 = n - j >= 32 ? 0xffff : n > j + 16 ? (__mmask16)((1u << (n - j - 16)) - 1) : 0;
+            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(k1, row + j + 16),
+                                                           _mm512_maskz_loadu_ps(k0, row + j));
+            /* 16 pairs at a time: only those below `pairs` are stored */
+            const int left = pairs - j / 2;
+            _mm512_mask_storeu_epi32(pp + (int64_t)m * ldp + j / 2, left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1), w);
+        }
+    }
+}
+
+/* mr rows x nv vectors of O at column d0 += P V over key pairs [0, pairs):
+ * each V vector (16 dims of a key pair, vv in the layout of bf16_load_v) is
+ * loaded once for mr rows, each probability pair broadcast once for nv
+ * vectors; the accumulators stay in registers over the tile. */
+AK_INLINE void pv_bf16_block(const uint32_t *pp, int ldp, const uint16_t *vv, int ldv, int pairs, float *o, int ldo,
+                             int d0, const int mr, const int nv)
+{
+    vf acc[AK_PV_MR][AK_PV_NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) acc[i][c] = vf_load(o + (int64_t)i * ldo + d0 + c * AK_VW);
+    for (int p = 0; p < pairs; p++) {
+        __m512i b[AK_PV_NV];
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) b[c] = _mm512_loadu_si512(vv + (int64_t)p * ldv + 2 * (d0 + c * AK_VW));
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++) {
+            const __m512i a = _mm512_set1_epi32((int)pp[(int64_t)i * ldp + p]);
+#pragma GCC unroll 8
+            for (int c = 0; c < nv; c++) acc[i][c] = vf_dot_bf16(acc[i][c], a, b[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nv; c++) vf_store(o + (int64_t)i * ldo + d0 + c * AK_VW, acc[i][c]);
+}
+
+/* mr rows across the whole (padded) value dim: AK_PV_NV-vector blocks, then
+ * one narrower block for the rest. */
+AK_INLINE void pv_bf16_rows(const uint32_t *pp, int ldp, const uint16_t *vv, int ldv, int pairs, float *o, int ldo,
+                            int dpad, const int mr)
+{
+    int d0 = 0;
+    for (; d0 + AK_PV_NV * AK_VW <= dpad; d0 += AK_PV_NV * AK_VW)
+        pv_bf16_block(pp, ldp, vv, ldv, pairs, o, ldo, d0, mr, AK_PV_NV);
+    switch ((dpad - d0) / AK_VW) {
+    case 1: pv_bf16_block(pp, ldp, vv, ldv, pairs, o, ldo, d0, mr, 1); break;
+    case 2: pv_bf16_block(pp, ldp, vv, ldv, pairs, o, ldo, d0, mr, 2); break;
+    case 3: pv_bf16_block(pp, ldp, vv, ldv, pairs, o, ldo, d0, mr, 3); break;
+    default: break;
+    }
+}
+
+/* O[rows, dpad] += P V with P as bf16 pairs and V as interleaved pairs. */
+static void pv_bf16(const uint32_t *pp, int ldp, int rows, const uint16_t *vv, int ldv, int pairs, float *o, int ldo,
+                    int dpad)
+{
+    int i = 0;
+    for (; i + AK_PV_MR <= rows; i += AK_PV_MR)
+        pv_bf16_rows(pp + (int64_t)i * ldp, ldp, vv, ldv, pairs, o + (int64_t)i * ldo, ldo, dpad, AK_PV_MR);
+    const uint32_t *pi = pp + (int64_t)i * ldp;
+    float *oi = o + (int64_t)i * ldo;
+    switch (rows - i) {
+    case 1: pv_bf16_rows(pi, ldp, vv, ldv, pairs, oi, ldo, dpad, 1); break;
+    case 2: pv_bf16_rows(pi, ldp, vv, ldv, pairs, oi, ldo, dpad, 2); break;
+    case 3: pv_bf16_rows(pi, ldp, vv, ldv, pairs, oi, ldo, dpad, 3); break;
+    case 4: pv_bf16_rows(pi, ldp, vv, ldv, pairs, oi, ldo, dpad, 4); break;
+    case 5: pv_bf16_rows(pi, ldp, vv, ldv, pairs, oi, ldo, dpad, 5); break;
+    default: break;
+    }
+}
+#endif /* AK_CPU_BF16 */
+
 /* ---- AMX: bf16 tiles for prefill (kernels_amx.c only) ------------------------ */
 
 #if defined(AK_CPU_AMX)
@@ -469,27 +674,6 @@ static void amx_configure(void)
     _tile_loadconfig(&cfg);
 }
 
-/* 32 bf16 (one 64-byte tile row) of a row of `dim` elements from d, zeros
- * past dim. */
-AK_INLINE __m512i amx_load32(const void *row, int d, int dim)
-{
-    if (d + 32 <= dim) return _mm512_loadu_si512((const uint16_t *)row + d);
-    const __mmask32 keep = d < dim ? (__mmask32)((1ull << (dim - d)) - 1) : 0;
-    return _mm512_maskz_loadu_epi16(keep, (const uint16_t *)row + d);
-}
-
-/* The query rows as raw bf16, [rows][dq32], dims zero-padded to 32. */
-static void amx_load_q(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int64_t tok0, int g0, int ntok, int dq32)
-{
-    for (int t = 0; t < ntok; t++)
-        for (int h = 0; h < c->group; h++) {
-            const int64_t head = (int64_t)g0 * c->group + h;
-            const uint16_t *src = (const uint16_t *)c->q + (tok0 + t) * c->q_stride0 + head * c->q_stride1;
-            uint16_t *dst = sc->amx_q + (int64_t)(t * c->group + h) * dq32;
-            for (int d = 0; d < dq32; d += 32) _mm512_storeu_si512(dst + d, amx_load32(src, d, c->head_dim_qk));
-        }
-}
-
 /* The key tile in the B layout of TDPBF16PS: kt[p * TILE_KEYS_AMX + j] =
  * dims (2p, 2p + 1) of key j as one 32-bit pair, i.e. a 32-bit transpose of
  * the rows; keys from n to the next multiple of 32 are zeros. */
@@ -499,33 +683,10 @@ static void amx_load_kt(uint32_t *kt, const void *const *rows, int n, int dim, i
         for (int pb = 0; pb < dq32 / 2; pb += 16) {
             vf r[16];
             for (int i = 0; i < 16; i++)
-                r[i] = jb + i < n ? _mm512_castsi512_ps(amx_load32(rows[jb + i], 2 * pb, dim)) : vf_zero();
+                r[i] = jb + i < n ? _mm512_castsi512_ps(bf16_load32(rows[jb + i], 2 * pb, dim)) : vf_zero();
             vf_transpose(r);
             for (int i = 0; i < 16; i++) vf_store((float *)kt + (int64_t)(pb + i) * AK_CPU_TILE_KEYS_AMX + jb, r[i]);
         }
-}
-
-/* The value tile in the B layout: vv[p * ldv + 2d + e] = V[2p + e][d], pairs
- * of keys interleaved per dim (ldv = 2 * dvo_pad); keys from n to the next
- * multiple of 32 are zeros. */
-static void amx_load_v(uint16_t *vv, int ldv, const void *const *rows, int n, int dim, int dvo_pad)
-{
-    /* word indices into (a, b): a0 b0 a1 b1 ... for dims d .. d + 15, then d + 16 .. */
-    static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    const __m512i lo = _mm512_loadu_si512(lo_idx), hi = _mm512_loadu_si512(hi_idx);
-    for (int p = 0; p < (n + 31) / 32 * 16; p++) {
-        const int ja = 2 * p, jb = 2 * p + 1;
-        for (int d = 0; d < dvo_pad; d += 32) {
-            const __m512i a = ja < n ? amx_load32(rows[ja], d, dim) : _mm512_setzero_si512();
-            const __m512i b = jb < n ? amx_load32(rows[jb], d, dim) : _mm512_setzero_si512();
-            uint16_t *dst = vv + (int64_t)p * ldv + 2 * d;
-            _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
-            if (d + 16 < dvo_pad) _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
-        }
-    }
 }
 
 /* S[rows_pad32, n rounded up to 32] = Q K^T (unscaled); keys past n are 0. */
@@ -737,7 +898,7 @@ static void amx_pv(const uint16_t *hi, const uint16_t *lo, int rows, int n, cons
         }
 }
 
-/* Element d of key j of a value tile in the B layout of amx_load_v. */
+/* Element d of key j of a value tile in the B layout of bf16_load_v. */
 AK_INLINE float amx_v_at(const uint16_t *vv, int ldv, int j, int d)
 {
     return ak_bf16_to_f32(vv[(int64_t)(j / 2) * ldv + 2 * d + (j & 1)]);
@@ -779,7 +940,7 @@ static void amx_pv_visible(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nt
 
 /* One tile of keys [j0, j0 + n) of an AMX item: S = Q K^T, the fused
  * softmax, O += P V; kt and vv are the tile in the B layouts of
- * amx_load_kt / amx_load_v. */
+ * amx_load_kt / bf16_load_v. */
 static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, const uint32_t *kt,
                      const uint16_t *vv, uint16_t *p_lo)
 {
@@ -811,7 +972,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
     const ak_cpu_pack *pk = c->pack ? &c->pack[r] : NULL;
     memset(sc->amx_d, 0, sizeof(float) * AK_CPU_AMX_SUM_LANES * (size_t)rows1);
     amx_configure();
-    amx_load_q(c, sc, tok0, g, ntok, dq32);
+    bf16_load_q(c, sc->amx_q, tok0, g, ntok, dq32);
     if (pk && pk->first >= 0) {
         for (int j0 = k_lo / tile * tile; j0 <= k_hi; j0 += tile) {
             const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
@@ -825,7 +986,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
             load_kv_tile(c, g, n, 0, 1, sc->koff[0], NULL, sc->kp);
             load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
             amx_load_kt(sc->amx_kt, sc->kp, n, c->head_dim_qk, dq32);
-            amx_load_v(sc->amx_v, 2 * dvo, sc->vp, n, c->head_dim_vo, dvo);
+            bf16_load_v(sc->amx_v, 2 * dvo, sc->vp, n, (n + 31) / 32 * 16, c->head_dim_vo, dvo);
             amx_tile(c, sc, ntok, j0, n, sc->amx_kt, sc->amx_v, p_lo);
         }
     }
@@ -851,7 +1012,7 @@ static void amx_pack_tile(const ak_cpu_ctx *c, int r, int g, int t, const ak_cpu
     load_kv_tile(c, g, n - skip, 1, 1, sc->voff[0] + skip, NULL, sc->vp + skip);
     for (int j = 0; j < skip; j++) sc->kp[j] = sc->vp[j] = sc->zero_row;
     amx_load_kt((uint32_t *)dst, sc->kp, n, c->head_dim_qk, dq32);
-    amx_load_v(dst + (int64_t)dq32 * tile, 2 * c->dvo_pad, sc->vp, n, c->head_dim_vo, c->dvo_pad);
+    bf16_load_v(dst + (int64_t)dq32 * tile, 2 * c->dvo_pad, sc->vp, n, (n + 31) / 32 * 16, c->head_dim_vo, c->dvo_pad);
 }
 #endif /* AK_CPU_AMX */
 
@@ -1031,6 +1192,95 @@ static void run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_sc
     }
 }
 
+/* ---- MLA decode: each latent row read once for every head ------------------- */
+
+/* The key tiles of an MLA item (cfg.mla, one KV head; attn_cpu.h): all
+ * ntok x group rows of the item against each tile of AK_CPU_MLA_TILE_KEYS
+ * latent rows, which serve both as K (all head_dim_qk values) and as V (the
+ * first head_dim_vo), so each row comes from memory once, the next tile's
+ * lines prefetched from inside QK.
+ *   bf16_dot (bf16 q and K on a kernel with AVX512-BF16): QK on VDPBF16PS
+ *     over the rows in place and q as raw bf16 (sc->q holds bf16 then); PV on
+ *     VDPBF16PS too when o is bf16 (P rounded to bf16, as tensor-core
+ *     kernels do: o's own rounding is as coarse; against cpu_ref the
+ *     relative error of bf16 o goes from ~1e-5 to ~1e-3, within one bf16
+ *     ulp), else in f32 (P V in f32 instead: deepseek-v3-tp8 8 x 4096
+ *     2.49 ms against 2.09, deepseek-v3 8 x 4096 16.9 against 12.5; Zen 5,
+ *     2 threads);
+ *   otherwise f32 FMAs: the rows read in place when they need no conversion
+ *     or serve one block of rows, else converted once per tile into
+ *     sc->k, which then serves QK and PV for every row. */
+static void mla_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc, int ntok,
+                          int bf16_dot)
+{
+    const int r = w->req, rows = ntok * c->group;
+    const int dqk = c->dqk_pad, dvo = c->dvo_pad, lds = sc->s_stride;
+    const int tile = AK_CPU_MLA_TILE_KEYS;
+    const int convert = !bf16_dot && (!c->whole_k || (c->kv_dtype != AK_F32 && rows > AK_QK_MR));
+    const ak_dtype kt = convert ? AK_F32 : c->kv_dtype;
+    /* a value row is the start of its K row when the value dims are whole
+     * vectors; else it is converted (zero-padded) on its own */
+    const ak_dtype vt = c->whole_v ? kt : AK_F32;
+#if defined(AK_CPU_BF16)
+    const int pv_pairs = bf16_dot && c->o_dtype == AK_BF16;
+    const int dq32 = (c->head_dim_qk + 31) / 32 * 32;
+    /* q enters unscaled: S is scaled as load_q scales q rows elsewhere */
+    const float qk_scale = c->sm_scale * ak_kv_scale_at(c->kv_scale_kind, c->k_scale, 0);
+#endif
+    const int qk_dsteps = bf16_dot ? (c->head_dim_qk + 31) / 32 : dqk / AK_VW;
+    const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
+    int cur = 0; /* which of the two offset lists holds this tile's */
+    if (k_lo <= k_hi)
+        key_offsets(c, r, k_lo, k_hi - k_lo + 1 < tile ? k_hi - k_lo + 1 : tile, sc->koff[0], sc->voff[0]);
+    for (int j0 = k_lo; j0 <= k_hi; j0 += tile, cur ^= 1) {
+        const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+        const int n4 = (n + AK_QK_NR - 1) / AK_QK_NR * AK_QK_NR;
+        const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+        /* the next tile's rows, prefetched a few lines per QK step */
+        const int pj = j0 + tile;
+        const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
+        key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
+        ak_pf pf = {sc->pf_lines, sc->pf_lines, 0};
+        if (pn > 0) {
+            const int lines = prefetch_lines(c, 0, 1, sc->koff[cur ^ 1], sc->voff[cur ^ 1], pn, sc->pf_lines);
+            const int qk_steps = (n4 / AK_QK_NR) * qk_dsteps * ((rows + AK_QK_MR - 1) / AK_QK_MR);
+            pf.end += lines;
+            pf.per_step = (lines + qk_steps - 1) / qk_steps;
+        }
+
+        /* K rows in place, or converted once into sc->k; keys up to n4 read zeros */
+        load_kv_tile(c, 0, n, 0, !convert, sc->koff[cur], sc->k, sc->kp);
+        for (int j = n; j < n4; j++) sc->kp[j] = sc->zero_row;
+#if defined(AK_CPU_BF16)
+        if (bf16_dot)
+            qk_bf16((const uint16_t *)sc->q, dq32, rows, sc->kp, n4, c->head_dim_qk, qk_scale, sc->s, lds, &pf);
+        else
+#endif
+            qk(sc->q, dqk, rows, sc->kp, kt, n4, dqk, sc->s, lds, &pf);
+        online_softmax(c, sc, 1, ntok, j0, n, masked);
+
+        if (c->whole_v)
+            for (int j = 0; j < n; j++) sc->vp[j] = sc->kp[j];
+        else
+            load_kv_tile(c, 0, n, 1, 0, sc->voff[cur], sc->v, sc->vp);
+        if (masked && unseen_v_nonfinite(c, sc, ntok, j0, n, vt)) {
+            pv_visible(c, sc, sc->s, sc->o, ntok, j0, n, vt);
+        } else {
+#if defined(AK_CPU_BF16)
+            if (pv_pairs) {
+                const int pairs = (n + 1) / 2;
+                bf16_pairs_p(sc->s, lds, rows, n, pairs, sc->mla_p, AK_CPU_MLA_TILE_KEYS / 2);
+                /* from the bf16 rows in place (sc->vp may hold f32 copies) */
+                bf16_load_v(sc->mla_v, 2 * dvo, sc->kp, n, pairs, c->head_dim_vo, dvo);
+                pv_bf16(sc->mla_p, AK_CPU_MLA_TILE_KEYS / 2, rows, sc->mla_v, 2 * dvo, pairs, sc->o, dvo, dvo);
+            } else
+#endif
+                pv(sc->s, lds, rows, sc->vp, vt, n, sc->o, dvo, dvo, NULL);
+        }
+        while (pf.next < pf.end) __builtin_prefetch(*pf.next++, 0, AK_PREFETCH_LOCALITY);
+    }
+}
+
 static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scratch *sc)
 {
     const int group = c->group, r = w->req, g0 = w->kv_head, nheads = w->kv_heads;
@@ -1054,19 +1304,29 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
     }
 
     /* bf16 prefill tiles go to the AMX unit; decode-sized rows stay on the
-     * vector path (run_tiles reads their K/V in place) */
+     * vector path (run_tiles reads their K/V in place); MLA items of
+     * AK_CPU_MLA_AMX_ROWS rows or more go to the AMX unit too */
+#if defined(AK_CPU_BF16)
+    const int bf16 = c->q_dtype == AK_BF16 && c->kv_dtype == AK_BF16;
+#endif
 #if defined(AK_CPU_AMX)
-    const int amx = nheads == 1 && !(c->whole_k && rows1 <= AK_IN_PLACE_ROWS) && c->q_dtype == AK_BF16 &&
-                    c->kv_dtype == AK_BF16;
+    const int amx = nheads == 1 && bf16 &&
+                    (w->mla ? rows1 >= AK_CPU_MLA_AMX_ROWS : !(c->whole_k && rows1 <= AK_IN_PLACE_ROWS));
 #else
     const int amx = 0;
+#endif
+#if defined(AK_CPU_BF16)
+    const int bf16_dot = w->mla && bf16 && !amx;
+    if (bf16_dot) bf16_load_q(c, (uint16_t *)sc->q, tok0, 0, ntok, (c->head_dim_qk + 31) / 32 * 32);
+#else
+    const int bf16_dot = 0;
 #endif
 
     /* load_q: row m = (head i of the item, token t, query head h of the group)
      * = (i * ntok + t) * group + h, so each KV head's rows are one block;
      * fp8 K's scale joins sm_scale */
     const size_t qesz = ak_dtype_size(c->q_dtype);
-    for (int gt = 0; gt < nheads * ntok && !amx; gt++) {
+    for (int gt = 0; gt < nheads * ntok && !amx && !bf16_dot; gt++) {
         const int g = g0 + gt / ntok;
         const float scale = c->sm_scale * ak_kv_scale_at(c->kv_scale_kind, c->k_scale, g);
         for (int h = 0; h < group; h++) {
@@ -1087,6 +1347,9 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         amx_run_tiles(c, w, sc, tok0, ntok);
     else
 #endif
+    if (w->mla)
+        mla_run_tiles(c, w, sc, ntok, bf16_dot);
+    else
         run_tiles(c, w, sc, ntok);
 
     /* store: o = O / d (with the sink, ak_state_finish); a row that saw no
@@ -1122,6 +1385,41 @@ static void run_item(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_scr
         }
 }
 
+/* ---- merge of split items ------------------------------------------------------- */
+
+/* Rows [row_begin, row_end) of a split item from its parts' states (shared
+ * softmax state: lse = log sum exp lse_i, o = sum exp(lse_i - lse) o_i) into
+ * o and lse, a vector of the row at a time; sc->o's first row accumulates.
+ * An empty part (lse -inf) is skipped; a NaN part (the kernel writes a
+ * corrupted row's partial state as NaN) makes lse, and so every weight and
+ * o, NaN. */
+static void merge_task(const ak_cpu_ctx *c, const ak_cpu_merge *mg, const ak_cpu_scratch *sc)
+{
+    const int group = c->group, dvo = c->dvo_pad;
+    const size_t oesz = ak_dtype_size(c->o_dtype);
+    const int64_t tok0 = (int64_t)c->qo_indptr[mg->req] + mg->q_begin;
+    float *acc = sc->o;
+    for (int m = mg->row_begin; m < mg->row_end; m++) {
+        const int gt = m / group, h = m % group, t = gt % mg->q_count; /* rows as in the kernel */
+        const int64_t head = (int64_t)(mg->kv_head + gt / mg->q_count) * group + h;
+        /* the parts were finished without the sink: it joins here, once */
+        float lse = c->sinks ? c->sinks[head] : -INFINITY;
+        for (int i = 0; i < mg->num_parts; i++)
+            lse = ak_lse_add(lse, c->part_lse[(int64_t)mg->first_row + i * mg->rows + m]);
+        for (int d = 0; d < dvo; d += AK_VW) vf_store(acc + d, vf_zero());
+        for (int i = 0; i < mg->num_parts; i++) {
+            const int64_t slot_row = (int64_t)mg->first_row + i * mg->rows + m;
+            if (c->part_lse[slot_row] == -INFINITY) continue;
+            const vf w = vf_set1(ak_lse_weight(c->part_lse[slot_row], lse));
+            const float *po = c->part_o + slot_row * dvo;
+            for (int d = 0; d < dvo; d += AK_VW) vf_store(acc + d, vf_fma(w, vf_load(po + d), vf_load(acc + d)));
+        }
+        char *dst = c->o + ((tok0 + t) * c->o_stride0 + head * c->o_stride1) * (int64_t)oesz;
+        store_row(dst, c->o_dtype, acc, 1.0f, c->head_dim_vo);
+        if (c->lse) c->lse[(tok0 + t) * c->lse_stride0 + head * c->lse_stride1] = lse;
+    }
+}
+
 const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
     /* .isa = */ AK_CPU_ISA_NAME,
     /* .vec_width = */ AK_VW,
@@ -1131,7 +1429,13 @@ const ak_cpu_kernels AK_CPU_KERNELS_NAME = {
 #else
     /* .amx = */ 0,
 #endif
+#if defined(AK_CPU_BF16)
+    /* .bf16_dot = */ 1,
+#else
+    /* .bf16_dot = */ 0,
+#endif
     /* .run_item = */ run_item,
+    /* .merge = */ merge_task,
 #if defined(AK_CPU_AMX)
     /* .pack_tile = */ amx_pack_tile,
 #else
