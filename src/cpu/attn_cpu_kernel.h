@@ -641,6 +641,21 @@ static void pv_bf16(const uint32_t *pp, int ldp, int rows, const uint16_t *vv, i
 }
 #endif /* AK_CPU_BF16 */
 
+/* The keys of the tile from j0 of an item whose keys end at k_hi: at most
+ * `tile`, none past k_hi. */
+static inline int tile_keys(int j0, int k_hi, int tile)
+{
+    return j0 > k_hi ? 0 : k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+}
+
+/* Whether some row of an item of ntok tokens (their visible keys
+ * [sc->lo[t], sc->hi[t]], later tokens seeing more) misses part of the tile
+ * [j0, j0 + n). */
+static inline int tile_masked(const ak_cpu_scratch *sc, int ntok, int j0, int n)
+{
+    return j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+}
+
 /* ---- AMX: bf16 tiles for prefill (kernels_amx.c only) ------------------------ */
 
 #if defined(AK_CPU_AMX)
@@ -947,7 +962,7 @@ static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, in
     const int rows1 = ntok * c->group, dq32 = (c->head_dim_qk + 31) / 32 * 32;
     /* every row sees the whole tile unless it starts before the last row's
      * first key or ends after the first row's last key */
-    const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+    const int masked = tile_masked(sc, ntok, j0, n);
     amx_qk(sc->amx_q, dq32, rows1, kt, n, sc->s, sc->s_stride);
     amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
     if (masked && amx_unseen_v_nonfinite(c, sc, ntok, j0, n, vv, 2 * c->dvo_pad))
@@ -975,13 +990,13 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
     bf16_load_q(c, sc->amx_q, tok0, g, ntok, dq32);
     if (pk && pk->first >= 0) {
         for (int j0 = k_lo / tile * tile; j0 <= k_hi; j0 += tile) {
-            const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+            const int n = tile_keys(j0, k_hi, tile);
             const uint16_t *kt = c->kv_pack + (pk->first + (int64_t)g * pk->tiles + j0 / tile - pk->t0) * c->pack_tile_elems;
             amx_tile(c, sc, ntok, j0, n, (const uint32_t *)kt, kt + (int64_t)dq32 * tile, p_lo);
         }
     } else {
         for (int j0 = k_lo; j0 <= k_hi; j0 += tile) {
-            const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+            const int n = tile_keys(j0, k_hi, tile);
             key_offsets(c, r, j0, n, sc->koff[0], sc->voff[0]);
             load_kv_tile(c, g, n, 0, 1, sc->koff[0], NULL, sc->kp);
             load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
@@ -1140,18 +1155,18 @@ static void run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cpu_sc
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     int cur = 0; /* which of the two offset lists holds this tile's */
     if (k_lo <= k_hi)
-        key_offsets(c, r, k_lo, k_hi - k_lo + 1 < tile ? k_hi - k_lo + 1 : tile, sc->koff[0], sc->voff[0]);
+        key_offsets(c, r, k_lo, tile_keys(k_lo, k_hi, tile), sc->koff[0], sc->voff[0]);
     for (int j0 = k_lo; j0 <= k_hi; j0 += tile, cur ^= 1) {
-        const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+        const int n = tile_keys(j0, k_hi, tile);
         const int n4 = (n + AK_QK_NR - 1) / AK_QK_NR * AK_QK_NR;
         /* every row sees the whole tile unless it starts before the last row's
          * first key or ends after the first row's last key */
-        const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+        const int masked = tile_masked(sc, ntok, j0, n);
         /* in-place items (decode) prefetch the next tile's lines from inside
          * the micro-kernels (ak_pf); converted tiles go without: for prefill
          * it measured neutral (FMA) to 1-2% slower (AMX) */
         const int pj = j0 + tile;
-        const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
+        const int pn = tile_keys(pj, k_hi, tile);
         key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
         ak_pf pf = {sc->pf_lines, sc->pf_lines, 0};
         if (k_in_place && pn > 0) {
@@ -1231,14 +1246,14 @@ static void mla_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     int cur = 0; /* which of the two offset lists holds this tile's */
     if (k_lo <= k_hi)
-        key_offsets(c, r, k_lo, k_hi - k_lo + 1 < tile ? k_hi - k_lo + 1 : tile, sc->koff[0], sc->voff[0]);
+        key_offsets(c, r, k_lo, tile_keys(k_lo, k_hi, tile), sc->koff[0], sc->voff[0]);
     for (int j0 = k_lo; j0 <= k_hi; j0 += tile, cur ^= 1) {
-        const int n = k_hi - j0 + 1 < tile ? k_hi - j0 + 1 : tile;
+        const int n = tile_keys(j0, k_hi, tile);
         const int n4 = (n + AK_QK_NR - 1) / AK_QK_NR * AK_QK_NR;
-        const int masked = j0 < sc->lo[ntok - 1] || j0 + n - 1 > sc->hi[0];
+        const int masked = tile_masked(sc, ntok, j0, n);
         /* the next tile's rows, prefetched a few lines per QK step */
         const int pj = j0 + tile;
-        const int pn = pj <= k_hi ? (k_hi - pj + 1 < tile ? k_hi - pj + 1 : tile) : 0;
+        const int pn = tile_keys(pj, k_hi, tile);
         key_offsets(c, r, pj, pn, sc->koff[cur ^ 1], sc->voff[cur ^ 1]);
         ak_pf pf = {sc->pf_lines, sc->pf_lines, 0};
         if (pn > 0) {
