@@ -35,13 +35,19 @@
  * `out` and merged later; out < 0: the whole request, written to o/lse
  * directly (req < 0 would be padding; plan() emits none). The item also carries what the kernel would
  * otherwise look up per request (token, page-list start, first visible key):
- * one 32-byte load instead of a chain of dependent ones at the start. */
+ * one 32-byte load instead of a chain of dependent ones at the start.
+ *
+ * ntok > 1 (mla_wgmma.cu alone, in MLA mode): consecutive query tokens tok,
+ * tok + 1, ... of the request share the item, rows packed as (token, head of
+ * the row tile); causal among them, token i sees the item's keys up to
+ * kv_end - max(0, hid - i) (hid < ntok: the keys the first token does not
+ * see), and its partial state goes to slot out + i. */
 struct __align__(16) decode_item {
     int req, kv_begin, kv_end, out;
-    int tok;       /* the request's query token: qo_indptr[req] */
+    int tok;       /* the request's (first) query token */
     int page_base; /* kv_indptr[req]: its first block id's index (paged) or first K/V row (ragged) */
     int lo;        /* first key inside the window */
-    int unused;
+    int16_t ntok, hid;
 };
 
 /* One unit of prefill work: query tokens [tok0, tok0 + ntok) of one request
@@ -94,6 +100,10 @@ struct __align__(16) plan_head {
      * there is none: ragged). A caller's device table may be written by the
      * kernel just before, so it is read only after the wait. */
     int32_t table_early;
+    /* 1: some decode item holds several tokens (decode_item.ntok > 1), which
+     * mla_wgmma.cu serves on a path of its own (the others pay nothing) */
+    int32_t mla_packed;
+    int32_t unused[3];
 };
 
 /* Everything the kernels read, by value. Strides in elements. */

@@ -92,6 +92,8 @@ struct staging {
 /* A query token the decode kernel serves, and its visible keys [lo, end). */
 struct decode_unit {
     int req, tok, lo, end;
+    int ntok; /* query tokens tok, tok + 1, ... (mla_pack) */
+    int end0; /* the end of the first one's keys (end: the last one's) */
 };
 
 /* A prefill tile before ordering: its item and its cost in key tiles. */
@@ -112,6 +114,10 @@ struct engine_state {
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
+    int mla_pack;     /* MLA on mla_wgmma.cu with no window: up to this many query tokens of a request
+                         share an item (rows = tokens x heads <= the kernel's 64), so the latent rows
+                         are read once for them all; 1 elsewhere, or under AK_CUDA_MLA_PACK=0 */
+    int plan_packed;  /* the last plan_decode made an item of several tokens */
     int mla_tma;      /* run() encodes the K pool's TMA map for dec_k (mla_wgmma.cu's takes one),
                          unless AK_CUDA_MLA_TMA=0 (it then copies with cp.async alone) */
     int pre_tma;      /* run() encodes the K and V pools' TMA maps for pre_k (prefill_wgmma.cu's takes
@@ -338,6 +344,20 @@ static ak_status choose_mla_kernel(const ak_attn_config *cfg, const ak_device_in
     return AK_OK;
 }
 
+/* Query tokens of a request an MLA item may hold (decode_item.ntok): the
+ * wgmma kernel's 64 rows take 64 / heads of them where that is 2 or more
+ * (16 heads: 4, so a request of 2 to 4 tokens reads its latent rows once,
+ * not once a token), unless a window (each token's own first key) or
+ * AK_CUDA_MLA_PACK=0; the wide-row kernel takes one. */
+static ak_status mla_pack_of(const ak_attn_config *cfg, int wgmma, const attn_kernel *k, int *pack /* OUT */)
+{
+    int on;
+    AK_TRY(env_choice("AK_CUDA_MLA_PACK", "0", "1", &on));
+    const int group = cfg->num_qo_heads;
+    *pack = wgmma && on != 0 && cfg->window_left < 0 && group <= k->rows / 2 ? k->rows / group : 1;
+    return AK_OK;
+}
+
 /* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
  * equal in size, and whole tokens per tile when a group fits in one. */
 static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, int *heads, int *tokens)
@@ -399,19 +419,24 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     if (mode == ENGINE_MODE_MLA) {
         const int group = cfg->num_qo_heads;
         attn_kernel k;
-        int wgmma;
-        if (choose_mla_kernel(cfg, dev, &k, &wgmma) != AK_OK) {
+        int wgmma, pack;
+        if (choose_mla_kernel(cfg, dev, &k, &wgmma) != AK_OK || mla_pack_of(cfg, wgmma, &k, &pack) != AK_OK) {
             snprintf(buf, cap, "%s", ak_last_error());
             return;
         }
         const int wrows = k.rows > 0 ? k.rows : 16;
+        char items[96];
+        if (pack > 1)
+            snprintf(items, sizeof items, "up to %d query tokens of a request one item", pack);
+        else
+            snprintf(items, sizeof items, "every query token one item");
         snprintf(buf, cap,
-                 "%s%sabsorbed MLA on tensor cores (%s): every query token one item "
+                 "%s%sabsorbed MLA on tensor cores (%s): %s "
                  "(multi-token requests causal among their tokens), %d heads a block sharing each latent row "
                  "load (%d row tile%s), split-KV with a merge%s",
                  cfg->kv_storage == AK_KV_RAGGED ? "ragged K/V; " : "",
                  is_fp8(cfg) ? "fp8 latent rows converted to 16 bits in shared memory, tile by tile; " : "",
-                 wgmma ? "wgmma, sm_90a, a producer warpgroup and two consumers" : "the wide-row decode kernel",
+                 wgmma ? "wgmma, sm_90a, a producer warpgroup and two consumers" : "the wide-row decode kernel", items,
                  wrows, (group + wrows - 1) / wrows, (group + wrows - 1) / wrows == 1 ? "" : "s",
                  cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "");
         return;
@@ -529,11 +554,13 @@ static ak_status engine_create_inner(engine_state *s)
     int ctas_per_sm = 0;
     if (s->split) {
         s->engine = choose_engine(cfg, portable);
+        s->mla_pack = 1;
         if (cfg->mla) {
-            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, NULL));
-            int tma;
+            int wgmma, tma;
+            AK_TRY(choose_mla_kernel(cfg, &info, &s->dec_k, &wgmma));
             AK_TRY(env_choice("AK_CUDA_MLA_TMA", "0", "1", &tma));
             s->mla_tma = s->dec_k.tma_map && tma != 0;
+            AK_TRY(mla_pack_of(cfg, wgmma, &s->dec_k, &s->mla_pack));
         } else {
             s->dec_k = s->engine == DECODE_WIDE
                            ? ak_cuda_decode_wide_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, group, 0,
@@ -587,6 +614,12 @@ static ak_status engine_create_inner(engine_state *s)
         s->max_partials = s->max_items;
         const int64_t wave_cap = (int64_t)(BALANCE_ROUNDS + 2) * s->decode_ctas;
         if (!cfg->batch_invariant && wave_cap < s->max_partials) s->max_partials = (int)wave_cap;
+        /* a packed item's tokens take a slot each (as many bytes as an
+         * unpacked item of the kernel's 64 rows: MLA's 128 heads take more) */
+        if ((int64_t)s->max_partials * s->mla_pack > INT32_MAX / 2)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "MLA decode: limits allow %lld partial slots",
+                                (long long)s->max_partials * s->mla_pack);
+        s->max_partials *= s->mla_pack;
         s->max_tasks = s->max_units;
         s->units = (decode_unit *)malloc(sizeof(decode_unit) * ((size_t)s->max_units + 1));
         if (!s->units) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's decode scratch");
@@ -736,25 +769,55 @@ static int page_base_of(const engine_state *s, const ak_batch *b, const ak_batch
     return bm->kv_indptr[r] - (bm->kv_first_block ? bm->kv_first_block[r] : 0);
 }
 
+static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
+
+/* The tokens an MLA item holds in this plan: mla_pack, or fewer where the
+ * items could then not fill half the wave even split dec_splits ways (a
+ * unit's splits are capped for the merge's sake). Measured on the H100
+ * (16 heads, 1 x 32768, 2 tokens): both tokens in 64 items of 512 keys,
+ * 38.1-38.4 us; a token each in 128 items, 36.2-36.3. Batch-invariant
+ * instances always pack (a request's items must not depend on the batch). */
+static int plan_pack(const engine_state *s, const ak_batch *b, const ak_batch_meta *bm)
+{
+    int pack = s->mla_pack;
+    while (pack > 1 && !s->invariant_chunk) {
+        int64_t items = 0; /* the most the units could split into */
+        for (int r = 0; r < b->num_reqs && 2 * items < s->decode_ctas; r++) {
+            const int q_len = bm->qo_indptr[r + 1] - bm->qo_indptr[r];
+            const int splits = chunks_of(b->kv_lens[r] > 0 ? b->kv_lens[r] : 1, CHUNK_QUANTUM);
+            items += (int64_t)(q_len + pack - 1) / pack * (splits < s->dec_splits ? splits : s->dec_splits);
+        }
+        if (2 * items >= s->decode_ctas) break;
+        pack /= 2;
+    }
+    return pack;
+}
+
 /* The query tokens the decode kernel serves, each with its visible keys
  * [lo, end): every request of one query token (paged mode), or every query
- * token of every request (MLA mode: multi-token prediction and chunks run as
- * one item per token, each with its own causal end). Written into s->units;
- * returns their count. */
+ * token of every request (MLA mode: multi-token prediction and chunks, each
+ * token with its own causal end; up to mla_pack consecutive tokens of a
+ * request a unit, with the last one's keys). Written into s->units; returns
+ * their count. */
 static int decode_units(engine_state *s, const ak_batch *b, const ak_batch_meta *bm)
 {
     const ak_attn_config *c = &s->cfg;
+    const int pack = plan_pack(s, b, bm);
     int n = 0;
     for (int r = 0; r < b->num_reqs; r++) {
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0, kv_len = b->kv_lens[r];
         if (q_len < 1 || (!s->all_decode && q_len != 1)) continue;
-        for (int i = 0; i < q_len; i++) {
+        for (int i = 0; i < q_len; i += pack) {
             const int pos = kv_len - q_len + i;
             decode_unit *u = &s->units[n++];
             u->req = r;
             u->tok = q0 + i;
+            u->ntok = q_len - i < pack ? q_len - i : pack;
+            /* (packed tokens have no window: lo is the first one's and theirs) */
             u->lo = ak_visible_lo(pos, c->window_left);
-            u->end = ak_visible_hi(pos, kv_len, c->causal) + 1;
+            u->end0 = ak_visible_hi(pos, kv_len, c->causal) + 1;
+            u->end = ak_visible_hi(pos + u->ntok - 1, kv_len, c->causal) + 1;
+            if (u->end0 < u->lo) u->end0 = u->lo;
             if (u->end < u->lo) u->end = u->lo;
         }
     }
@@ -770,7 +833,6 @@ static int items_for(const engine_state *s, int num_dec)
     return num_dec > want ? num_dec : (int)want;
 }
 
-static int chunks_of(int len, int chunk) { return len <= chunk ? 1 : (len + chunk - 1) / chunk; }
 
 static int round_up(int x, int q) { return (x + q - 1) / q * q; }
 
@@ -822,7 +884,7 @@ static int balance_chunk(const engine_state *s, int num_dec, int max_len, int fi
     for (int extra = 1; extra <= BALANCE_ROUNDS; extra++) {
         const int64_t budget = (rounds0 + extra) * C;
         /* every item of a budget may be a split one: it must fit the slots */
-        if (budget > s->max_items || budget > s->max_partials) break;
+        if (budget > s->max_items || budget * s->mla_pack > s->max_partials) break;
         const int chunk = pick_chunk(s, num_dec, (int)budget, max_len);
         const int64_t n = items_at(s, num_dec, chunk);
         const int64_t cost = (n + C - 1) / C * (int64_t)(chunk < max_len ? chunk : max_len);
@@ -837,6 +899,7 @@ static int balance_chunk(const engine_state *s, int num_dec, int max_len, int fi
 /* Decode items and their merge tasks into m; returns the item count. */
 static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m, int *num_tasks)
 {
+    s->plan_packed = 0;
     const int num_dec = decode_units(s, b, bm);
     if (num_dec == 0) return 0;
     int max_len = 1;
@@ -851,24 +914,31 @@ static int plan_decode(engine_state *s, const ak_batch *b, const ak_batch_meta *
     int n = 0, partials = 0;
     for (int x = 0; x < num_dec; x++) {
         const decode_unit *u = &s->units[x];
+        const int nt = u->ntok;
+        if (nt > 1) s->plan_packed = 1;
         int k = chunks_of(u->end - u->lo, chunk);
-        if (k > 1 && partials + k > s->max_partials) k = 1; /* never reached: the budgets fit the slots */
+        if (k > 1 && partials + k * nt > s->max_partials) k = 1; /* never reached: the budgets fit the slots */
         for (int i = 0; i < k; i++) {
             decode_item it;
             it.req = u->req;
             it.tok = u->tok;
             it.page_base = page_base_of(s, b, bm, u->req);
             it.lo = u->lo;
-            it.unused = 0;
             it.kv_begin = u->lo + i * (k > 1 ? chunk : 0);
             it.kv_end = k > 1 && i < k - 1 ? it.kv_begin + chunk : u->end;
-            it.out = k > 1 ? partials + i : -1;
+            it.out = k > 1 ? partials + i * nt : -1;
+            /* token j sees keys up to end0 + j (causal): the first one misses
+             * the item's last kv_end - end0 (fewer than nt: end = end0 + nt - 1) */
+            it.ntok = (int16_t)nt;
+            it.hid = (int16_t)(it.kv_end > u->end0 ? it.kv_end - u->end0 : 0);
             m->items[n++] = it;
         }
         if (k > 1) {
-            merge_task t = {u->tok, partials, k, 1};
-            m->tasks[(*num_tasks)++] = t;
-            partials += k;
+            for (int j = 0; j < nt; j++) {
+                merge_task t = {u->tok + j, partials + j, k, nt};
+                m->tasks[(*num_tasks)++] = t;
+            }
+            partials += k * nt;
         }
     }
     return n;
@@ -1120,6 +1190,8 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
     h->merge_narrow = num_tasks < s->narrow_tasks;
     h->table_early = !s->plan_table;
+    h->mla_packed = s->split && s->plan_packed;
+    h->unused[0] = h->unused[1] = h->unused[2] = 0;
     if (s->plan_table) {
         memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
         memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);

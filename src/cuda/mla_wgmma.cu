@@ -4,11 +4,14 @@
  * the first 512 values of the same latent row) on Hopper warpgroup MMA
  * (sm_90a). The items, outputs, split-KV partials, sinks, soft-cap and the
  * NaN rule are decode_wide.cu's (one query token's keys [kv_begin, kv_end)
- * an item); only the block differs.
+ * an item); only the block differs, and that at 32 heads or fewer an item
+ * may hold up to 64 / heads consecutive tokens of a request
+ * (decode_item.ntok, the plan's mla_pack), which then read each latent row
+ * once.
  *
- * A block serves 64 query heads (a row tile: MLA's 128 heads are two, the
- * grid's y) of one item at a time, over 64-key tiles of latent rows. Three
- * warpgroups, specialized:
+ * A block serves 64 rows (a row tile of query heads: MLA's 128 heads are
+ * two, the grid's y; or a packed item's tokens x heads) of one item at a
+ * time, over 64-key tiles of latent rows. Three warpgroups, specialized:
  *   producer (2)  copies q (64 x 576) and the key tiles (64 x 576, 72 KB)
  *                 into two stages, running ahead across items, its
  *                 registers given to the others (setmaxnreg). A whole tile
@@ -34,11 +37,13 @@
  *
  * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
  * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
- * kv_end are zero-filled by the producer, so no row sees them as 0 x NaN
- * (every key of a decode item is seen by all its rows: no diagonal). The
- * plan starts every item at or after its window's first key (it.lo), so
- * no other key of a tile is hidden; decode_wide.cu, which masks keys
- * before it.lo as well, would serve a plan that did not.
+ * kv_end are zero-filled by the producer, so no row sees them as 0 x NaN.
+ * One token's item is seen whole by all its rows; a packed item's earlier
+ * tokens miss its last hid keys (fewer than ntok, in its last tile or two),
+ * whose V elements warpgroup 0 scrubs of NaN and infinity once S has read
+ * them. The plan starts every item at or after its window's first key
+ * (it.lo), so no other key of a tile is hidden; decode_wide.cu, which masks
+ * keys before it.lo as well, would serve a plan that did not.
  *
  * Built only for sm_90a, with prefill_wgmma.cu; elsewhere the kernel is
  * empty and ak_cuda_mla_wgmma_kernel reports none.
@@ -130,7 +135,7 @@ __device__ __forceinline__ void mla_tma_blocks(const CUtensorMap *map, int block
  * is issued, so their loads run while it waits for a free stage (measured
  * against a lookup just before the copies, H100, 128 heads 64 x 8192: the
  * same within noise, 0.628 / 0.619 ms). */
-template <typename T, int ADDR>
+template <typename T, int ADDR, bool PACK>
 __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtensorMap *map, T *qs, T *stages,
                                              mla_barriers &bar, int kv_head, int head0, int rows)
 {
@@ -168,11 +173,14 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtenso
         /* the first tile before q: it may copy under the previous item's end */
         if (n_tiles > 0) fill(0);
         if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+        /* row = (token j of the item, head of the tile): rows apart */
         for (int i = tid; i < W::ROWS * (W::DQK / 8); i += W::PRODUCERS) {
             const int row = i / (W::DQK / 8), c = i - row * (W::DQK / 8);
-            const bool valid = row < rows;
-            const T *src =
-                (const T *)p.q + (valid ? it.tok * p.q_stride_tok + (head0 + row) * p.q_stride_head + c * 8 : 0);
+            const int j = PACK ? row / rows : 0;
+            const bool valid = PACK ? j < it.ntok : row < rows;
+            const T *src = (const T *)p.q + (valid ? (int64_t)(it.tok + j) * p.q_stride_tok +
+                                                         (int64_t)(head0 + row - j * rows) * p.q_stride_head + c * 8
+                                                   : 0);
             cp_async_16(qs + sw128<W::ROWS>(row, c), src, valid ? 16 : 0);
         }
         mbar_arrive_cp_async(&bar.q_full);
@@ -183,23 +191,25 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtenso
 }
 
 /* This thread's columns of o (half h) for its rows r and r + 8, scaled by
- * inv: the output rows, or the item's partial slot. */
-template <typename T>
+ * inv: the output rows, or the item's partial slots (a slot a token). */
+template <typename T, bool PACK>
 __device__ __forceinline__ void mla_store(const attn_params &p, const decode_item &it, const float (&o)[mla_wg::HALF / 8][4],
                                           int h, int head0, int rows, int r, const float (&inv)[2])
 {
     store_o_half<mla_wg::HALF, mla_wg::DVO, T>(p, o, h, r, inv, it.out >= 0,
                                                [&](int row, int64_t &tok, int &head, int64_t &slot) {
-                                                   tok = it.tok;
-                                                   head = head0 + row;
-                                                   slot = it.out;
-                                                   return row < rows;
+                                                   const int j = PACK ? row / rows : 0;
+                                                   tok = it.tok + j;
+                                                   head = head0 + row - j * rows;
+                                                   slot = it.out + j;
+                                                   return PACK ? j < it.ntok : row < rows;
                                                });
 }
 
-/* Warpgroup 0: the scores, the softmax and the first half of o. */
-template <typename T>
-__device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, const T *stages, T *ps, float *fs,
+/* Warpgroup 0: the scores, the softmax and the first half of o. PACK: the
+ * plan has items of several tokens (their path costs the others nothing). */
+template <typename T, bool PACK>
+__device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T *stages, T *ps, float *fs,
                                            const float *bad_s, float *inv_s, mla_barriers &bar, int head0, int rows)
 {
     typedef mla_wg W;
@@ -217,6 +227,13 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
         const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
         mbar_wait(&bar.q_full, nq & 1);
         nq++;
+        /* a packed item (ntok tokens): the keys at the item's end that this
+         * thread's two rows do not see (their token j sees up to kv_end -
+         * max(0, hid - j)); the first token's keys end at kv_end - hid */
+        const int hid = PACK ? it.hid : 0, first_end = it.kv_end - hid;
+        int unseen[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) unseen[h] = PACK ? max(0, hid - (r + 8 * h) / rows) : 0;
         float o[W::HALF / 8][4];
         zero(o);
         float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
@@ -250,25 +267,62 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
          * warpgroup 0's instructions set the kernel's pace (BENCHMARKS.md). */
         auto softmax = [&](int t, float (&s)[NT][4], float (&f)[2]) {
             const int t0 = it.kv_begin + t * W::KEYS;
-            /* the NaN rule on every raw product: keys past kv_end are zero
-             * rows, whose product is 0 unless q is not finite, and then a
-             * seen key's product (there is one in every tile) is not either */
-            add_bad_o(s, d);
+            /* the tail: keys past kv_end (zero rows), or, in a packed item,
+             * keys some rows do not see */
+            const bool tail = t0 + W::KEYS > first_end;
+            int seen[2]; /* keys of this thread's columns each row sees */
+#pragma unroll
+            for (int h = 0; h < 2; h++) seen[h] = it.kv_end - unseen[h] - t0 - (lane % 4) * 2;
+            /* the NaN rule on the raw product of every key a row sees (zero
+             * rows past kv_end would add 0 unless q is not finite, and then
+             * a seen key's product is not either) */
+            if (!PACK || !tail) {
+                add_bad_o(s, d);
+            } else {
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (n * 8 + (e & 1) < seen[e / 2]) add_bad(d[e / 2], s[n][e]);
+            }
             if (capped) { /* before the mask: tanh(-inf) would unmask */
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) s[n][e] = cap_log2 * tanhf(s[n][e] * cap_scale);
             }
-            if (t0 + W::KEYS > it.kv_end) { /* the tail tile */
-                const int seen = it.kv_end - t0 - (lane % 4) * 2; /* keys of this thread's columns */
+            if (tail) {
 #pragma unroll
                 for (int n = 0; n < NT; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        if (n * 8 + (e & 1) >= seen) s[n][e] = -INFINITY;
+                        if (n * 8 + (e & 1) >= seen[e / 2]) s[n][e] = -INFINITY;
             }
             return softmax_rows(s, sc, m, d, f);
+        };
+        /* The NaN rule's third part in a packed item: keys hidden from some
+         * rows reach them as 0 x V through P V, so a non-finite element of
+         * their V rows is zeroed once S of the tile is done (every row that
+         * sees the key is NaN already: V is part of the row S read, and any
+         * non-finite element makes q.k non-finite). Before either
+         * warpgroup's P V of the tile: warpgroup 1's waits for P. */
+        auto scrub = [&](int t) {
+            if constexpr (PACK) {
+                const int t0 = it.kv_begin + t * W::KEYS;
+                const int k0 = max(t0, first_end), k1 = min(t0 + W::KEYS, it.kv_end);
+                if (k0 >= k1) return; /* the block agrees */
+                T *st = stages + ((g + t) % W::STAGES) * W::TILE;
+                for (int i = threadIdx.x; i < (k1 - k0) * (W::DVO / 8); i += 128) {
+                    const int row = k0 - t0 + i / (W::DVO / 8), c = i % (W::DVO / 8);
+                    uint4 *chunk = (uint4 *)(st + sw128<W::KEYS>(row, c));
+                    uint4 v = *chunk;
+                    if (scrub_nonfinite<T>(v)) *chunk = v;
+                }
+                /* visible to wgmma: warpgroup 1's after the P barrier of
+                 * share(t), this warpgroup's (P V of tile t is issued after
+                 * it too) */
+                fence_proxy_async();
+            }
         };
         /* P and the factors of tile t to warpgroup 1, once it has read the
          * last tile's */
@@ -296,6 +350,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 issue_s(0, s);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                scrub(0);
                 if (n_tiles == 1) mbar_arrive(&bar.q_empty);
                 softmax(0, s, f); /* o is still 0: no rescale */
                 pack_p<NT, T>(s, pa);
@@ -313,6 +368,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
                 mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                scrub(t);
                 if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
                 const bool raise = softmax(t, s, f);
                 if (raise) scale_rows(o, f);
@@ -339,29 +395,29 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, co
         bar_sync_any(BAR_BAD_READY, 256);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int row = r + 8 * h;
+            const int row = r + 8 * h, j = PACK ? row / rows : 0, head = head0 + row - j * rows;
             d[h] += bad_s[row];
-            finish_row(p, head0 + min(row, rows - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
+            finish_row(p, head, it.out >= 0, m[h], d[h], inv[h], lse[h]);
             if (lane % 4 == 0) {
                 inv_s[row] = inv[h];
-                if (row < rows) {
+                if (PACK ? j < it.ntok : row < rows) {
                     if (it.out < 0) {
-                        if (p.lse) p.lse[(int64_t)it.tok * p.lse_stride_tok + head0 + row] = lse[h];
+                        if (p.lse) p.lse[(int64_t)(it.tok + j) * p.lse_stride_tok + head] = lse[h];
                     } else {
-                        p.lse_tmp[(int64_t)it.out * p.num_qo_heads + head0 + row] = lse[h];
+                        p.lse_tmp[(int64_t)(it.out + j) * p.num_qo_heads + head] = lse[h];
                     }
                 }
             }
         }
         bar_sync_any(BAR_INV_READY, 256);
-        mla_store<T>(p, it, o, 0, head0, rows, r, inv);
+        mla_store<T, PACK>(p, it, o, 0, head0, rows, r, inv);
     }
     if (g > 0) bar_sync_any(BAR_P_FREE, 256); /* pairs with warpgroup 1's last */
 }
 
 /* Warpgroup 1: the second half of o, with P and the factors warpgroup 0
  * shares. */
-template <typename T>
+template <typename T, bool PACK>
 __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages, const T *ps, const float *fs,
                                            float *bad_s, const float *inv_s, mla_barriers &bar, int head0, int rows)
 {
@@ -404,7 +460,7 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
         bar_sync_any(BAR_BAD_READY, 256);
         bar_sync_any(BAR_INV_READY, 256);
         const float inv[2] = {inv_s[r], inv_s[r + 8]};
-        mla_store<T>(p, it, o, 1, head0, rows, r, inv);
+        mla_store<T, PACK>(p, it, o, 1, head0, rows, r, inv);
     }
     if (g > 0) bar_sync_any(BAR_P_FREE, 256); /* pairs with warpgroup 0's last */
 }
@@ -435,13 +491,22 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
     const int kv_head = blockIdx.y / p.row_tiles, row_tile = blockIdx.y % p.row_tiles;
     const int head0 = kv_head * p.group + row_tile * W::ROWS;
     const int rows = min(W::ROWS, p.group - row_tile * W::ROWS);
+    /* items of several tokens in this plan: their path (the plan's head is
+     * read at every launch, so a captured graph follows) */
+    const bool packed = p.head->mla_packed != 0;
     if (wg == 2) {
         setmaxnreg_dec<W::PRODUCER_REGS>();
-        mla_producer<T, ADDR>(p, map, qs, stages, bar, kv_head, head0, rows);
+        if (packed) mla_producer<T, ADDR, true>(p, map, qs, stages, bar, kv_head, head0, rows);
+        else mla_producer<T, ADDR, false>(p, map, qs, stages, bar, kv_head, head0, rows);
     } else {
         setmaxnreg_inc<W::CONSUMER_REGS>();
-        if (wg == 0) mla_scores<T>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
-        else mla_values<T>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+        if (wg == 0) {
+            if (packed) mla_scores<T, true>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+            else mla_scores<T, false>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+        } else {
+            if (packed) mla_values<T, true>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+            else mla_values<T, false>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+        }
     }
 #endif
 }
