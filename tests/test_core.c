@@ -249,8 +249,21 @@ static void core_merge(test_ctx *t)
 }
 
 /* AK_CPU_ISA asks the cpu backend for one kernel: obeyed where it can run, an
- * error naming the variable where it cannot (never quietly the automatic one). */
+ * error naming the variable where it cannot (never quietly the automatic one).
+ * The caller's value is set again at the end: the per-kernel ctest entries
+ * (CMakeLists.txt) run the later tests under it. */
+static void core_cpu_isa_cases(test_ctx *t, const ak_attn_config *base, const ak_limits *lim);
 static void core_cpu_isa(test_ctx *t, const ak_attn_config *base, const ak_limits *lim)
+{
+    char saved[32] = "";
+    const char *env = getenv("AK_CPU_ISA");
+    if (env) snprintf(saved, sizeof saved, "%s", env);
+    core_cpu_isa_cases(t, base, lim);
+    if (env) setenv("AK_CPU_ISA", saved, 1);
+    else unsetenv("AK_CPU_ISA");
+}
+
+static void core_cpu_isa_cases(test_ctx *t, const ak_attn_config *base, const ak_limits *lim)
 {
     ak_attn_config cfg = *base;
     cfg.device.kind = AK_DEVICE_CPU;
