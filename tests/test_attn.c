@@ -291,9 +291,10 @@ static const attn_case fixed_cases[] = {
      {{2, 100}, {4, 57}, {8, 700}, {1, 1}, {3, 3}}, .mla = 1},
     /* up to 64 / heads tokens of a request one item on the wgmma kernel:
      * the causal diagonal across a split boundary, a last split the first
-     * tokens see none of (8194 = 128 x 64 + 2 keys in chunks of 64) */
+     * tokens see none of (8258 = 43 x 192 + 2 keys: 64 splits at most a
+     * unit, so chunks of 192 on the GPU) */
     {"mla verify packed 576/512 h16 bf16 page64 diagonal across splits", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0,
-     64, NHD, PAGED, 4, {{4, 8194}, {2, 65}, {3, 129}, {5, 64}}, .mla = 1},
+     64, NHD, PAGED, 4, {{4, 8258}, {2, 65}, {3, 129}, {5, 64}}, .mla = 1},
     {"mla verify packed 576/512 h32 f16 page1 sinks", 32, 1, 576, 512, AK_F16, 1, 0, 1, -1, 0, 1, NHD, PAGED, 3,
      {{2, 4097}, {7, 100}, {2, 2}}, .mla = 1},
     {"mla verify 576/512 h128 bf16 page64", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,

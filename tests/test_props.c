@@ -406,28 +406,36 @@ static ak_status run_subset(ak_backend *b, const scene *sc, const int *sel, int 
 /* Each request run alone, then inside random batches of the others (random
  * order and size): with cfg.batch_invariant its rows must be bitwise equal.
  * The requests span what changes a plan: a long decode (split), short
- * decodes, a chunk on a long prefix, a verification, a prompt. */
-static void prop_batch_invariant(test_ctx *t, const char *name)
+ * decodes, a chunk on a long prefix, a verification, a prompt. mla: the
+ * same over an MLA cache (16 heads, 576/512), where a request's tokens may
+ * share an item (up to 4 on cuda_mla's wgmma kernel); not on cpu_ref, which
+ * splits nothing and would take minutes under the sanitizers. */
+static void prop_batch_invariant(test_ctx *t, const char *name, int mla)
 {
-    const char *tname = "batch invariance (bitwise)";
+    const char *tname = mla ? "batch invariance (bitwise), mla 576/512 h16" : "batch invariance (bitwise)";
     if (!t_selected(t, tname) || !t_storage_selected(t, AK_KV_PAGED)) return;
+    if (mla && !strcmp(name, "cpu_ref")) return;
     enum { R = 7, BATCHES = 6 };
-    static const req_spec reqs[R] = {{1, 5000}, {1, 50}, {40, 1500}, {4, 2100}, {17, 17}, {1, 700}, {1, 3}};
+    static const req_spec gqa_reqs[R] = {{1, 5000}, {1, 50}, {40, 1500}, {4, 2100}, {17, 17}, {1, 700}, {1, 3}};
+    static const req_spec mla_reqs[R] = {{1, 5000}, {1, 50}, {4, 1500}, {3, 2100}, {8, 300}, {1, 700}, {2, 3}};
+    const req_spec *reqs = mla ? mla_reqs : gqa_reqs;
     attn_case tc;
     memset(&tc, 0, sizeof tc);
     tc.name = tname;
     tc.num_qo_heads = 16;
-    tc.num_kv_heads = 4;
-    tc.head_dim_qk = tc.head_dim_vo = 128;
+    tc.num_kv_heads = mla ? 1 : 4;
+    tc.head_dim_qk = mla ? 576 : 128;
+    tc.head_dim_vo = mla ? 512 : 128;
+    tc.mla = mla;
     tc.dtype = AK_BF16;
     tc.sinks = 1;
     tc.causal = 1;
     tc.window_left = -1;
-    tc.page_size = 16;
+    tc.page_size = mla ? 64 : 16;
     tc.layout = AK_LAYOUT_NHD;
     tc.storage = AK_KV_PAGED;
     tc.num_reqs = R;
-    memcpy(tc.reqs, reqs, sizeof reqs);
+    memcpy(tc.reqs, reqs, sizeof(req_spec) * R);
     uint64_t rng = t->seed ^ scn_name_hash(tname);
     scene sc;
     if (scene_build(&sc, &tc, t->device, &rng)) {
@@ -493,6 +501,7 @@ void test_props(test_ctx *t)
         prop_merge(t, names[i], 12);
         prop_layout(t, names[i], 0);
         prop_layout(t, names[i], 1);
-        prop_batch_invariant(t, names[i]);
+        prop_batch_invariant(t, names[i], 0);
+        prop_batch_invariant(t, names[i], 1);
     }
 }

@@ -616,11 +616,16 @@ static ak_status engine_create_inner(engine_state *s)
         const int64_t wave_cap = (int64_t)(BALANCE_ROUNDS + 2) * s->decode_ctas;
         if (!cfg->batch_invariant && wave_cap < s->max_partials) s->max_partials = (int)wave_cap;
         /* a packed item's tokens take a slot each (as many bytes as an
-         * unpacked item of the kernel's 64 rows: MLA's 128 heads take more) */
-        if ((int64_t)s->max_partials * s->mla_pack > INT32_MAX / 2)
-            return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "MLA decode: limits allow %lld partial slots",
-                                (long long)s->max_partials * s->mla_pack);
-        s->max_partials *= s->mla_pack;
+         * unpacked item of the kernel's 64 rows: MLA's 128 heads take more);
+         * batch-invariant slots are counted by tokens already (max_units x
+         * chunks a token, and a packed unit has no more chunks than its
+         * last token) */
+        if (!cfg->batch_invariant) {
+            if ((int64_t)s->max_partials * s->mla_pack > INT32_MAX / 2)
+                return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "MLA decode: limits allow %lld partial slots",
+                                    (long long)s->max_partials * s->mla_pack);
+            s->max_partials *= s->mla_pack;
+        }
         s->max_tasks = s->max_units;
         s->units = (decode_unit *)malloc(sizeof(decode_unit) * ((size_t)s->max_units + 1));
         if (!s->units) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's decode scratch");

@@ -304,8 +304,12 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
          * rows reach them as 0 x V through P V, so a non-finite element of
          * their V rows is zeroed once S of the tile is done (every row that
          * sees the key is NaN already: V is part of the row S read, and any
-         * non-finite element makes q.k non-finite). Before either
-         * warpgroup's P V of the tile: warpgroup 1's waits for P. */
+         * non-finite element makes q.k non-finite). Called from share(),
+         * after the P_FREE barrier: every warp of this warpgroup has waited
+         * for its part of S (each reads all the tile's keys, so one warp's
+         * wait is not enough), and warpgroup 1 is done with the last tile's
+         * P V; before either warpgroup's P V of this tile (warpgroup 1's
+         * follows P_READY, this one's is issued after share()). */
         auto scrub = [&](int t) {
             if constexpr (PACK) {
                 const int t0 = it.kv_begin + t * W::KEYS;
@@ -327,7 +331,10 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
         /* P and the factors of tile t to warpgroup 1, once it has read the
          * last tile's */
         auto share = [&](int t, const uint32_t (&pa)[W::KEYS / 16][4], const float (&f)[2]) {
-            if (g + t > 0) bar_sync_any(BAR_P_FREE, 256); /* warpgroup 1 has read the last P */
+            /* warpgroup 1 has read the last P (packed: at the first tile
+             * too, both sides, for scrub's sake) */
+            if (PACK || g + t > 0) bar_sync_any(BAR_P_FREE, 256);
+            scrub(t);
 #pragma unroll
             for (int k = 0; k < W::KEYS / 16; k++) {
                 T *row0 = ps + r * W::PSTRIDE + k * 16 + (lane % 4) * 2, *row1 = row0 + 8 * W::PSTRIDE;
@@ -350,7 +357,6 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
                 issue_s(0, s);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
-                scrub(0);
                 if (n_tiles == 1) mbar_arrive(&bar.q_empty);
                 softmax(0, s, f); /* o is still 0: no rescale */
                 pack_p<NT, T>(s, pa);
@@ -368,7 +374,6 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
                 mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
-                scrub(t);
                 if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
                 const bool raise = softmax(t, s, f);
                 if (raise) scale_rows(o, f);
@@ -395,7 +400,9 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
         bar_sync_any(BAR_BAD_READY, 256);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int row = r + 8 * h, j = PACK ? row / rows : 0, head = head0 + row - j * rows;
+            /* a padding row's head is clamped (it reads its sink) */
+            const int row = r + 8 * h, j = PACK ? row / rows : 0;
+            const int head = head0 + (PACK ? row - j * rows : min(row, rows - 1));
             d[h] += bad_s[row];
             finish_row(p, head, it.out >= 0, m[h], d[h], inv[h], lse[h]);
             if (lane % 4 == 0) {
@@ -434,7 +441,9 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
         zero(o);
         for (int t = 0; t < n_tiles; t++) {
             const int gt = g + t;
-            if (gt > 0) bar_sync_any(BAR_P_FREE, 256); /* P of the tile before is read */
+            /* P of the tile before is read (packed: at the first tile too,
+             * as warpgroup 0's share() does) */
+            if (PACK || gt > 0) bar_sync_any(BAR_P_FREE, 256);
             bar_sync_any(BAR_P_READY, 256);
             uint32_t pa[W::KEYS / 16][4];
             const int mi = lane / 8;
