@@ -44,6 +44,16 @@ static const attn_case fixed_cases[] = {
      {{1, 20000}}},
     {"decode mqa d512 20000 keys (split into many)", 8, 1, 512, 512, AK_F16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 1,
      {{1, 20000}}},
+    /* split decodes and their merges: MHA on the CUDA cores over 5000
+     * keys, 8 query heads a block at batch 8, sinks with the LSE, and
+     * decode splits beside prefill splits in one plan's merge tasks */
+    {"decode mha d64 long split", 4, 4, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{1, 5000}, {1, 37}}},
+    {"decode gqa8 batch 8 split", 8, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 8,
+     {{1, 3000}, {1, 2900}, {1, 3100}, {1, 17}, {1, 2048}, {1, 3000}, {1, 2999}, {1, 1}}},
+    {"decode sinks split with lse", 16, 4, 128, 128, AK_BF16, 1, 0, 1, -1, 0, 16, NHD, PAGED, 2,
+     {{1, 6000}, {1, 200}}},
+    {"mixed decode splits and prefill splits", 8, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{1, 6000}, {64, 8000}, {1, 2500}, {16, 3000}}},
     {"decode gqa2 d256 soft-cap 50 (gemma2)", 16, 8, 256, 256, AK_BF16, 0, 0, 1, -1, 50.0f, 16, NHD, PAGED, 3,
      {{1, 100}, {1, 17}, {1, 2000}}},
     {"decode gqa3 d128 window 100", 12, 4, 128, 128, AK_F16, 0, 0, 1, 100, 0, 16, HND, PAGED, 3,

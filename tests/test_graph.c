@@ -84,6 +84,10 @@ static const graph_case graph_cases[] = {
     {"graph replay ragged prefill gqa2 bf16 d256", RAGGED, 8, 4, 256, AK_BF16, 2, 1, -1, 0, NHD, 0, 0, 0},
     {"graph replay ragged cross gqa4 bf16 d128 growing past the capture", RAGGED, 16, 4, 128, AK_BF16, 3, 0, -1, 0,
      NHD, 0, 0, 0, 0, 0, 0, 1},
+    /* one KV head of 8 (llama3-70b at TP8): steps split a few ways or
+     * 40+ ways, the merge in either of its shapes */
+    {"graph replay mqa8 bf16 d128", PAGED, 8, 1, 128, AK_BF16, 2, 1, -1, 16, NHD, 0, 0, 0},
+    {"graph replay mixed mqa8 bf16 d128", PAGED, 8, 1, 128, AK_BF16, 3, 1, -1, 16, NHD, 1, 0, 0},
     {"graph replay mixed gqa4 bf16 d512 page 16", PAGED, 8, 2, 512, AK_BF16, 3, 1, -1, 16, NHD, 1, 0, 0},
     /* gpt-oss-shaped: 64/8 heads, head dim 64, sinks, window-128 and full layers */
     {"graph replay interleaved window/full sinks (gpt-oss)", PAGED, 64, 8, 64, AK_BF16, 4, 1, 127, 16, NHD, 0, 1, 1},
