@@ -55,11 +55,11 @@
  * prefill 2048 is what bench/cpu_sdpa.py compares; the mixed step is the
  * default job. */
 static const bench_shape default_shapes[BW_COUNT] = {
-    [BW_DECODE] = {BW_DECODE, 64, 1, 4096, 0, 0},
-    [BW_PREFILL] = {BW_PREFILL, 1, 2048, 2048, 0, 0},
-    [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0, 0},
-    [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2, 0},
-    [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0, 0},
+    [BW_DECODE] = {BW_DECODE, 64, 1, 4096, 0, 0, 0},
+    [BW_PREFILL] = {BW_PREFILL, 1, 2048, 2048, 0, 0, 0},
+    [BW_EXTEND] = {BW_EXTEND, 4, 512, 4096, 0, 0, 0},
+    [BW_MIXED] = {BW_MIXED, 64, 256, 2048, 2, 0, 0},
+    [BW_VERIFY] = {BW_VERIFY, 32, 4, 4096, 0, 0, 0},
 };
 
 /* The defaults when cpu_ref is timed (--backend cpu_ref, AK_BACKEND=cpu_ref,
@@ -70,29 +70,29 @@ static const bench_shape default_shapes[BW_COUNT] = {
  * (16384 FLOP per query-key pair; the pairs of each below): about a second a
  * call, the whole run in seconds. */
 static const bench_shape cpu_ref_shapes[BW_COUNT] = {
-    [BW_DECODE] = {BW_DECODE, 16, 1, 1024, 0, 0},    /* 16384 pairs */
-    [BW_PREFILL] = {BW_PREFILL, 1, 192, 192, 0, 0},  /* 18528 */
-    [BW_EXTEND] = {BW_EXTEND, 1, 32, 512, 0, 0},     /* 15888 */
-    [BW_MIXED] = {BW_MIXED, 16, 16, 512, 2, 0},      /* 14 x 512 + 2 x 8072 = 23312 */
-    [BW_VERIFY] = {BW_VERIFY, 4, 4, 1024, 0, 0},     /* 16360 */
+    [BW_DECODE] = {BW_DECODE, 16, 1, 1024, 0, 0, 0},    /* 16384 pairs */
+    [BW_PREFILL] = {BW_PREFILL, 1, 192, 192, 0, 0, 0},  /* 18528 */
+    [BW_EXTEND] = {BW_EXTEND, 1, 32, 512, 0, 0, 0},     /* 15888 */
+    [BW_MIXED] = {BW_MIXED, 16, 16, 512, 2, 0, 0},      /* 14 x 512 + 2 x 8072 = 23312 */
+    [BW_VERIFY] = {BW_VERIFY, 4, 4, 1024, 0, 0, 0},     /* 16360 */
 };
 
 /* --sweep on a GPU: decode across batch and context (B=1 L=4096 is the
  * latency figure to take with --graph; B=256 the plan-time figure), then the
  * other workloads. */
 static const bench_shape sweep_gpu[] = {
-    {BW_DECODE, 1, 1, 4096, 0, 0},     {BW_DECODE, 1, 1, 32768, 0, 0},    {BW_DECODE, 16, 1, 4096, 0, 0},
-    {BW_DECODE, 64, 1, 1024, 0, 0},    {BW_DECODE, 64, 1, 4096, 0, 0},    {BW_DECODE, 128, 1, 8192, 0, 0},
-    {BW_DECODE, 256, 1, 1024, 0, 0},   {BW_DECODE, 256, 1, 4096, 0, 0},   {BW_VERIFY, 32, 4, 4096, 0, 0},
-    {BW_VERIFY, 64, 8, 2048, 0, 0},    {BW_EXTEND, 4, 512, 4096, 0, 0},   {BW_EXTEND, 1, 2048, 16384, 0, 0},
-    {BW_PREFILL, 1, 2048, 2048, 0, 0}, {BW_PREFILL, 1, 8192, 8192, 0, 0}, {BW_PREFILL, 1, 16384, 16384, 0, 0},
-    {BW_PREFILL, 8, 1024, 1024, 0, 0}, {BW_MIXED, 64, 256, 2048, 2, 0},   {BW_MIXED, 128, 512, 4096, 2, 0},
+    {BW_DECODE, 1, 1, 4096, 0, 0, 0},     {BW_DECODE, 1, 1, 32768, 0, 0, 0},    {BW_DECODE, 16, 1, 4096, 0, 0, 0},
+    {BW_DECODE, 64, 1, 1024, 0, 0, 0},    {BW_DECODE, 64, 1, 4096, 0, 0, 0},    {BW_DECODE, 128, 1, 8192, 0, 0, 0},
+    {BW_DECODE, 256, 1, 1024, 0, 0, 0},   {BW_DECODE, 256, 1, 4096, 0, 0, 0},   {BW_VERIFY, 32, 4, 4096, 0, 0, 0},
+    {BW_VERIFY, 64, 8, 2048, 0, 0, 0},    {BW_EXTEND, 4, 512, 4096, 0, 0, 0},   {BW_EXTEND, 1, 2048, 16384, 0, 0, 0},
+    {BW_PREFILL, 1, 2048, 2048, 0, 0, 0}, {BW_PREFILL, 1, 8192, 8192, 0, 0, 0}, {BW_PREFILL, 1, 16384, 16384, 0, 0, 0},
+    {BW_PREFILL, 8, 1024, 1024, 0, 0, 0}, {BW_MIXED, 64, 256, 2048, 2, 0, 0},   {BW_MIXED, 128, 512, 4096, 2, 0, 0},
 };
 /* --sweep on the CPU: the same kinds, sized for seconds per row. */
 static const bench_shape sweep_cpu[] = {
-    {BW_DECODE, 1, 1, 4096, 0, 0},    {BW_DECODE, 16, 1, 1024, 0, 0},    {BW_DECODE, 64, 1, 1024, 0, 0},
-    {BW_DECODE, 256, 1, 256, 0, 0},   {BW_VERIFY, 16, 4, 1024, 0, 0},    {BW_EXTEND, 2, 128, 1024, 0, 0},
-    {BW_PREFILL, 1, 512, 512, 0, 0},  {BW_PREFILL, 1, 2048, 2048, 0, 0}, {BW_MIXED, 16, 128, 1024, 2, 0},
+    {BW_DECODE, 1, 1, 4096, 0, 0, 0},    {BW_DECODE, 16, 1, 1024, 0, 0, 0},    {BW_DECODE, 64, 1, 1024, 0, 0, 0},
+    {BW_DECODE, 256, 1, 256, 0, 0, 0},   {BW_VERIFY, 16, 4, 1024, 0, 0, 0},    {BW_EXTEND, 2, 128, 1024, 0, 0, 0},
+    {BW_PREFILL, 1, 512, 512, 0, 0, 0},  {BW_PREFILL, 1, 2048, 2048, 0, 0, 0}, {BW_MIXED, 16, 128, 1024, 2, 0, 0},
 };
 #define COUNT_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -131,6 +131,7 @@ typedef struct options {
     int device_set;
     int batch, q_len, kv_len, num_prefills; /* 0 / -1: the workload's default */
     int decode_kv_len;                      /* mixed: keys of the decodes (0: kv_len) */
+    int lead_kv_len;                        /* the first request's keys (0: kv_len) */
     int page_size, page_size_set; /* MLA presets: 64 unless --page-size says */
     ak_kv_layout layout;
     bench_model custom; /* the preset with --heads / --head-dim applied */
@@ -167,6 +168,8 @@ static void usage(FILE *f)
         "                   mixed:   --prefills chunks of q_len on a prefix + decodes, kv_len each\n"
         "                            (64 requests: 62 decodes + 2 chunks of 256, kv_len 2048)\n"
         "  --decode-kv-len N  mixed: the decodes' keys (default: --kv-len, the chunks' keys)\n"
+        "  --lead-kv-len N  the first request's keys instead of --kv-len (prefill: a prompt of N\n"
+        "                   tokens): one long request beside short ones\n"
         "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
         "                   | phi3-mini (head dim 96) | gpt-oss-20b (64/8, head dim 64, sinks, window 128)\n"
         "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
@@ -363,6 +366,8 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 1, &o->kv_len)) return -1;
         } else if (!strcmp(a, "--decode-kv-len")) {
             if (parse_int(a, v, 1, &o->decode_kv_len)) return -1;
+        } else if (!strcmp(a, "--lead-kv-len")) {
+            if (parse_int(a, v, 1, &o->lead_kv_len)) return -1;
         } else if (!strcmp(a, "--prefills")) {
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
         } else if (!strcmp(a, "--heads")) {
@@ -459,7 +464,7 @@ static const char *asked_backend(const options *o)
 /* Whether a shape option was given (else the workload's default shape). */
 static int shape_given(const options *o)
 {
-    return o->batch || o->q_len || o->kv_len || o->num_prefills >= 0 || o->decode_kv_len;
+    return o->batch || o->q_len || o->kv_len || o->num_prefills >= 0 || o->decode_kv_len || o->lead_kv_len;
 }
 
 /* The shape of a single (non-sweep) run: the workload's defaults with the
@@ -493,6 +498,9 @@ static int single_shape(const options *o, bench_shape *s)
         }
         break;
     }
+    s->lead_kv_len = o->lead_kv_len;
+    if (s->lead_kv_len && o->workload != BW_PREFILL && o->workload != BW_DECODE && s->lead_kv_len < s->q_len)
+        return usage_error("--lead-kv-len %d is below the workload's q_len %d", s->lead_kv_len, s->q_len);
     if (o->workload == BW_MIXED) {
         if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
         s->decode_kv_len = o->decode_kv_len;
@@ -567,6 +575,7 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
            sc->model->name, ak_dtype_name(c->kv_dtype));
     if (sc->shape.workload == BW_MIXED && sc->shape.decode_kv_len)
         printf(",\"decode_kv_len\":%d", sc->shape.decode_kv_len);
+    if (sc->shape.lead_kv_len) printf(",\"lead_kv_len\":%d", sc->shape.lead_kv_len);
     printf(",\"batch\":%d,\"q_len\":%d,\"kv_len\":%d,\"num_prefills\":%d,\"page_size\":%d", sc->shape.batch,
            sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
            sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);
@@ -1327,7 +1336,7 @@ static void print_compare_header(void)
 static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model *m, int batch, int prompt, FILE *csv)
 {
     const options *o = &st->opt;
-    const bench_shape shape = {BW_PREFILL, batch, prompt, prompt, 0, 0};
+    const bench_shape shape = {BW_PREFILL, batch, prompt, prompt, 0, 0, 0};
     bench_scene sc;
     if (scene_init(&sc, ctx, m, &shape, dtype_for(o, AK_DEVICE_CUDA), kv_dtype_for(o, AK_DEVICE_CUDA), o->page_size,
                    o->layout, o->invariant, o->seed)) {

@@ -191,6 +191,10 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
         const int decode = s->workload == BW_DECODE || (s->workload == BW_MIXED && r < first_chunk);
         q_lens[r] = decode ? 1 : s->q_len;
         kv_lens[r] = decode && s->workload == BW_MIXED && s->decode_kv_len ? s->decode_kv_len : s->kv_len;
+        if (r == 0 && s->lead_kv_len) {
+            kv_lens[0] = s->lead_kv_len;
+            if (s->workload == BW_PREFILL) q_lens[0] = s->lead_kv_len;
+        }
         tokens += q_lens[r];
     }
     uint64_t rs = derive_seed(seed, 1, 0);
@@ -260,7 +264,9 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
     default: snprintf(what, sizeof what, "?"); break;
     }
     char extra[96] = "";
-    if (c->window_left >= 0) snprintf(extra, sizeof extra, ", window %d", c->window_left + 1);
+    if (s->lead_kv_len) snprintf(extra, sizeof extra, ", the first on %d keys", s->lead_kv_len);
+    if (c->window_left >= 0)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", window %d", c->window_left + 1);
     if (c->logits_soft_cap > 0)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", soft-cap %g", c->logits_soft_cap);
     if (c->use_sinks) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", sinks");

@@ -53,6 +53,8 @@ typedef struct bench_shape {
     int kv_len;       /* keys per request, new tokens included */
     int num_prefills; /* mixed only: requests that are prefill chunks; the rest decode */
     int decode_kv_len; /* mixed only: keys of each decode (0: kv_len) */
+    int lead_kv_len;   /* the first request's keys instead (prefill: its prompt's tokens; 0: as the
+                          others): one long request beside short ones */
 } bench_shape;
 
 /* ---- the scene ---------------------------------------------------------------- */

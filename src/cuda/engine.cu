@@ -100,8 +100,8 @@ struct decode_unit {
 struct pf_tile {
     prefill_item it;
     int cost;
-    int req;          /* its request */
-    int64_t req_cost; /* the cost of all its request's tiles */
+    int req;      /* its request */
+    int req_max;  /* the cost of its request's heaviest tile (before splits) */
 };
 
 struct engine_state {
@@ -985,11 +985,11 @@ static int by_cost_desc(const void *a, const void *b)
     return ca > cb ? -1 : ca < cb;
 }
 
-/* Requests heaviest first, each request's tiles heaviest first */
+/* Requests by their heaviest tile, each request's tiles heaviest first */
 static int by_request_desc(const void *a, const void *b)
 {
     const pf_tile *x = (const pf_tile *)a, *y = (const pf_tile *)b;
-    if (x->req_cost != y->req_cost) return x->req_cost > y->req_cost ? -1 : 1;
+    if (x->req_max != y->req_max) return x->req_max > y->req_max ? -1 : 1;
     if (x->req != y->req) return x->req < y->req ? -1 : 1;
     return by_cost_desc(a, b);
 }
@@ -1036,7 +1036,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         const int scan = plan_scan(s, m, page_base_of(s, b, bm, r), q_len, ak_visible_lo(prefix, c->window_left), kv_len,
                                    num_scans, &scan_n);
         const int first = n;
-        const int64_t total0 = total;
+        int req_max = 0;
         for (int j = 0; j < q_len; j += nt) {
             prefill_item it;
             it.tok0 = q0 + j;
@@ -1057,9 +1057,10 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             s->tiles[n].cost = item_cost(&it);
             s->tiles[n].req = r;
             total += s->tiles[n].cost;
+            if (s->tiles[n].cost > req_max) req_max = s->tiles[n].cost;
             n++;
         }
-        for (int i = first; i < n; i++) s->tiles[i].req_cost = total - total0;
+        for (int i = first; i < n; i++) s->tiles[i].req_max = req_max;
     }
     if (n == 0) {
         *num_pitems = 0;
@@ -1097,7 +1098,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             dst->it = part;
             dst->cost = item_cost(&part);
             dst->req = s->tiles[i].req;
-            dst->req_cost = s->tiles[i].req_cost;
+            dst->req_max = s->tiles[i].req_max;
         }
         for (int t = 0; t < it.ntok; t++) {
             merge_task task = {it.tok0 + t, base + t, k, it.ntok};
@@ -1105,16 +1106,18 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         }
         slots += k * it.ntok;
     }
-    /* Heaviest request first, each request's tiles heaviest first, dealt to
-     * the P blocks of each KV head in a snake order (round j goes left to
-     * right when even, right to left when odd), so each block's total is
-     * close to total / P; holes in the last round are padding. The blocks
-     * then work on few requests at a time, whose K/V stay in L2; ordered by
-     * the tiles' cost alone, a batch of equal prompts had every block on
-     * another request (16 x 1024 at 32/8 heads: 128 requests x KV heads,
-     * 64 MB of K/V at once). Measured (H100, against cost alone): 16 x 1024
-     * 1.04x faster, 4 x 4096 1.03x, 64 x 512 1.05x, deepseek-v3-prefill 16
-     * x 1024 1.18x, d64 4 x 4096 0.99x (BENCHMARKS.md) */
+    /* The requests by their heaviest tile (the longest prompt or chunk
+     * first), each request's tiles heaviest first, dealt to the P blocks of
+     * each KV head in a snake order (round j goes left to right when even,
+     * right to left when odd), so each block's total is close to total / P
+     * (no tile is dealt after a request whose heaviest tile is lighter);
+     * holes in the last round are padding. The blocks then work on few
+     * requests at a time, whose K/V stay in L2. Ordered by the tiles' cost
+     * alone, a batch of equal prompts had every block on another request
+     * (16 x 1024 at 32/8 heads: 128 requests x KV heads, 64 MB of K/V at
+     * once). Measured (H100, against cost alone): 16 x 1024 1.04x faster,
+     * 4 x 4096 1.03x, 64 x 512 1.05x, deepseek-v3-prefill 16 x 1024 1.18x,
+     * d64 4 x 4096 0.99x (BENCHMARKS.md) */
     qsort(s->tiles, n, sizeof *s->tiles, by_request_desc);
     const int rounds = (n + P - 1) / P;
     if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
