@@ -169,7 +169,8 @@ static void usage(FILE *f)
         "                            (64 requests: 62 decodes + 2 chunks of 256, kv_len 2048)\n"
         "  --decode-kv-len N  mixed: the decodes' keys (default: --kv-len, the chunks' keys)\n"
         "  --lead-kv-len N  the first request's keys instead of --kv-len (prefill: a prompt of N\n"
-        "                   tokens): one long request beside short ones\n"
+        "                   tokens; mixed: the first decode, or the first chunk when all are\n"
+        "                   chunks): one long request beside short ones (not with --sweep/--compare)\n"
         "  --model M        llama3-8b (default) | llama3-70b-tp8 | qwen2.5-7b | mistral-7b | gemma2-9b\n"
         "                   | phi3-mini (head dim 96) | gpt-oss-20b (64/8, head dim 64, sinks, window 128)\n"
         "                   | deepseek-v3-prefill (16/16 a GPU of 8, head dims 192/128)\n"
@@ -442,6 +443,8 @@ static int parse_options(int argc, char **argv, options *o)
     if (o->num_models > 1 && !o->compare)
         return usage_error("--model takes one preset (a list only with --compare)");
     if (o->csv_path && !o->compare) return usage_error("--csv goes with --compare (--json for the other modes)");
+    if (o->lead_kv_len && (o->compare || o->sweep))
+        return usage_error("--lead-kv-len shapes a single run (not --%s)", o->compare ? "compare" : "sweep");
     if (o->compare) {
         const char *clash = o->json ? "--json (use --csv)" : o->backend ? "--backend" : o->kv_update ? "--kv-update"
                           : o->workload_set && o->workload != BW_PREFILL ? "--workload other than prefill"
@@ -498,9 +501,6 @@ static int single_shape(const options *o, bench_shape *s)
         }
         break;
     }
-    s->lead_kv_len = o->lead_kv_len;
-    if (s->lead_kv_len && o->workload != BW_PREFILL && o->workload != BW_DECODE && s->lead_kv_len < s->q_len)
-        return usage_error("--lead-kv-len %d is below the workload's q_len %d", s->lead_kv_len, s->q_len);
     if (o->workload == BW_MIXED) {
         if (o->num_prefills >= 0) s->num_prefills = o->num_prefills;
         s->decode_kv_len = o->decode_kv_len;
@@ -509,6 +509,14 @@ static int single_shape(const options *o, bench_shape *s)
             s->num_prefills = s->batch;
         }
     }
+    /* the first request: a decode in a mixed batch with decodes (they come
+     * first), else one of q_len tokens (prefill: a prompt of lead_kv_len) */
+    s->lead_kv_len = o->lead_kv_len;
+    const int lead_q = o->workload == BW_DECODE || (o->workload == BW_MIXED && s->num_prefills < s->batch) ? 1
+                       : o->workload == BW_PREFILL                                                    ? 0
+                                                                                                      : s->q_len;
+    if (s->lead_kv_len && s->lead_kv_len < lead_q)
+        return usage_error("--lead-kv-len %d is below the first request's q_len %d", s->lead_kv_len, lead_q);
     return 0;
 }
 

@@ -12,7 +12,8 @@
  *     q_len 1 request is a tile of one token), so run() is one launch;
  *   - nothing is split along the keys, so there is no merge pass and no
  *     partial-state buffer; plan() only cuts query tiles, orders them
- *     heaviest first and deals them to the fixed grid.
+ *     request by request (each request's heaviest first) and deals them to
+ *     the fixed grid.
  * A prompt prefill without prefix has no long key range for a few query rows,
  * which is what split-KV is for; a decode-heavy or long-context cross batch
  * is better served by cuda_paged (see the selector's table in registry.c).

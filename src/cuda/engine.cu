@@ -12,8 +12,9 @@
  *     request's visible keys split into chunks so that small batches with
  *     long contexts still fill every SM;
  *   prefill items for the others (prefill.cu, prefill_wgmma.cu): tiles of
- *     query rows, the heaviest first, and split along the keys where one
- *     tile would dominate the wave;
+ *     query rows, request by request, each request's heaviest first, dealt
+ *     to the blocks by their load so far, and split along the keys where
+ *     one tile would dominate the wave;
  *   merge tasks for every query token whose keys were split (merge.cu);
  *   scan tasks for the long prefill requests (scan.cu: the NaN rule's pass
  *     over their K/V, which lets the prefill kernel skip its checks
@@ -33,6 +34,7 @@
 #include "kv_addr.h"
 #include "visible.h"
 
+#include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +98,8 @@ struct decode_unit {
     int end0; /* the end of the first one's keys (end: the last one's) */
 };
 
-/* A prefill tile before ordering: its item and its cost in key tiles. */
+/* A prefill tile before ordering: its item, its cost in key tiles, and its
+ * request's (plan_prefill deals the tiles request by request). */
 struct pf_tile {
     prefill_item it;
     int cost;
@@ -159,6 +162,8 @@ struct engine_state {
     staging stg[NUM_STAGING];
     int next_stg;
     pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
+    int64_t *pf_load; /* [prefill_ctas] host scratch of plan(): each block's cost so far */
+    int *pf_order;    /* [prefill_ctas] host scratch of plan(): the blocks by that cost */
     int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
     decode_unit *units;   /* [max_units] host scratch of plan() */
     /* the current plan */
@@ -520,6 +525,8 @@ void ak_cuda_engine_destroy(void *state)
     }
     if (s->dev) cudaFree(s->dev);
     free(s->tiles);
+    free(s->pf_load);
+    free(s->pf_order);
     free(s->first_block);
     free(s->units);
     free(s);
@@ -690,7 +697,9 @@ static ak_status engine_create_inner(engine_state *s)
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
-        if (!s->tiles) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
+        s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)P);
+        s->pf_order = (int *)malloc(sizeof(int) * (size_t)P);
+        if (!s->tiles || !s->pf_load || !s->pf_order) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
     s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
     if (!s->first_block) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's block scratch");
@@ -1106,31 +1115,37 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         }
         slots += k * it.ntok;
     }
-    /* The requests by their heaviest tile (the longest prompt or chunk
-     * first), each request's tiles heaviest first, dealt to the P blocks of
-     * each KV head in a snake order (round j goes left to right when even,
-     * right to left when odd), so each block's total is close to total / P
-     * (no tile is dealt after a request whose heaviest tile is lighter);
-     * holes in the last round are padding. The blocks then work on few
+    /* The requests by their heaviest tile (the one that sees the most keys),
+     * each request's tiles heaviest first, dealt round by round (P items,
+     * the round's heaviest to the block with the least cost so far), so each
+     * block's total stays close to total / P. The blocks then work on a few
      * requests at a time, whose K/V stay in L2. Ordered by the tiles' cost
-     * alone, a batch of equal prompts had every block on another request
-     * (16 x 1024 at 32/8 heads: 128 requests x KV heads, 64 MB of K/V at
-     * once). Measured (H100, against cost alone): 16 x 1024 1.04x faster,
-     * 4 x 4096 1.03x, 64 x 512 1.05x, deepseek-v3-prefill 16 x 1024 1.18x,
-     * d64 4 x 4096 0.99x (BENCHMARKS.md) */
+     * alone, a batch of equal prompts had every block on another request (16
+     * x 1024 at 32/8 heads: 128 requests x KV heads, 64 MB of K/V at once);
+     * dealt in a snake order (the order by cost's way to even the blocks),
+     * the rounds of a request-grouped list no longer pair heavy and light
+     * tiles. Measured (H100): BENCHMARKS.md, "prefill items grouped by
+     * request". Holes in the last round are padding. */
     qsort(s->tiles, n, sizeof *s->tiles, by_request_desc);
     const int rounds = (n + P - 1) / P;
     if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
-    for (int j = 0; j < rounds; j++)
-        for (int x = 0; x < P; x++) {
-            const int src = j * P + (j % 2 ? P - 1 - x : x);
-            prefill_item *dst = &m->pitems[j * P + x];
-            if (src < n) {
-                *dst = s->tiles[src].it;
-            } else {
-                memset(dst, 0, sizeof *dst);
-            }
+    int64_t *load = s->pf_load;
+    int *order = s->pf_order;
+    for (int x = 0; x < P; x++) load[x] = 0;
+    for (int j = 0; j < rounds; j++) {
+        pf_tile *round = s->tiles + (int64_t)j * P;
+        const int in_round = n - j * P < P ? n - j * P : P;
+        /* (a round holds one request's tiles or several requests': runs of falling costs) */
+        std::sort(round, round + in_round, [](const pf_tile &a, const pf_tile &b) { return a.cost > b.cost; });
+        for (int x = 0; x < P; x++) order[x] = x;
+        std::sort(order, order + P, [&](int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
+        for (int x = 0; x < P; x++) memset(&m->pitems[(int64_t)j * P + x], 0, sizeof(prefill_item));
+        for (int k = 0; k < in_round; k++) {
+            const int x = order[k];
+            m->pitems[(int64_t)j * P + x] = round[k].it;
+            load[x] += round[k].cost;
         }
+    }
     *num_pitems = rounds * P;
     return AK_OK;
 }

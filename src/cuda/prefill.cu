@@ -16,8 +16,9 @@
  * The grid is fixed when the backend is created (one wave of thread blocks per
  * KV head and row tile) and each block loops over the plan's work items, so a
  * captured graph replays after any later plan. plan() orders the items
- * heaviest first and splits the keys of items that would dominate the wave
- * (split-KV; partials merged by merge.cu).
+ * request by request, each request's heaviest first, deals them to the
+ * blocks by their load so far, and splits the keys of items that would
+ * dominate the wave (split-KV; partials merged by merge.cu).
  *
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; shared
  * memory rows of DP (both rounded up to 64), products over the real dims
