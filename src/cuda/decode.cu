@@ -540,6 +540,9 @@ __global__ void __launch_bounds__(decode_traits<DQK, DVO, FP8>::THREADS) decode_
     typedef decode_traits<DQK, DVO, FP8> tr;
     typedef typename std::conditional<FP8, uint8_t, T>::type KV; /* a stage's element */
     constexpr int DP = tr::DP, OCHUNKS = DVO / 8;
+    /* (no static __shared__ in this kernel: it would go before the stages
+     * and move them off the 128-byte alignment their swizzle needs; 16
+     * bytes of it cost up to 8%, BENCHMARKS.md) */
     extern __shared__ uint4 smem[];
     /* The plan's metadata first: plan() copied it before any kernel of the
      * step, and the grid never has more blocks than the plan has room for
