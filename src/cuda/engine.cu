@@ -672,7 +672,7 @@ static ak_status engine_create_inner(engine_state *s)
          * min_prefill_q or more tokens; splitting adds fewer than P items (a
          * tile of cost c cut into chunks of `share` key tiles, share =
          * ceil(total / P), adds fewer than c / share, and the costs sum to
-         * total), and the snake order pads the last round with fewer than P */
+         * total), and the dealing pads the last round with fewer than P */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
         s->max_pitems = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
@@ -1138,7 +1138,8 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         /* (a round holds one request's tiles or several requests': runs of falling costs) */
         std::sort(round, round + in_round, [](const pf_tile &a, const pf_tile &b) { return a.cost > b.cost; });
         for (int x = 0; x < P; x++) order[x] = x;
-        std::sort(order, order + P, [&](int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
+        if (j > 0) /* (all loads are 0 before the first round: the order is the blocks') */
+            std::sort(order, order + P, [&](int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
         for (int x = 0; x < P; x++) memset(&m->pitems[(int64_t)j * P + x], 0, sizeof(prefill_item));
         for (int k = 0; k < in_round; k++) {
             const int x = order[k];
