@@ -699,7 +699,8 @@ static ak_status engine_create_inner(engine_state *s)
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
         s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)P);
         s->pf_order = (int *)malloc(sizeof(int) * (size_t)P);
-        if (!s->tiles || !s->pf_load || !s->pf_order) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
+        if (!s->tiles || !s->pf_load || !s->pf_order)
+            return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
     s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
     if (!s->first_block) return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the plan's block scratch");
@@ -1136,11 +1137,11 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         pf_tile *round = s->tiles + (int64_t)j * P;
         const int in_round = n - j * P < P ? n - j * P : P;
         /* (a round holds one request's tiles or several requests': runs of falling costs) */
-        std::sort(round, round + in_round, [](const pf_tile &a, const pf_tile &b) { return a.cost > b.cost; });
+        std::sort(round, round + in_round, [](const pf_tile &a, const pf_tile &b) { return by_cost_desc(&a, &b) < 0; });
         for (int x = 0; x < P; x++) order[x] = x;
         if (j > 0) /* (all loads are 0 before the first round: the order is the blocks') */
             std::sort(order, order + P, [&](int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
-        for (int x = 0; x < P; x++) memset(&m->pitems[(int64_t)j * P + x], 0, sizeof(prefill_item));
+        memset(&m->pitems[(int64_t)j * P], 0, sizeof(prefill_item) * (size_t)P); /* (holes: padding) */
         for (int k = 0; k < in_round; k++) {
             const int x = order[k];
             m->pitems[(int64_t)j * P + x] = round[k].it;
