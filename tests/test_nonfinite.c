@@ -62,6 +62,9 @@ typedef struct nf_case {
  * at a cost the CPU oracle runs in a moment */
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
 #define LONG_BATCH MQA16(-1, 2, {{260, 260}, {256, 700}})
+/* the same at DP 256 (d256, d192/128), where the CUDA engine runs the
+ * clean requests' items in a kernel of their own beside the checked ones */
+#define LONG_DIMS(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
 
 /* MLA (cfg.mla: one latent row a key, V the start of it): 16 heads over
  * rows of 576 / 512, or 4 over 72 / 40 (head dims the cpu backends take,
@@ -149,6 +152,13 @@ static const nf_case cases[] = {
     {"long prefill: NaN in a value every row sees", LONG_BATCH, {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
     {"long prefill: -inf in q", LONG_BATCH, {IN_Q, -INFINITY, 0, 0, 500, 5, 60}, 0},
     {"long prefill: NaN in the K and V of an unused page slot", LONG_BATCH, {IN_V, NAN, 0, 263, 0, 0, 0}, 0},
+    {"long d256 prefill: NaN in a key only the last rows see", LONG_DIMS(256, 256), {IN_K, NAN, 0, 250, 0, 0, 5}, 0},
+    {"long d256 prefill: +inf in a value only the last rows see", LONG_DIMS(256, 256),
+     {IN_V, INFINITY, 1, 280, 0, 0, 200}, 0},
+    {"long d256 prefill: -inf in q", LONG_DIMS(256, 256), {IN_Q, -INFINITY, 0, 0, 500, 5, 160}, 0},
+    {"long d192/128 prefill: NaN in a value every row sees", LONG_DIMS(192, 128), {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
+    {"long d192/128 prefill: -inf in a key of the prefix", LONG_DIMS(192, 128), {IN_K, -INFINITY, 1, 100, 0, 0, 150},
+     0},
     {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},
      0},
     {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),

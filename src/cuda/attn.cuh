@@ -682,6 +682,14 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
  *      row that sees a marked key is made NaN (flag_bad_keys). */
 __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d); }
 
+/* The passes of a prefill kernel over the plan's items (the NaN rule's two
+ * paths where one kernel cannot hold both: prefill_wgmma.cu at DP 256):
+ * PASS_ALL takes every item, PASS_CHECKED the items that run checked, and
+ * PASS_CLEAN those the scan pass found clean, run unchecked by a second
+ * kernel of the step. An item is in exactly one of the two; without a scan
+ * pass every item runs checked. */
+enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2 };
+
 /* A compile-time bool as a value: one generic lambda, two paths. */
 template <bool B> struct bool_c {
     static constexpr bool value = B;
@@ -696,6 +704,40 @@ __device__ __forceinline__ bool item_checked(const attn_params &p, const prefill
     for (int i = threadIdx.x % 32; i < it.scan_n; i += 32)
         bad |= __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
     return __any_sync(0xffffffffu, bad);
+}
+
+/* A one-pass kernel's view of the block's items (item blockIdx.x + k
+ * gridDim.x is item k of the block): skip holds a bit for each of the first
+ * PASS_MASK_ITEMS, set where the item is the other pass's, written once by
+ * the producer warpgroup (pass_mask) before either side takes an item, so
+ * that the consumers never read the scan's flags themselves (at DP 256 that
+ * check alone made the checked kernel spill). Without scan tasks in the
+ * plan, and from item PASS_MASK_ITEMS on, the checked pass takes every
+ * item. */
+#define PASS_MASK_ITEMS 4096
+template <int PASS>
+__device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_t *skip, int k)
+{
+    if (PASS == PASS_ALL) return true;
+    if (p.head->counts[COUNT_SCAN] == 0 || k >= PASS_MASK_ITEMS) return PASS == PASS_CHECKED;
+    return !((skip[k / 32] >> (k % 32)) & 1u);
+}
+
+/* skip's bits (zero before), one item a thread of the THREADS that call it:
+ * item_checked's test, a thread's own loop over the request's scan flags. */
+template <int PASS, int THREADS>
+__device__ __forceinline__ void pass_mask(const attn_params &p, int kv_head, uint32_t *skip)
+{
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    for (int k = threadIdx.x % THREADS; k < PASS_MASK_ITEMS; k += THREADS) {
+        const int64_t w = blockIdx.x + (int64_t)k * gridDim.x;
+        if (w >= num_items) break;
+        const prefill_item it = p.pitems[w];
+        bool checked = it.scan < 0;
+        for (int i = 0; i < it.scan_n && !checked; i++)
+            checked = __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
+        if (checked != (PASS == PASS_CHECKED)) atomicOr(skip + k / 32, 1u << (k % 32));
+    }
 }
 
 /* Rule 1 over the rows h of an m16n8 accumulator tile of raw products (NT n
@@ -989,6 +1031,11 @@ typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1, PREFILL_PORTAB
  * (the wgmma ones exist only in a build that targets sm_90). */
 attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype dtype, int fp8);
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
+/* At DP 256 (where ak_cuda_prefill_wgmma_kernel's kernel takes the items
+ * that run checked, PASS_CHECKED): the kernel of the items the scan pass
+ * found clean, unchecked, launched after it in the same step; fn NULL for
+ * any other pair. */
+attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype);
 /* head dims 512 (prefill_wide.cu, sm_90a, 16-bit K/V); the wgmma family's
  * kernel for that pair */
 attn_kernel ak_cuda_prefill_wide_kernel(ak_dtype dtype);

@@ -119,6 +119,8 @@ struct engine_state {
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
+    attn_kernel pre_clean_k;           /* wgmma at DP 256: the clean items' pass, launched after pre_k
+                                          (its checked pass), where the scan pass runs; else fn NULL */
     int mla_pack;     /* MLA on mla_wgmma.cu with no window: up to this many query tokens of a request
                          share an item (rows = tokens x heads <= the kernel's 64), so the latent rows
                          are read once for them all; 1 elsewhere, or under AK_CUDA_MLA_PACK=0 */
@@ -668,6 +670,19 @@ static ak_status engine_create_inner(engine_state *s)
         const int per_item = cfg->num_kv_heads * s->prow_tiles;
         const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
         s->prefill_ctas = P;
+        /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
+         * (it spills), so the items the scan pass finds clean run unchecked
+         * in a kernel of their own after pre_k, which takes the rest. Not
+         * with one block a KV head (P 1): that kernel is bound by DRAM, and
+         * the unchecked path saves less than the scan's extra read of K/V
+         * costs (deepseek-v3-prefill 128/128 heads 2 x 4096: 170 against
+         * 303 us, BENCHMARKS.md) */
+        if (s->pfam == PREFILL_WGMMA && !s->fp8 && P >= 2) {
+            s->pre_clean_k = ak_cuda_prefill_wgmma_clean_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype);
+            int clean_ctas = 0;
+            if (s->pre_clean_k.fn) AK_TRY(ak_cuda_kernel_occupancy(&s->pre_clean_k, &clean_ctas));
+            if (clean_ctas != ctas_per_sm) s->pre_clean_k.fn = NULL; /* (the same shape: never) */
+        }
         /* tiles: at most floor(max_tokens / ptok) + one per request of
          * min_prefill_q or more tokens; splitting adds fewer than P items (a
          * tile of cost c cut into chunks of `share` key tiles, share =
@@ -686,16 +701,17 @@ static ak_status engine_create_inner(engine_state *s)
                 s->pf_slots = lim->max_tokens * s->max_splits;
             s->max_tasks += P * s->ptok;
         }
-        /* the NaN rule's scan pass, for kernels with an unchecked path (the
-         * portable one, wgmma at DP 256 and the d512 one always check)
+        /* the NaN rule's scan pass, for kernels with an unchecked path (or
+         * pass: wgmma at DP 256; the portable and d512 ones always check)
          * and requests that can have SCAN_MIN_ROWS rows */
         const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
-        if (s->pre_k.unchecked && s->kv_vec && scan_reqs > 0) {
+        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && scan_reqs > 0) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
             s->scan_ctas = info.num_sms * SCAN_CTAS_PER_SM / cfg->num_kv_heads;
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
+        if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
         s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)P);
         s->pf_order = (int *)malloc(sizeof(int) * (size_t)P);
@@ -1475,6 +1491,12 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     if (prefill)
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
                              s->pre_k.smem, s->pdl && decode, cs, p, s->pre_k.tma_map ? &kv_map : NULL));
+    /* (pre_k's dependent: each waits for the kernel before it at its end, so
+     * the merge after it follows both) */
+    if (prefill && s->pre_clean_k.fn && (all || s->num_scans > 0))
+        AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles),
+                             s->pre_clean_k.threads, s->pre_clean_k.smem, s->pdl, cs, p,
+                             s->pre_clean_k.tma_map ? &kv_map : NULL));
     if (merge)
         AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
                              (int)(sizeof(float) * (size_t)s->merge_splits), s->pdl && (decode || prefill), cs, p));

@@ -105,11 +105,12 @@ template <int DQK_, int DVO_> struct wg_traits {
 /* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
-template <int DQK, int DVO, typename T>
+template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        int kv_head, int head0, int hb, int heads)
+                                                        const uint32_t *skip, uint64_t *mask_full, int kv_head,
+                                                        int head0, int hb, int heads)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -138,9 +139,11 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
 
-    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+    if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) mbar_wait(mask_full, 0); /* the mask is written */
+    for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
+        if (!mask_in_pass<PASS>(p, skip, k)) continue; /* the other pass's (the producer's mask) */
         /* the item's path (the NaN rule, attn.cuh): checked, or not */
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
@@ -358,15 +361,22 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             }
             if (STAGED) mbar_arrive(&bar.q_empty); /* (the staging reads of qs are done) */
         };
-        /* (at DP 256 only the checked path: a kernel with both spills) */
-        if (!tr::PIPE || item_checked(p, it, kv_head)) item(bool_c<true>());
-        else item(bool_c<false>());
+        /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
+         * the items of each path are a kernel's pass of their own */
+        if constexpr (PASS == PASS_CLEAN) {
+            item(bool_c<false>());
+        } else if constexpr (PASS == PASS_CHECKED) {
+            item(bool_c<true>());
+        } else {
+            if (item_checked(p, it, kv_head)) item(bool_c<true>());
+            else item(bool_c<false>());
+        }
     }
     if (wg == 0) bar_sync(1, TURN); /* the last warpgroup's last pass of the turn */
 }
 
 /* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
-template <int DQK, int DVO, typename T, int ADDR>
+template <int DQK, int DVO, typename T, int ADDR, int PASS>
 __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const kv_maps *maps)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -383,6 +393,12 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
      * written before a mixed tile's consumer barrier, read after it, and
      * cleared after the next one's, for the one after that */
     __shared__ uint32_t bad_keys[3][KEYS / 32];
+    /* a one-pass kernel's mask of the other pass's items, and its barrier
+     * (attn.cuh's mask_in_pass, prefill_producer) */
+    __shared__ uint32_t pass_skip[PASS != PASS_ALL ? PASS_MASK_ITEMS / 32 : 1];
+    __shared__ uint64_t mask_full;
+    if (PASS != PASS_ALL)
+        for (int i = threadIdx.x; i < PASS_MASK_ITEMS / 32; i += blockDim.x) pass_skip[i] = 0;
     if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; i++) {
@@ -392,10 +408,18 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
             mbar_init(&bar.v_empty[i], CONSUMERS);
         }
         mbar_init(&bar.q_full, tr::PRODUCERS);
+        mbar_init(&mask_full, tr::PRODUCERS);
         mbar_init(&bar.q_empty, CONSUMERS);
     }
     __syncthreads();
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
+    /* the clean pass of a plan with no scan tasks has nothing to do: its
+     * blocks need not load the items they would skip (measured: 14 us at
+     * deepseek-v3-prefill 16 x 1024, BENCHMARKS.md) */
+    if (PASS == PASS_CLEAN && p.head->counts[COUNT_SCAN] == 0) {
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+        return;
+    }
     const int wg = threadIdx.x / 128;
     const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
     const int hb = p.prow_heads;
@@ -405,10 +429,12 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true>(p, qs, stages, bar, kv_head, head0, hb, heads, maps);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, kv_head, head0, hb, heads, maps, pass_skip,
+                                                  &mask_full);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T>(p, qs, stages, bar, bad_keys, kv_head, head0, hb, heads);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full, kv_head,
+                                                   head0, hb, heads);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -417,25 +443,61 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
 
 /* maps (ak_cuda_prefill_tma_maps) are read by TMA where the launch put
  * them: a __grid_constant__ */
-template <int DQK, int DVO, typename T>
+template <int DQK, int DVO, typename T, int PASS>
 __global__ void __launch_bounds__(wg_traits<DQK, DVO>::THREADS, 1) prefill_wgmma_kernel(const attn_params p, const __grid_constant__ kv_maps maps)
 {
     /* the addressing as a template argument: a runtime select costs this
      * kernel registers it does not have */
-    if (p.ragged) prefill_wgmma_body<DQK, DVO, T, 1>(p, &maps);
-    else prefill_wgmma_body<DQK, DVO, T, 0>(p, &maps);
+    if (p.ragged) prefill_wgmma_body<DQK, DVO, T, 1, PASS>(p, &maps);
+    else prefill_wgmma_body<DQK, DVO, T, 0, PASS>(p, &maps);
 }
 
+/* The kernel of a pair: both paths of the NaN rule where they fit (PIPE,
+ * DP <= 128); at DP 256 the checked pass, beside which
+ * wgmma_prefill_clean_info's kernel runs the clean items
+ * (ak_cuda_prefill_wgmma_clean_kernel). */
 template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
     static attn_kernel get()
     {
         typedef wg_traits<DQK, DVO> tr;
+        constexpr int PASS = tr::PIPE ? PASS_ALL : PASS_CHECKED;
         /* the second parameter on the launch path (launch_kernel) */
-        const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T>,
+        const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS>,
                                tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1};
         return k;
     }
 };
+template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info {
+    static attn_kernel get()
+    {
+        typedef wg_traits<DQK, DVO> tr;
+        if constexpr (tr::PIPE) {
+            const attn_kernel none = {NULL, 0, 0, 0};
+            return none;
+        } else {
+            const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS_CLEAN>,
+                                   tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 0, 1};
+            return k;
+        }
+    }
+};
+
+attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
+{
+#if defined(AK_WGMMA)
+    if (dqk == 512 && dvo == 512) {
+        const attn_kernel none = {NULL, 0, 0, 0};
+        return none;
+    }
+    return kernel_table<wgmma_prefill_clean_info>(dqk, dvo, dtype);
+#else
+    (void)dqk;
+    (void)dvo;
+    (void)dtype;
+    const attn_kernel none = {NULL, 0, 0, 0};
+    return none;
+#endif
+}
 
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 {

@@ -162,20 +162,29 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
  * tile runs under the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile or half of one
  * (p.kv_box); a tile they can copy (whole, below kv_end, paged on pages of
- * whole boxes) goes by TMA, any other by cp.async. */
-template <typename tr, typename T, int ADDR, bool TMA = false>
+ * whole boxes) goes by TMA, any other by cp.async.
+ * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
+ * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
+ * arrivals), where there are scan tasks, then takes its own items alone. */
+template <typename tr, typename T, int ADDR, bool TMA = false, int PASS = PASS_ALL>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
                                                  int kv_head, int head0, int hb, int heads,
-                                                 const kv_maps *maps = NULL)
+                                                 const kv_maps *maps = NULL, uint32_t *skip = NULL,
+                                                 uint64_t *mask_full = NULL)
 {
     constexpr int DQK = tr::DQK, DVO = tr::DVO;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
+    if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) {
+        pass_mask<PASS, tr::PRODUCERS>(p, kv_head, skip);
+        mbar_arrive(mask_full);
+        mbar_wait(mask_full, 0);
+    }
     int g = 0, n = 0; /* tiles and items so far */
-    for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+    for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         const prefill_item it = p.pitems[w];
-        if (it.ntok == 0) continue; /* padding */
+        if (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k)) continue; /* padding, the other pass's */
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
         /* tile t into stage g % STAGES, once every consumer finished reading
          * what it held (tile g - STAGES) */
