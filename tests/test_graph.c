@@ -21,6 +21,13 @@
  * that hold its sum of kv_len, and replay it after plans of prompt prefills
  * (or cross-attention) of other lengths; a growing case captures its
  * smallest step instead, views of buffers that hold every later step.
+ *
+ * Scan cases capture a step of short chunks (no scan task in the plan) and
+ * replay it over steps whose chunks pass the scan pass's threshold, one
+ * request of each with a -inf in a key of its new tokens: the scan pass,
+ * and at DP 256 the clean items' kernel, have work only in the replays.
+ * A row cpu_ref makes NaN (the NaN rule) must be NaN; steps without a
+ * non-finite input must have no such row.
  */
 #include "harness.h"
 
@@ -40,6 +47,11 @@
  * prompt (causal cases) or query (cross), and the longest cross K/V. */
 enum { LAYERS = 3, STEPS = 10, MAX_KV = 3000, MAX_CHUNK = 64 };
 enum { RG_LAYERS = 2, RG_STEPS = 8, RG_MAX_Q = 96, RG_MAX_KV = 200 };
+/* Scan cases: the capture and three replays (cpu_ref's time: every
+ * replay's chunks are 4096 rows or more); the capture's chunk length; the
+ * token of a replay's corrupted request whose key is -inf (the request's
+ * rows from it on see it). */
+enum { SCAN_STEPS = 4, SCAN_CAPTURE_Q = 8, SCAN_BAD_TOKEN = 37 };
 
 typedef struct graph_case {
     const char *name;
@@ -65,6 +77,9 @@ typedef struct graph_case {
     int grow;          /* ragged: the capture is the smallest step (every request at a quarter
                           of its longest) and later ones grow past it, so the replays read
                           K/V rows past the captured step's (nothing captured may bound them) */
+    int scan;          /* paged, mixed: the capture's chunks are short (SCAN_CAPTURE_Q), each later
+                          step's MAX_CHUNK x the group >= 4096 rows (the scan pass's threshold), one
+                          request with -inf in K (SCAN_BAD_TOKEN) */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -107,6 +122,11 @@ static const graph_case graph_cases[] = {
      0, 0, 1},
     {"graph replay mla 576/512 h16 bf16 page 64 mixed device table", PAGED, 16, 1, 576, AK_BF16, 3, 1, -1, 64, NHD, 1,
      0, 0, 0, 1, 1},
+    /* DP 256 with a scan pass (64 heads a KV head: a chunk of MAX_CHUNK is
+     * 4096 rows): the clean requests' items in the clean kernel, the
+     * corrupted one's checked, planned only after the capture */
+    {"graph replay scan mqa64 bf16 d256 clean and checked passes", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1,
+     0, 0, 0, 0, 0, 0, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -121,6 +141,14 @@ static void step_lengths(uint64_t *rng, int s, const graph_case *gc, int32_t *q_
 {
     const int n = gc->num_reqs;
     for (int r = 0; r < n; r++) {
+        if (gc->scan) {
+            /* the capture: short chunks; then chunks of MAX_CHUNK on short
+             * prefixes, at even steps one of MAX_CHUNK - 1 (just under the
+             * threshold: no scan task, checked) */
+            q_lens[r] = s == 0 ? SCAN_CAPTURE_Q : s % 2 == 0 && r == s / 2 % n ? MAX_CHUNK - 1 : MAX_CHUNK;
+            kv_lens[r] = q_lens[r] + scn_rng_int(rng, 0, s == 0 ? 300 : 64);
+            continue;
+        }
         if (gc->storage == AK_KV_RAGGED) {
             if (gc->grow) { /* (cross-attention) */
                 q_lens[r] = s == 0 ? RG_MAX_Q / 4 : scn_rng_int(rng, 1, RG_MAX_Q);
@@ -147,12 +175,14 @@ static void step_lengths(uint64_t *rng, int s, const graph_case *gc, int32_t *q_
 }
 
 /* Layer l's o and lse as a replay left them (on the device: T rows captured,
- * the step's first N) against cpu_ref's o_ref / l_ref: no NaN in the step's
- * rows, and rows past them keep their 0xff poison. Raises *worst and
- * *worst_lse; returns 0, with why filled, when a row is wrong. */
+ * the step's first N) against cpu_ref's o_ref / l_ref: a row cpu_ref makes
+ * NaN (lse NaN) is NaN in every element and lse, and left out of the errors
+ * (*nan_rows counts them); any other row holds no NaN; rows past the step's
+ * keep their 0xff poison. Raises *worst and *worst_lse; returns 0, with why
+ * filled, when a row is wrong. */
 static int check_graph_output(ak_dtype dtype, const void *o_dev, const void *lse_dev, int N, int T, int Hq, int D,
-                              const float *o_ref, const float *l_ref, double *worst, double *worst_lse, int s, int l,
-                              char *why, size_t why_cap)
+                              const float *o_ref, const float *l_ref, double *worst, double *worst_lse, int *nan_rows,
+                              int s, int l, char *why, size_t why_cap)
 {
     const size_t esz = ak_dtype_size(dtype);
     char *oh = malloc(esz * T * Hq * D);
@@ -160,28 +190,42 @@ static int check_graph_output(ak_dtype dtype, const void *o_dev, const void *lse
     double *rd = malloc(sizeof(double) * T * Hq * D), *ld = malloc(sizeof(double) * T * Hq);
     cudaMemcpy(oh, o_dev, esz * T * Hq * D, cudaMemcpyDeviceToHost);
     cudaMemcpy(lh, lse_dev, 4 * (size_t)T * Hq, cudaMemcpyDeviceToHost);
-    int ok = 1;
-    for (int i = 0; i < N * Hq * D; i++) {
-        of[i] = ak_load_as_f32(oh, dtype, i);
-        rd[i] = o_ref[i];
-        if (isnan(of[i])) ok = 0;
+    int nan_ok = 1, past_ok = 1;
+    *nan_rows = 0;
+    for (int row = 0; row < N * Hq; row++) {
+        const int want_nan = isnan(l_ref[row]) != 0;
+        *nan_rows += want_nan;
+        if (want_nan != (isnan(lh[row]) != 0)) nan_ok = 0;
+        for (int i = row * D; i < (row + 1) * D; i++) {
+            of[i] = ak_load_as_f32(oh, dtype, i);
+            rd[i] = o_ref[i];
+            if (want_nan != (isnan(of[i]) != 0)) nan_ok = 0;
+            if (want_nan) { /* (out of the error measure) */
+                of[i] = 0.0f;
+                rd[i] = 0.0;
+            }
+        }
+        ld[row] = want_nan ? 0.0 : l_ref[row];
+        if (want_nan) lh[row] = 0.0f;
     }
-    for (int i = 0; i < N * Hq; i++) ld[i] = l_ref[i];
     /* rows past the step's tokens (a capture of more) keep their poison */
     for (size_t i = esz * N * Hq * D; i < esz * T * Hq * D; i++)
-        if ((unsigned char)oh[i] != 0xff) ok = 0;
+        if ((unsigned char)oh[i] != 0xff) past_ok = 0;
     for (int i = N * Hq; i < T * Hq; i++)
-        if (!isnan(lh[i])) ok = 0;
+        if (!isnan(lh[i])) past_ok = 0;
     const double e = rel_err_f(of, rd, (int64_t)N * Hq * D), le = max_lse_err(lh, ld, (int64_t)N * Hq);
     if (e > *worst) *worst = e;
     if (le > *worst_lse) *worst_lse = le;
-    if (!ok) snprintf(why, why_cap, "step %d layer %d: NaN in o, or rows past the step's tokens written", s, l);
+    if (!nan_ok)
+        snprintf(why, why_cap, "step %d layer %d: o or lse NaN where cpu_ref's is not, or the reverse", s, l);
+    else if (!past_ok)
+        snprintf(why, why_cap, "step %d layer %d: rows past the step's tokens written", s, l);
     free(oh);
     free(lh);
     free(of);
     free(rd);
     free(ld);
-    return ok;
+    return nan_ok && past_ok;
 }
 
 /* The backend `name` for a graph case, or NULL after reporting why the case
@@ -315,7 +359,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     const int paged = gc->storage == AK_KV_PAGED;
     const int R = gc->num_reqs, Hq = gc->num_qo_heads, Hk = gc->num_kv_heads, D = gc->head_dim, P = gc->page_size;
     const int Dv = gc->mla ? D - 64 : D; /* o's rows (MLA: the latent part of the K row) */
-    const int layers = paged ? LAYERS : RG_LAYERS, steps = paged ? STEPS : RG_STEPS;
+    const int layers = paged ? LAYERS : RG_LAYERS, steps = gc->scan ? SCAN_STEPS : paged ? STEPS : RG_STEPS;
     /* the capture's query tokens (the most of any step), and K/V rows its
      * buffers hold: the new tokens' rows (paged), every key (ragged) */
     const int T = paged ? (gc->mixed ? R * MAX_CHUNK : R) : R * RG_MAX_Q;
@@ -432,6 +476,10 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             break;
         }
         const int N = sb.num_tokens, KN = (int)sb.num_kv_tokens;
+        /* scan cases after the capture: request s % R's key at its token
+         * SCAN_BAD_TOKEN is -inf in KV head 0 (an unchecked run would drop
+         * the key: finite rows where cpu_ref's are NaN) */
+        const int bad_req = gc->scan && s > 0 ? s % R : -1;
         /* fresh q and K/V rows everywhere (rows past the step's too), fresh
          * context in the pools, o and lse poisoned */
         for (int l = 0; l < layers; l++) {
@@ -454,6 +502,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, scn_uniform(&rng));
             for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(kh, gc->dtype, i, 2.0f * scn_uniform(&rng));
             for (int i = 0; i < KT * Hk * D; i++) ak_store_from_f32(vh, gc->dtype, i, scn_uniform(&rng));
+            if (bad_req >= 0) /* (kv_update writes it to the cache, where the scan pass and cpu_ref find it) */
+                ak_store_from_f32(kh, gc->dtype, ((int64_t)(sb.qo_indptr[bad_req] + SCAN_BAD_TOKEN) * Hk) * D + 5,
+                                  -INFINITY);
             cudaMemcpy(g.q[l], qh, esz * T * Hq * D, cudaMemcpyHostToDevice);
             cudaMemcpy(g.k[l], kh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
             cudaMemcpy(g.v[l], vh, esz * KT * Hk * D, cudaMemcpyHostToDevice);
@@ -575,9 +626,15 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                 break;
             }
             ak_backend_destroy(ref);
-            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, Dv, o_ref, l_ref, &worst, &worst_lse, s,
-                                    l, why, sizeof why))
+            int nan_rows = 0;
+            if (!check_graph_output(gc->dtype, g.o[l], g.lse[l], N, T, Hq, Dv, o_ref, l_ref, &worst, &worst_lse,
+                                    &nan_rows, s, l, why, sizeof why))
                 ok = 0;
+            else if ((nan_rows > 0) != (bad_req >= 0)) {
+                snprintf(why, sizeof why, "step %d layer %d: cpu_ref has %d NaN rows (%s)", s, l, nan_rows,
+                         bad_req >= 0 ? "the -inf key reached none" : "with finite inputs");
+                ok = 0;
+            }
         }
     }
     report_graph_case(t, name, gc->name, gc->dtype, ok, why, worst, worst_lse, steps, layers);

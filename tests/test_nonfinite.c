@@ -65,6 +65,27 @@ typedef struct nf_case {
 /* the same at DP 256 (d256, d192/128), where the CUDA engine runs the
  * clean requests' items in a kernel of their own beside the checked ones */
 #define LONG_DIMS(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
+/* ... and blocks of the prefill grid with items of both kernels, each
+ * kernel skipping the other's (the producer's mask). At DP 256 an item is a
+ * tile of 128 rows (8 tokens of 16 heads) of a KV head; the items are dealt
+ * in rounds of P, the grid's blocks a KV head (an H100 or H200: 132 SMs /
+ * KV heads), block x taking item x of each round (plan_prefill), the
+ * requests by their heaviest tile, then by index; no split (< 1024 keys).
+ * LONG_MIXED, a clean item, then a checked one: 1 KV head, P 132; five
+ * prompts of 256 tokens (4096 rows, 32 items each, equal heaviest tiles),
+ * the corrupted one last: round 0 is requests 0-3's 128 items and 4 of
+ * request 4's, round 1 request 4's other 28, in 28 blocks, at most 4 of
+ * them with request 4 in round 0: 24 blocks or more run both (28 at P 132;
+ * round 0 is all clean at any P up to 128).
+ * LONG_MIXED4, a checked item, then a clean one: 4 KV heads, P 33; the
+ * corrupted request first (264 tokens, 33 items; its heaviest tile sees 264
+ * keys, the other's 256): round 0 is all of it, round 1 the clean
+ * request's 32 items, so on KV head 0 (corrupted) 32 blocks run both (any
+ * P up to 33). */
+#define LONG_MIXED(qk, vo)                                                                                        \
+    {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED,                                                  \
+     5, {{256, 256}, {256, 256}, {256, 256}, {256, 256}, {256, 256}}}
+#define LONG_MIXED4(qk, vo) {NULL, 64, 4, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{264, 264}, {256, 256}}}
 
 /* MLA (cfg.mla: one latent row a key, V the start of it): 16 heads over
  * rows of 576 / 512, or 4 over 72 / 40 (head dims the cpu backends take,
@@ -157,8 +178,13 @@ static const nf_case cases[] = {
      {IN_V, INFINITY, 1, 280, 0, 0, 200}, 0},
     {"long d256 prefill: -inf in q", LONG_DIMS(256, 256), {IN_Q, -INFINITY, 0, 0, 500, 5, 160}, 0},
     {"long d192/128 prefill: NaN in a value every row sees", LONG_DIMS(192, 128), {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
-    {"long d192/128 prefill: -inf in a key of the prefix", LONG_DIMS(192, 128), {IN_K, -INFINITY, 1, 100, 0, 0, 150},
-     0},
+    {"long d192/128 prefill: -inf in a key of a new token, which only later rows see", LONG_DIMS(192, 128),
+     {IN_K, -INFINITY, 1, 100, 0, 0, 150}, 0},
+    /* -inf in K: on the unchecked path the key would just vanish (a finite row) */
+    {"long d256 prefill, a block's clean item then checked item: -inf in a key only later rows see",
+     LONG_MIXED(256, 256), {IN_K, -INFINITY, 4, 100, 0, 0, 200}, 0},
+    {"long d192/128 prefill, a block's checked item then clean item: -inf in a key only later rows see",
+     LONG_MIXED4(192, 128), {IN_K, -INFINITY, 0, 40, 0, 0, 191}, 0},
     {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},
      0},
     {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),

@@ -482,18 +482,20 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info {
     }
 };
 
-attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
+/* A pair's kernel of the first pass (the wide one at 512/512, outside the
+ * table), or with clean that of the clean pass (none but at DP 256); none
+ * in a build without sm_90a. */
+static attn_kernel wgmma_prefill_kernel_of(int dqk, int dvo, ak_dtype dtype, int clean)
 {
 #if defined(AK_WGMMA)
-    if (dqk == 512 && dvo == 512) {
-        const attn_kernel none = {NULL, 0, 0, 0};
-        return none;
-    }
-    return kernel_table<wgmma_prefill_clean_info>(dqk, dvo, dtype);
+    if (clean) return kernel_table<wgmma_prefill_clean_info>(dqk, dvo, dtype);
+    if (dqk == 512 && dvo == 512) return ak_cuda_prefill_wide_kernel(dtype);
+    return kernel_table<wgmma_prefill_info>(dqk, dvo, dtype);
 #else
     (void)dqk;
     (void)dvo;
     (void)dtype;
+    (void)clean;
     const attn_kernel none = {NULL, 0, 0, 0};
     return none;
 #endif
@@ -501,16 +503,12 @@ attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
 
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 {
-#if defined(AK_WGMMA)
-    if (dqk == 512 && dvo == 512) return ak_cuda_prefill_wide_kernel(dtype);
-    return kernel_table<wgmma_prefill_info>(dqk, dvo, dtype);
-#else
-    (void)dqk;
-    (void)dvo;
-    (void)dtype;
-    const attn_kernel none = {NULL, 0, 0, 0};
-    return none;
-#endif
+    return wgmma_prefill_kernel_of(dqk, dvo, dtype, 0);
+}
+
+attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
+{
+    return wgmma_prefill_kernel_of(dqk, dvo, dtype, 1);
 }
 
 /* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of
