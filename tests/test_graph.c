@@ -535,7 +535,10 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
             }
             /* (a growing case captures its smallest step: views of its rows
              * of the same buffers, which hold every later step's) */
-            const int cT = gc->grow ? N : T, cKT = gc->grow ? KN : KT;
+            /* (a scan case captures its short chunks the same way: q, o and
+             * lse views of its rows; kv_update writes T rows, the padding's
+             * slots -1) */
+            const int cT = gc->grow || gc->scan ? N : T, cKT = gc->grow ? KN : KT;
             for (int l = 0; l < layers && st == AK_OK; l++) {
                 ak_tensor qt = ak_tensor_3d(g.q[l], gc->dtype, cT, Hq, D), ot = ak_tensor_3d(g.o[l], gc->dtype, cT, Hq, Dv);
                 ak_tensor kt = ak_tensor_3d(g.k[l], gc->dtype, cKT, Hk, D), vt = ak_tensor_3d(g.v[l], gc->dtype, cKT, Hk, D);
