@@ -33,7 +33,14 @@
  * stage once that product is done, without waiting for tile t's copies;
  * warpgroup 1 waits for its P V at once. The producer then fills one stage
  * while S waits on the other, and S starts on each 64-column block of a
- * tile as soon as that block lands (a barrier a block).
+ * tile as soon as that block lands (a barrier a block). Where items are of
+ * one token, a stage is freed in three parts, each once its last reader is
+ * done: V's first half (blocks 0-3, warpgroup 0's P V), the rotary block 8
+ * (S alone) and V's second half (blocks 4-7, warpgroup 1's P V); the
+ * producer copies them, and S reads them, in that order. In full row tiles
+ * (64 heads or more, compute-bound) warpgroup 1 issues its P V of tile t - 1
+ * only once S of tile t is done, so it runs under warpgroup 0's softmax of
+ * tile t rather than beside the S that softmax waits for (BENCHMARKS.md).
  *
  * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
  * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
@@ -52,12 +59,17 @@
 #include "producer.cuh"
 #include "wgmma.cuh"
 
+
 namespace {
 
 struct mla_wg {
     static constexpr int DQK = 576, DVO = 512, HALF = DVO / 2;
     static constexpr int ROWS = 64, KEYS = 64, STAGES = 2;
     static constexpr int BLOCKS = DQK / 64; /* a stage's column blocks, each signalled on its own */
+    /* the parts of a stage freed apart where items are of one token
+     * (mla_barriers): blocks 0-3 (the first half of V), block 8 (the
+     * rotary part, read by S alone) and blocks 4-7, copied in that order */
+    static constexpr int PARTS = 3;
     static constexpr int PRODUCERS = 128, THREADS = 384;
     /* as prefill_wgmma.cu's split: within the 168 a thread of 384 */
     static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
@@ -67,7 +79,7 @@ struct mla_wg {
      * P, three rows of floats (the tile's rescale factors, the NaN rule's
      * sums of warpgroup 1, 1/d) and the barriers (mla_barriers) */
     static constexpr int SMEM_BYTES =
-        1024 + (1 + STAGES) * TILE * 2 + ROWS * PSTRIDE * 2 + 3 * ROWS * 4 + (STAGES * (BLOCKS + 1) + 2) * 8;
+        1024 + (1 + STAGES) * TILE * 2 + ROWS * PSTRIDE * 2 + 3 * ROWS * 4 + (STAGES * (BLOCKS + PARTS) + 3) * 8;
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
     static_assert(PRODUCERS * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                   "the register file");
@@ -80,8 +92,10 @@ struct mla_wg {
  * the rest are in flight; q_full: q landed; k_empty: both consumers are
  * done with the tile, q_empty: warpgroup 0 with q. */
 struct mla_barriers {
-    uint64_t k_full[mla_wg::STAGES][mla_wg::BLOCKS], k_empty[mla_wg::STAGES], q_full, q_empty;
+    uint64_t k_full[mla_wg::STAGES][mla_wg::BLOCKS], k_empty[mla_wg::STAGES][mla_wg::PARTS], q_full, q_empty;
+    uint64_t s_done; /* warpgroup 0's S of a tile after an item's first is done (`delay`: mla_values) */
 };
+enum { PART_LO = 0, PART_ROPE = 1, PART_HI = 2 };
 
 /* Named barriers between the two consumer warpgroups (synced by both, 256
  * threads, from different code: bar_sync_any): P of a tile is in shared
@@ -92,7 +106,7 @@ enum { BAR_P_READY = 1, BAR_P_FREE = 2, BAR_BAD_READY = 3, BAR_INV_READY = 4 };
 
 /* A tile's column blocks B and on into a stage, each block's barrier
  * signalled once its copies (and every earlier one of this thread) land. */
-template <typename T, int B = 0>
+template <typename T, int B = 0, int E = mla_wg::BLOCKS>
 __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
                                                 const producer_rows<mla_wg::DQK, mla_wg::KEYS, mla_wg::PRODUCERS> &ids,
                                                 int kv_head, int t0, int kv_end, T *dst,
@@ -102,7 +116,7 @@ __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
     producer_copy<W::DQK, W::DQK, W::KEYS, W::PRODUCERS, false, T, 8 * B, 8 * B + 8, true>(p, ids, kv_head, t0, kv_end,
                                                                                      dst);
     mbar_arrive_cp_async(&full[B]);
-    if constexpr (B + 1 < W::BLOCKS) mla_copy_blocks<T, B + 1>(p, ids, kv_head, t0, kv_end, dst, full);
+    if constexpr (B + 1 < E) mla_copy_blocks<T, B + 1, E>(p, ids, kv_head, t0, kv_end, dst, full);
 }
 
 /* A whole key tile that starts a 64-key part of its page by TMA (map):
@@ -110,7 +124,7 @@ __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
  * block's barrier, and the others arrive so that the barrier's count is the
  * same as for cp.async. block: the page's id (clamped), slot0 the tile's
  * first slot in it. */
-template <typename T>
+template <typename T, int B = 0, int E = mla_wg::BLOCKS>
 __device__ __forceinline__ void mla_tma_blocks(const CUtensorMap *map, int block, int slot0, T *dst,
                                                uint64_t (&full)[mla_wg::BLOCKS])
 {
@@ -120,21 +134,35 @@ __device__ __forceinline__ void mla_tma_blocks(const CUtensorMap *map, int block
          * tiles alone, at about the same time (common.cuh's measurements) */
         const uint64_t pol = l2_evict_first();
 #pragma unroll
-        for (int b = 0; b < W::BLOCKS; b++) {
+        for (int b = B; b < E; b++) {
             mbar_arrive_expect_tx(&full[b], W::KEYS * 64 * sizeof(T));
             tma_load_3d_pol(dst + b * W::KEYS * 64, map, b * 64, slot0, block, &full[b], pol);
         }
     } else {
 #pragma unroll
-        for (int b = 0; b < W::BLOCKS; b++) mbar_arrive(&full[b]);
+        for (int b = B; b < E; b++) mbar_arrive(&full[b]);
     }
+}
+
+/* Column blocks [B, E) of a key tile into a stage: by TMA where tma (the
+ * tile starts a 64-key part of page `block`, at slot0), else by cp.async. */
+template <typename T, int B, int E>
+__device__ __forceinline__ void mla_fill_blocks(const attn_params &p, const CUtensorMap *map,
+                                                const producer_rows<mla_wg::DQK, mla_wg::KEYS, mla_wg::PRODUCERS> &ids,
+                                                bool tma, int slot0, int kv_head, int t0, int kv_end, T *dst,
+                                                uint64_t (&full)[mla_wg::BLOCKS])
+{
+    if (tma) mla_tma_blocks<T, B, E>(map, ids.block[0], slot0, dst, full);
+    else mla_copy_blocks<T, B, E>(p, ids, kv_head, t0, kv_end, dst, full);
 }
 
 /* The producer warpgroup: each item's key tiles into the stages and its q
  * rows into qs. A tile's block ids are looked up as soon as the tile before
  * is issued, so their loads run while it waits for a free stage (measured
  * against a lookup just before the copies, H100, 128 heads 64 x 8192: the
- * same within noise, 0.628 / 0.619 ms). */
+ * same within noise, 0.628 / 0.619 ms). Items of one token (!PACK): the
+ * consumers free a stage in parts (mla_barriers), each copied as soon as it
+ * is free. */
 template <typename T, int ADDR, bool PACK>
 __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtensorMap *map, T *qs, T *stages,
                                              mla_barriers &bar, int kv_head, int head0, int rows)
@@ -154,17 +182,26 @@ __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtenso
                                                               it.kv_end, ids);
         };
         auto fill = [&](int t) {
-            const int st = g % W::STAGES, t0 = it.kv_begin + t * W::KEYS;
-            if (g >= W::STAGES) mbar_wait(&bar.k_empty[st], (g / W::STAGES - 1) & 1);
+            const int st = g % W::STAGES, t0 = it.kv_begin + t * W::KEYS, parity = (g / W::STAGES - 1) & 1;
+            T *dst = stages + st * W::TILE;
             /* TMA for a whole tile on one page (the map's pages hold whole
              * 64-key parts); cp.async for the rest, whose keys past kv_end
              * must be zero rows */
-            if (ADDR == 0 && p.k_tma && (t0 & (W::KEYS - 1)) == 0 && t0 + W::KEYS <= it.kv_end) {
-                int slot0;
-                kv_page_of(p, t0, slot0);
-                mla_tma_blocks<T>(map, ids.block[0], slot0, stages + st * W::TILE, bar.k_full[st]);
-            } else {
-                mla_copy_blocks<T>(p, ids, kv_head, t0, it.kv_end, stages + st * W::TILE, bar.k_full[st]);
+            const bool tma = ADDR == 0 && p.k_tma && (t0 & (W::KEYS - 1)) == 0 && t0 + W::KEYS <= it.kv_end;
+            int slot0 = 0;
+            if (tma) kv_page_of(p, t0, slot0);
+            if (!PACK) {
+                if (g >= W::STAGES) mbar_wait(&bar.k_empty[st][PART_LO], parity);
+                mla_fill_blocks<T, 0, 4>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
+                if (g >= W::STAGES) mbar_wait(&bar.k_empty[st][PART_ROPE], parity);
+                mla_fill_blocks<T, 8, 9>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
+                if (g >= W::STAGES) mbar_wait(&bar.k_empty[st][PART_HI], parity);
+                mla_fill_blocks<T, 4, 8>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
+            } else { /* the stage at once, in S's order too */
+                if (g >= W::STAGES) mbar_wait(&bar.k_empty[st][0], parity);
+                mla_fill_blocks<T, 0, 4>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
+                mla_fill_blocks<T, 8, 9>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
+                mla_fill_blocks<T, 4, 8>(p, map, ids, tma, slot0, kv_head, t0, it.kv_end, dst, bar.k_full[st]);
             }
             g++;
             if (t + 1 < n_tiles) lookup(t + 1);
@@ -210,7 +247,8 @@ __device__ __forceinline__ void mla_store(const attn_params &p, const decode_ite
  * plan has items of several tokens (their path costs the others nothing). */
 template <typename T, bool PACK>
 __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T *stages, T *ps, float *fs,
-                                           const float *bad_s, float *inv_s, mla_barriers &bar, int head0, int rows)
+                                           const float *bad_s, float *inv_s, mla_barriers &bar, int head0, int rows,
+                                           bool delay)
 {
     typedef mla_wg W;
     constexpr int NT = W::KEYS / 8;
@@ -249,13 +287,18 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
             const uint64_t b0 = wgmma_desc(stage(t), 16, 1024);
 #pragma unroll
             for (int kk = 0; kk < W::DQK / 16; kk++) {
+                /* blocks 0-3, 8, 4-7: the order the producer copies them
+                 * (items of one token free them in that order), the same
+                 * for every item, so a row's logits do not depend on which
+                 * items the plan made (batch invariance) */
+                const int blk = kk < 16 ? kk / 4 : kk < 20 ? 8 : kk / 4 - 1;
                 if (kk % 4 == 0) { /* a new column block: wait for it */
-                    mbar_wait(&bar.k_full[st][kk / 4], parity);
+                    mbar_wait(&bar.k_full[st][blk], parity);
                     fence_proxy_async(); /* the producer's copies, visible to wgmma */
                     wgmma_fence();       /* s in flight across the wait (else ptxas serializes) */
                 }
-                const uint64_t a = wgmma_desc_add(a0, ((kk / 4) * W::ROWS * 64 + (kk % 4) * 16) * 2);
-                const uint64_t b = wgmma_desc_add(b0, ((kk / 4) * W::KEYS * 64 + (kk % 4) * 16) * 2);
+                const uint64_t a = wgmma_desc_add(a0, (blk * W::ROWS * 64 + (kk % 4) * 16) * 2);
+                const uint64_t b = wgmma_desc_add(b0, (blk * W::KEYS * 64 + (kk % 4) * 16) * 2);
                 wgmma_ss<W::KEYS, T>(reinterpret_cast<float(&)[W::KEYS / 2]>(s), a, b, kk > 0);
             }
             wgmma_commit();
@@ -350,6 +393,17 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
             bar_sync_any(BAR_P_READY, 256);
         };
 
+        /* S of tile t is done: items of one token free the parts of its
+         * stage that this warpgroup's P V does not read, and where
+         * warpgroup 1 waits for it (`delay`), let it issue its P V of
+         * tile t - 1 */
+        auto s_done = [&](int t) {
+            if constexpr (!PACK) {
+                mbar_arrive(&bar.k_empty[(g + t) % W::STAGES][PART_ROPE]);
+                mbar_arrive(&bar.k_empty[(g + t) % W::STAGES][PART_HI]);
+                if (delay && t > 0) mbar_arrive(&bar.s_done);
+            }
+        };
         if (n_tiles > 0) {
             uint32_t pa[W::KEYS / 16][4]; /* P of the tile whose P V is next */
             {
@@ -357,6 +411,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
                 issue_s(0, s);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                s_done(0);
                 if (n_tiles == 1) mbar_arrive(&bar.q_empty);
                 softmax(0, s, f); /* o is still 0: no rescale */
                 pack_p<NT, T>(s, pa);
@@ -371,9 +426,10 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
                 issue_s(t, s);
                 wgmma_wait<1>();
                 wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-                mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES]);
+                mbar_arrive(&bar.k_empty[(g + t - 1) % W::STAGES][PACK ? 0 : PART_LO]);
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[W::KEYS / 2]>(s));
+                s_done(t);
                 if (t == n_tiles - 1) mbar_arrive(&bar.q_empty); /* q is read no more */
                 const bool raise = softmax(t, s, f);
                 if (raise) scale_rows(o, f);
@@ -383,7 +439,7 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
             issue_pv<W::HALF, W::KEYS, T>(o, pa, stage(n_tiles - 1));
             wgmma_wait<0>();
             wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-            mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES]);
+            mbar_arrive(&bar.k_empty[(g + n_tiles - 1) % W::STAGES][PACK ? 0 : PART_LO]);
         } else {
             mbar_arrive(&bar.q_empty);
         }
@@ -426,13 +482,14 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
  * shares. */
 template <typename T, bool PACK>
 __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages, const T *ps, const float *fs,
-                                           float *bad_s, const float *inv_s, mla_barriers &bar, int head0, int rows)
+                                           float *bad_s, const float *inv_s, mla_barriers &bar, int head0, int rows,
+                                           bool delay)
 {
     typedef mla_wg W;
     const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
     const int r = warp * 16 + lane / 4;
     const int num_items = p.head->counts[COUNT_DECODE];
-    int g = 0;
+    int g = 0, ns = 0; /* tiles so far; s_done's phases waited for */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const decode_item it = p.items[w];
         if (it.req < 0) continue;
@@ -451,18 +508,27 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
             for (int k = 0; k < W::KEYS / 16; k++)
                 ldmatrix_x4(pa[k], ps + (warp * 16 + (mi % 2) * 8 + lane % 8) * W::PSTRIDE + (2 * k + mi / 2) * 8);
             const float f[2] = {fs[r], fs[r + 8]};
+            if (!PACK) {
+                /* the parts of the stage this warpgroup does not read */
+                mbar_arrive(&bar.k_empty[gt % W::STAGES][PART_LO]);
+                mbar_arrive(&bar.k_empty[gt % W::STAGES][PART_ROPE]);
+            }
             if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) scale_rows(o, f);
             /* blocks 4 to 7 (each on its own barrier: TMA's land in any order) */
 #pragma unroll
             for (int b = 4; b < W::DVO / 64; b++) mbar_wait(&bar.k_full[gt % W::STAGES][b], (gt / W::STAGES) & 1);
             fence_proxy_async();
+            /* full row tiles (`delay`): this P V runs under warpgroup 0's
+             * softmax of the next tile, not beside its S (S is what the
+             * softmax waits for) */
+            if (!PACK && delay && t + 1 < n_tiles) mbar_wait(&bar.s_done, ns++ & 1);
             /* o[:, 256:512]: the stage's column blocks 4 to 7; waited for at
              * once, so the stage is free as soon as it can be (this
              * warpgroup has nothing else to do until the next P) */
             issue_pv<W::HALF, W::KEYS, T>(o, pa, stages + (gt % W::STAGES) * W::TILE + 4 * W::KEYS * 64);
             wgmma_wait<0>();
             wgmma_hold(reinterpret_cast<float(&)[W::HALF / 2]>(o));
-            mbar_arrive(&bar.k_empty[gt % W::STAGES]);
+            mbar_arrive(&bar.k_empty[gt % W::STAGES][PACK ? 0 : PART_HI]);
         }
         g += n_tiles;
         share_bad_o(o, bad_s, r);
@@ -489,10 +555,11 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
     if (threadIdx.x == 0) {
         for (int i = 0; i < W::STAGES; i++) {
             for (int b = 0; b < W::BLOCKS; b++) mbar_init(&bar.k_full[i][b], W::PRODUCERS);
-            mbar_init(&bar.k_empty[i], 256);
+            for (int part = 0; part < W::PARTS; part++) mbar_init(&bar.k_empty[i][part], 256);
         }
         mbar_init(&bar.q_full, W::PRODUCERS);
         mbar_init(&bar.q_empty, 128);
+        mbar_init(&bar.s_done, 128);
     }
     __syncthreads();
     decode_grid_start();
@@ -503,6 +570,8 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
     /* items of several tokens in this plan: their path (the plan's head is
      * read at every launch, so a captured graph follows) */
     const bool packed = p.head->mla_packed != 0;
+    /* warpgroup 1's P V waits for the next S (mla_values) in full row tiles */
+    const bool delay = rows == W::ROWS;
     if (wg == 2) {
         setmaxnreg_dec<W::PRODUCER_REGS>();
         if (packed) mla_producer<T, ADDR, true>(p, map, qs, stages, bar, kv_head, head0, rows);
@@ -510,11 +579,11 @@ __device__ __forceinline__ void mla_wgmma_body(const attn_params &p, const CUten
     } else {
         setmaxnreg_inc<W::CONSUMER_REGS>();
         if (wg == 0) {
-            if (packed) mla_scores<T, true>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
-            else mla_scores<T, false>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+            if (packed) mla_scores<T, true>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows, delay);
+            else mla_scores<T, false>(p, qs, stages, ps, fs, bad_s, inv_s, bar, head0, rows, delay);
         } else {
-            if (packed) mla_values<T, true>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
-            else mla_values<T, false>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows);
+            if (packed) mla_values<T, true>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows, delay);
+            else mla_values<T, false>(p, stages, ps, fs, bad_s, inv_s, bar, head0, rows, delay);
         }
     }
 #endif
