@@ -29,18 +29,19 @@
  * one warpgroup; split over two it is 128.
  *
  * The copies set the pace, so a stage is freed as early as it can be: warp-
- * group 0 issues its P V of tile t - 1 before S of tile t and frees the
- * stage once that product is done, without waiting for tile t's copies;
- * warpgroup 1 waits for its P V at once. The producer then fills one stage
- * while S waits on the other, and S starts on each 64-column block of a
- * tile as soon as that block lands (a barrier a block). Where items are of
- * one token, a stage is freed in three parts, each once its last reader is
- * done: V's first half (blocks 0-3, warpgroup 0's P V), the rotary block 8
- * (S alone) and V's second half (blocks 4-7, warpgroup 1's P V); the
- * producer copies them, and S reads them, in that order. In full row tiles
- * (64 heads or more, compute-bound) warpgroup 1 issues its P V of tile t - 1
- * only once S of tile t is done, so it runs under warpgroup 0's softmax of
- * tile t rather than beside the S that softmax waits for (BENCHMARKS.md).
+ * group 0 issues its P V of tile t - 1 with S of tile t and frees the stage
+ * once that product is done (it finds out after S's last wait for tile t's
+ * copies); warpgroup 1 waits for its P V at once. The producer then fills
+ * one stage while S waits on the other, and S starts on each 64-column
+ * block of a tile as soon as that block lands (a barrier a block). In a
+ * plan without packed items, a stage is freed in three parts, each once its
+ * last reader is done: V's first half (blocks 0-3, warpgroup 0's P V), the
+ * rotary block 8 (S alone) and V's second half (blocks 4-7, warpgroup 1's
+ * P V); the producer copies them, and S reads them, in that order (packed
+ * items too). In full row tiles of 64 heads (MLA's 64 and 128 heads,
+ * compute-bound) warpgroup 1 issues its P V of tile t - 1 only once S of
+ * tile t is done, so it runs under warpgroup 0's softmax of tile t rather
+ * than beside the S that softmax waits for (BENCHMARKS.md).
  *
  * A stage holds a tile's rows once: S reads all 576 columns K-major, P V
  * the first 512 MN-major (wgmma.cuh's one layout serves both). Keys past
@@ -66,7 +67,7 @@ struct mla_wg {
     static constexpr int DQK = 576, DVO = 512, HALF = DVO / 2;
     static constexpr int ROWS = 64, KEYS = 64, STAGES = 2;
     static constexpr int BLOCKS = DQK / 64; /* a stage's column blocks, each signalled on its own */
-    /* the parts of a stage freed apart where items are of one token
+    /* the parts of a stage freed apart in a plan without packed items
      * (mla_barriers): blocks 0-3 (the first half of V), block 8 (the
      * rotary part, read by S alone) and blocks 4-7, copied in that order */
     static constexpr int PARTS = 3;
@@ -87,10 +88,12 @@ struct mla_wg {
 
 /* The stages pass between the producer and the consumers through these:
  * tile number g of the block (over its items) is in stage g % STAGES;
- * k_full[s][b]: column blocks 0 to b of the stage's tile landed (a thread's
- * cp.async complete in order), so S starts on the first 64 columns while
- * the rest are in flight; q_full: q landed; k_empty: both consumers are
- * done with the tile, q_empty: warpgroup 0 with q. */
+ * k_full[s][b]: column block b of the stage's tile landed, with those
+ * copied before it (a thread's cp.async complete in order; the copy order
+ * is 0-3, 8, 4-7), so S starts on the first 64 columns while the rest are
+ * in flight; q_full: q landed; k_empty[s][part]: both consumers are done
+ * with that part of the tile (a plan with packed items: [s][0], the whole
+ * tile); q_empty: warpgroup 0 with q. */
 struct mla_barriers {
     uint64_t k_full[mla_wg::STAGES][mla_wg::BLOCKS], k_empty[mla_wg::STAGES][mla_wg::PARTS], q_full, q_empty;
     uint64_t s_done; /* warpgroup 0's S of a tile after an item's first is done (`delay`: mla_values) */
@@ -104,7 +107,7 @@ enum { PART_LO = 0, PART_ROPE = 1, PART_HI = 2 };
  * NaN-rule sums are written; 1/d is. */
 enum { BAR_P_READY = 1, BAR_P_FREE = 2, BAR_BAD_READY = 3, BAR_INV_READY = 4 };
 
-/* A tile's column blocks B and on into a stage, each block's barrier
+/* A tile's column blocks [B, E) into a stage, each block's barrier
  * signalled once its copies (and every earlier one of this thread) land. */
 template <typename T, int B = 0, int E = mla_wg::BLOCKS>
 __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
@@ -120,7 +123,7 @@ __device__ __forceinline__ void mla_copy_blocks(const attn_params &p,
 }
 
 /* A whole key tile that starts a 64-key part of its page by TMA (map):
- * one thread copies the nine column blocks, a box each, completing on each
+ * one thread copies column blocks [B, E), a box each, completing on each
  * block's barrier, and the others arrive so that the barrier's count is the
  * same as for cp.async. block: the page's id (clamped), slot0 the tile's
  * first slot in it. */
@@ -160,9 +163,10 @@ __device__ __forceinline__ void mla_fill_blocks(const attn_params &p, const CUte
  * rows into qs. A tile's block ids are looked up as soon as the tile before
  * is issued, so their loads run while it waits for a free stage (measured
  * against a lookup just before the copies, H100, 128 heads 64 x 8192: the
- * same within noise, 0.628 / 0.619 ms). Items of one token (!PACK): the
- * consumers free a stage in parts (mla_barriers), each copied as soon as it
- * is free. */
+ * same within noise, 0.628 / 0.619 ms). A plan without packed items
+ * (!PACK): the consumers free a stage in parts (mla_barriers), and the
+ * producer waits for each in turn and copies it (so a part freed early
+ * still waits behind the parts before it). */
 template <typename T, int ADDR, bool PACK>
 __device__ __forceinline__ void mla_producer(const attn_params &p, const CUtensorMap *map, T *qs, T *stages,
                                              mla_barriers &bar, int kv_head, int head0, int rows)
@@ -417,9 +421,9 @@ __device__ __forceinline__ void mla_scores(const attn_params &p, const T *qs, T 
                 pack_p<NT, T>(s, pa);
                 share(0, pa, f);
             }
-            /* P V of the last tile first, so its stage is freed without
-             * waiting for this tile's copies: the producer then has a tile
-             * in flight while S waits for the other */
+            /* P V of the last tile issued with this tile's S, so the
+             * product runs while S waits for the copies (its stage is
+             * freed once S has waited for all of them) */
             for (int t = 1; t < n_tiles; t++) {
                 float s[NT][4], f[2];
                 issue_pv<W::HALF, W::KEYS, T>(o, pa, stage(t - 1)); /* o[:, 0:256] */
