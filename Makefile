@@ -21,7 +21,8 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure
 
-# The CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer
+# (a Debug build, asserts on, optimized at -O1: CMakeLists.txt says why).
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAK_SANITIZE=ON -DAK_CUDA=OFF
 	cmake --build build-asan -j $(JOBS)
