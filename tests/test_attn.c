@@ -299,6 +299,15 @@ static const attn_case fixed_cases[] = {
      {{1, 1}, {1, 40}, {1, 600}}, .mla = 1},
     {"mla verify 1-8 tokens 576/512 h16 bf16 page16", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
      {{2, 100}, {4, 57}, {8, 700}, {1, 1}, {3, 3}}, .mla = 1},
+    /* the small pages (a tile of keys across many blocks) and the largest */
+    {"mla decode 576/512 h16 bf16 page2 split", 16, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 2, NHD, PAGED, 3,
+     {{1, 300}, {2, 33}, {1, 1}}, .mla = 1},
+    {"mla verify 576/512 h32 f16 page4", 32, 1, 576, 512, AK_F16, 0, 0, 1, -1, 0, 4, NHD, PAGED, 3,
+     {{3, 130}, {1, 9}, {8, 8}}, .mla = 1},
+    {"mla decode 576/512 h64 bf16 page8 split", 64, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 8, NHD, PAGED, 3,
+     {{1, 1500}, {2, 77}, {1, 2}}, .mla = 1},
+    {"mla 576/512 h128 bf16 page128 split mid-page", 128, 1, 576, 512, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 3,
+     {{1, 1300}, {2, 200}, {1, 129}}, .mla = 1},
     /* up to 64 / heads tokens of a request one item on the wgmma kernel:
      * the causal diagonal across a split boundary, a last split the first
      * tokens see none of (8258 = 43 x 192 + 2 keys: 64 splits at most a

@@ -374,6 +374,49 @@ static void core_selector(test_ctx *t)
           "status %s: %s", ak_status_str(st), ak_last_error());
     unsetenv("AK_BACKEND");
     core_cpu_isa(t, &cfg, &lim);
+    /* an MLA config (DeepSeek's 576/512 absorbed rows): the cpu backend on
+     * the CPU, cuda_mla where a GPU is; AK_BACKEND is obeyed for it as for
+     * any other, and a backend that cannot serve it is refused by name */
+    {
+        ak_attn_config mc;
+        ak_mla_config_init(&mc, 16, 512, 64, 0.1f);
+        mc.q_dtype = mc.kv_dtype = mc.o_dtype = AK_BF16;
+        mc.page_size = 64;
+        ak_backend *mb = NULL;
+        st = ak_backend_create(&mc, &lim, NULL, &mb);
+        CHECK(t, "an MLA config on the CPU chooses cpu", st == AK_OK && !strcmp(ak_backend_name(mb), "cpu"),
+              "status %s: %s", ak_status_str(st), mb ? ak_backend_name(mb) : ak_last_error());
+        ak_backend_destroy(mb);
+        mb = NULL;
+        setenv("AK_BACKEND", "cpu_ref", 1);
+        st = ak_backend_create(&mc, &lim, NULL, &mb);
+        CHECK(t, "AK_BACKEND=cpu_ref is obeyed for an MLA config",
+              st == AK_OK && !strcmp(ak_backend_name(mb), "cpu_ref"), "status %s: %s", ak_status_str(st),
+              mb ? ak_backend_name(mb) : ak_last_error());
+        ak_backend_destroy(mb);
+        mb = NULL;
+        /* cuda_paged serves GQA only: forced on an MLA config, create fails
+         * and the message names the backend and its reason */
+        setenv("AK_BACKEND", "cuda_paged", 1);
+        st = ak_backend_create(&mc, &lim, NULL, &mb);
+        CHECK(t, "AK_BACKEND=cuda_paged on an MLA config is refused with its reason",
+              st != AK_OK && mb == NULL && strstr(ak_last_error(), "cuda_paged") && strlen(ak_last_error()) > 20,
+              "status %s: %s", ak_status_str(st), ak_last_error());
+        unsetenv("AK_BACKEND");
+        st = ak_explain(&mc, buf, sizeof buf);
+        CHECK(t, "explain of an MLA config says MLA and names the chosen backend",
+              st == AK_OK && strstr(buf, "MLA") && strstr(buf, "chosen") && strstr(buf, "cpu"), "status %s: %s",
+              ak_status_str(st), buf);
+        if (ak_device_count(AK_DEVICE_CUDA) > 0) {
+            mc.device.kind = AK_DEVICE_CUDA;
+            st = ak_backend_create(&mc, &lim, NULL, &mb);
+            CHECK(t, "an MLA config on a GPU chooses cuda_mla",
+                  st == AK_OK && !strcmp(ak_backend_name(mb), "cuda_mla"), "status %s: %s", ak_status_str(st),
+                  mb ? ak_backend_name(mb) : ak_last_error());
+            ak_backend_destroy(mb);
+            mb = NULL;
+        }
+    }
     /* a CUDA config on a machine without CUDA is an error with reasons */
     cfg.device.kind = AK_DEVICE_CUDA;
     st = ak_backend_create(&cfg, &lim, NULL, &b);

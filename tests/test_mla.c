@@ -24,10 +24,11 @@
 typedef struct mla_case {
     const char *name;
     int heads, nope, latent, rope, vdim;
-    ak_dtype dtype;  /* q and the cache; o is f32 */
+    ak_dtype dtype;  /* q and the cache (and o where o16) */
     int page_size;
     int num_reqs;
     req_spec reqs[4];
+    int o16; /* o in dtype instead of f32 (the GPU kernel writes 16-bit o only) */
 } mla_case;
 
 static const mla_case mla_cases[] = {
@@ -35,6 +36,10 @@ static const mla_case mla_cases[] = {
     {"mla = expanded: small bf16 page 1", 4, 16, 32, 8, 16, AK_BF16, 1, 2, {{3, 33}, {1, 90}}},
     {"mla = expanded: deepseek 16 heads f32", 16, 128, 512, 64, 128, AK_F32, 64, 2, {{1, 300}, {2, 129}}},
     {"mla = expanded: deepseek 16 heads bf16", 16, 128, 512, 64, 128, AK_BF16, 64, 2, {{1, 200}, {3, 65}}},
+    {"mla = expanded: deepseek 16 heads bf16, bf16 o", 16, 128, 512, 64, 128, AK_BF16, 64, 3,
+     {{1, 300}, {2, 129}, {1, 1}}, .o16 = 1},
+    {"mla = expanded: deepseek 128 heads bf16, bf16 o", 128, 128, 512, 64, 128, AK_BF16, 64, 2,
+     {{1, 300}, {2, 65}}, .o16 = 1},
 };
 
 /* The model's tensors, f32, already rounded to the dtype where attnkit reads them. */
@@ -129,8 +134,9 @@ static ak_status absorbed(const test_ctx *t, const char *name, const mla_case *m
 
     ak_attn_config cfg;
     ak_mla_config_init(&cfg, H, L, R, (float)(1.0 / sqrt((double)(N + R))));
+    const ak_dtype od = mc->o16 ? mc->dtype : AK_F32;
     cfg.q_dtype = cfg.kv_dtype = mc->dtype;
-    cfg.o_dtype = AK_F32;
+    cfg.o_dtype = od;
     cfg.page_size = mc->page_size;
     cfg.device = t->device;
     ak_backend *be = NULL;
@@ -199,7 +205,7 @@ static ak_status absorbed(const test_ctx *t, const char *name, const mla_case *m
     tbuf_poison(&ob);
     tbuf_poison(&lb);
     const ak_tensor q = ak_tensor_3d(tbuf_data(&qb), mc->dtype, T, H, D);
-    ak_tensor o = ak_tensor_3d(tbuf_data(&ob), AK_F32, T, H, L);
+    ak_tensor o = ak_tensor_3d(tbuf_data(&ob), od, T, H, L);
     ak_tensor l = ak_tensor_2d(tbuf_data(&lb), AK_F32, T, H);
     ak_run_args args;
     ak_run_args_init(&args);
@@ -215,13 +221,14 @@ static ak_status absorbed(const test_ctx *t, const char *name, const mla_case *m
     tbuf_download(&lb);
 
     /* o_h = W_UV_h^T o'_h */
-    const float *op = tbuf_host(&ob);
+    const void *op = tbuf_host(&ob);
     for (int64_t tk = 0; tk < T; tk++)
         for (int h = 0; h < H; h++) {
             for (int i = 0; i < V; i++) {
                 double acc = 0;
                 for (int l2 = 0; l2 < L; l2++)
-                    acc += (double)m->w_uv[((int64_t)h * L + l2) * V + i] * op[(tk * H + h) * L + l2];
+                    acc += (double)m->w_uv[((int64_t)h * L + l2) * V + i] *
+                           ak_load_as_f32(op, od, (tk * H + h) * L + l2);
                 out[(tk * H + h) * V + i] = acc;
             }
             lse[tk * H + h] = ((const float *)tbuf_host(&lb))[tk * H + h];
