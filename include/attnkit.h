@@ -325,6 +325,21 @@ AK_API void ak_attn_config_init(ak_attn_config *cfg /* OUT */);
 AK_API void ak_mla_config_init(ak_attn_config *cfg /* OUT */, int num_heads, int kv_lora_rank, int rope_dim,
                                float sm_scale);
 
+/* A chunk of an MLA model's prompt on its cached prefix runs in one of two
+ * forms: absorbed, as the MLA config (q of 576 a head over the latent rows:
+ * 2 x (576 + 512) FLOP a key a head), or expanded (head dims 192/128, as many
+ * KV heads as query heads, K/V up-projected from the latent rows by the
+ * engine: 2 x (192 + 128) FLOP). Measured on an H100 and an H200 at 16 and
+ * 128 heads, 4k to 64k keys (docs/BACKENDS.md): absorbed is faster up to 32
+ * new tokens a request, the two are level near 64, and expanded is 1.7-3.2x
+ * faster from 512 to 8192. Returns 1 where a request of q_len new tokens
+ * should run absorbed (cfg is an MLA config and 1 <= q_len <=
+ * AK_MLA_ABSORBED_MAX_Q_LEN), 0 where it should run expanded (or cfg is not
+ * MLA): an engine splits each step by it, decodes and short verifies
+ * absorbed on this config, longer chunks on its expanded config. */
+#define AK_MLA_ABSORBED_MAX_Q_LEN 32
+AK_API int ak_mla_prefer_absorbed(const ak_attn_config *cfg, int q_len);
+
 /* Sizes fixed at create(): every static buffer of a backend is allocated from
  * these, and plan() rejects a batch above them (AK_ERR_LIMIT_EXCEEDED). */
 typedef struct ak_limits {

@@ -405,8 +405,18 @@ static void core_selector(test_ctx *t)
         unsetenv("AK_BACKEND");
         st = ak_explain(&mc, buf, sizeof buf);
         CHECK(t, "explain of an MLA config says MLA and names the chosen backend",
-              st == AK_OK && strstr(buf, "MLA") && strstr(buf, "chosen") && strstr(buf, "cpu"), "status %s: %s",
-              ak_status_str(st), buf);
+              st == AK_OK && strstr(buf, "MLA") && strstr(buf, "chosen") && strstr(buf, "cpu") &&
+                  strstr(buf, "ak_mla_prefer_absorbed"),
+              "status %s: %s", ak_status_str(st), buf);
+        /* the measured line between the absorbed and the expanded form */
+        CHECK(t, "ak_mla_prefer_absorbed: absorbed up to 32 new tokens, expanded beyond",
+              ak_mla_prefer_absorbed(&mc, 1) == 1 && ak_mla_prefer_absorbed(&mc, AK_MLA_ABSORBED_MAX_Q_LEN) == 1 &&
+                  ak_mla_prefer_absorbed(&mc, AK_MLA_ABSORBED_MAX_Q_LEN + 1) == 0 &&
+                  ak_mla_prefer_absorbed(&mc, 8192) == 0 && ak_mla_prefer_absorbed(&mc, 0) == 0 &&
+                  ak_mla_prefer_absorbed(&mc, -5) == 0 && ak_mla_prefer_absorbed(&cfg, 1) == 0 &&
+                  ak_mla_prefer_absorbed(NULL, 1) == 0,
+              "1: %d, 32: %d, 33: %d, GQA: %d", ak_mla_prefer_absorbed(&mc, 1), ak_mla_prefer_absorbed(&mc, 32),
+              ak_mla_prefer_absorbed(&mc, 33), ak_mla_prefer_absorbed(&cfg, 1));
         if (ak_device_count(AK_DEVICE_CUDA) > 0) {
             mc.device.kind = AK_DEVICE_CUDA;
             st = ak_backend_create(&mc, &lim, NULL, &mb);

@@ -39,6 +39,7 @@ from ._tensor import parse_device as _parse_device, device_str as _device_str
 
 __all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "KVCache",
            "LimitExceeded", "Limits", "Unsupported", "View", "backends", "device_count", "explain",
+           "mla_prefer_absorbed",
            "kv_update", "library_path", "version", "backend_from_handle"]
 
 _lib, library_path = _capi.load()
@@ -239,6 +240,14 @@ def explain(config, cap=16384):
     buf = ctypes.create_string_buffer(cap)
     _lib.ak_explain(ctypes.byref(c), buf, cap)
     return buf.value.decode(errors="replace")
+
+
+def mla_prefer_absorbed(config, q_len):
+    """True where a request of q_len new tokens of an MLA model runs faster
+    absorbed (config, an MLA config) than expanded (head dims 192/128):
+    1 <= q_len <= 32, measured (ak_mla_prefer_absorbed)."""
+    c = config.to_c()
+    return bool(_lib.ak_mla_prefer_absorbed(ctypes.byref(c), int(q_len)))
 
 
 # ---------------------------------------------------------------------------

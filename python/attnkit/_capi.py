@@ -254,6 +254,7 @@ def declare(lib):
     _proto(lib, "ak_backend_count", c_int)
     _proto(lib, "ak_backend_name_at", ctypes.c_char_p, c_int)
     _proto(lib, "ak_explain", status, P(ak_attn_config), ctypes.c_char_p, ctypes.c_size_t)
+    _proto(lib, "ak_mla_prefer_absorbed", ctypes.c_int, P(ak_attn_config), ctypes.c_int)
     _proto(lib, "ak_support_matrix", status, ctypes.c_char_p, ctypes.c_size_t)
 
 

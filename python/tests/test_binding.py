@@ -191,6 +191,13 @@ class TestLibrary(unittest.TestCase):
         self.assertIn("cpu_ref", text)
         self.assertEqual(attnkit.device_count("cpu"), 1)
 
+    def test_mla_prefer_absorbed(self):
+        mla = attnkit.Config(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_vo=512, mla=True)
+        self.assertEqual([attnkit.mla_prefer_absorbed(mla, n) for n in (0, 1, 32, 33, 8192)],
+                         [False, True, True, False, False])
+        self.assertFalse(attnkit.mla_prefer_absorbed(attnkit.Config(num_qo_heads=32, num_kv_heads=8), 1))
+        self.assertIn("MLA chunks", attnkit.explain(mla))
+
     def test_struct_layouts(self):
         # ak_tensor returned by value, ak_paged_kv filled by the library: every
         # field read back where the C library put it

@@ -147,6 +147,11 @@ void ak_mla_config_init(ak_attn_config *cfg, int num_heads, int kv_lora_rank, in
     cfg->mla = 1;
 }
 
+int ak_mla_prefer_absorbed(const ak_attn_config *cfg, int q_len)
+{
+    return cfg && cfg->mla && q_len >= 1 && q_len <= AK_MLA_ABSORBED_MAX_Q_LEN;
+}
+
 void ak_limits_init(ak_limits *lim)
 {
     memset(lim, 0, sizeof *lim);

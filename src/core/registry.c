@@ -230,6 +230,10 @@ static void describe_config(textbuf *tb, const ak_attn_config *c)
     tb_printf(tb, "workload %s, ", c->workload == AK_WORKLOAD_DECODE ? "decode" : "any");
     if (c->mla) tb_printf(tb, "MLA (V = the first %d values of each K row), ", c->head_dim_vo);
     tb_printf(tb, "device %s:%d\n", device_kind_name(c->device.kind), c->device.index);
+    if (c->mla)
+        tb_printf(tb, "MLA chunks: up to %d new tokens a request run faster absorbed (this config), longer ones "
+                      "expanded (head dims 192/128): ak_mla_prefer_absorbed, docs/BACKENDS.md\n",
+                  AK_MLA_ABSORBED_MAX_Q_LEN);
 }
 
 /* The one selection routine behind ak_backend_create and ak_explain. Writes
