@@ -19,14 +19,14 @@ run: build
 	./$(BUILD)/attnkit-bench
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer
 # (a Debug build, asserts on, optimized at -O1: CMakeLists.txt says why).
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAK_SANITIZE=ON -DAK_CUDA=OFF
 	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ctest --output-on-failure -LE gpu
+	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE gpu
 
 # The thread tests (tests/test_threads.c) under ThreadSanitizer. Each backend
 # runs with AK_NUM_THREADS=1: libgomp is not built with TSan, so the
