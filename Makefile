@@ -4,6 +4,9 @@
 BUILD ?= build
 CMAKE_FLAGS ?=
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# tests side by side: the CPU suite's two shards (each test's OpenMP team
+# takes every core, so more would only oversubscribe)
+CTEST_JOBS ?= 2
 
 .PHONY: all build run test asan tsan fuzz clean
 
@@ -19,14 +22,14 @@ run: build
 	./$(BUILD)/attnkit-bench
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(CTEST_JOBS)
 
 # The CPU tests once more under AddressSanitizer + UndefinedBehaviorSanitizer
 # (a Debug build, asserts on, optimized at -O1: CMakeLists.txt says why).
 asan:
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAK_SANITIZE=ON -DAK_CUDA=OFF
 	cmake --build build-asan -j $(JOBS)
-	cd build-asan && ctest --output-on-failure -j $(JOBS) -LE gpu
+	cd build-asan && ctest --output-on-failure -j $(CTEST_JOBS) -LE gpu
 
 # The thread tests (tests/test_threads.c) under ThreadSanitizer. Each backend
 # runs with AK_NUM_THREADS=1: libgomp is not built with TSan, so the

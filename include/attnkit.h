@@ -58,7 +58,7 @@
  * Threads
  *   - ak_last_error(): thread-local; each thread sees its own last failure.
  *   - Pure functions (ak_status_str, ak_dtype_name / _size, ak_tensor_*d, the
- *     *_init functions, ak_graph_support_name), ak_device_count /
+ *     *_init functions, ak_graph_support_name, ak_mla_prefer_absorbed), ak_device_count /
  *     ak_device_get_info, ak_batch_meta_sizes / ak_batch_build_meta and
  *     ak_merge_states (on distinct outputs) may be called from any number of
  *     threads at once.
@@ -331,8 +331,9 @@ AK_API void ak_mla_config_init(ak_attn_config *cfg /* OUT */, int num_heads, int
  * KV heads as query heads, K/V up-projected from the latent rows by the
  * engine: 2 x (192 + 128) FLOP). Measured on an H100 and an H200 at 16 and
  * 128 heads, 4k to 64k keys (docs/BACKENDS.md): absorbed is faster up to 32
- * new tokens a request, the two are level near 64, and expanded is 1.7-3.2x
- * faster from 512 to 8192. Returns 1 where a request of q_len new tokens
+ * new tokens a request; at 64 the two are level on the H100 and expanded is
+ * 1.5x faster on the H200; from 512 to 8192 expanded is 1.7-3.2x faster
+ * (H100). Returns 1 where a request of q_len new tokens
  * should run absorbed (cfg is an MLA config and 1 <= q_len <=
  * AK_MLA_ABSORBED_MAX_Q_LEN), 0 where it should run expanded (or cfg is not
  * MLA): an engine splits each step by it, decodes and short verifies

@@ -5,7 +5,8 @@
  * --filter runs only the cases whose name contains TEXT, --skip (up to 8)
  * leaves out those whose name contains any of its TEXTs.
  * --shard I/N runs the cases whose name hashes to I mod N: N processes with
- * I = 0 .. N-1 run the whole suite between them, side by side.
+ * I = 0 .. N-1 run every case between them, side by side (the few checks
+ * outside the case tables run in each).
  * Exit 0 if nothing failed, 1 otherwise, 77 (skipped) for --device cuda
  * where no GPU is present.
  */

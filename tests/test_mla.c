@@ -39,7 +39,7 @@ static const mla_case mla_cases[] = {
     {"mla = expanded: deepseek 16 heads bf16, bf16 o", 16, 128, 512, 64, 128, AK_BF16, 64, 3,
      {{1, 300}, {2, 129}, {1, 1}}, .o16 = 1},
     {"mla = expanded: deepseek 128 heads bf16, bf16 o", 128, 128, 512, 64, 128, AK_BF16, 64, 2,
-     {{1, 300}, {2, 65}}, .o16 = 1},
+     {{1, 130}, {2, 65}}, .o16 = 1},
 };
 
 /* The model's tensors, f32, already rounded to the dtype where attnkit reads them. */

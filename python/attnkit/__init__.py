@@ -39,8 +39,8 @@ from ._tensor import parse_device as _parse_device, device_str as _device_str
 
 __all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "KVCache",
            "LimitExceeded", "Limits", "Unsupported", "View", "backends", "device_count", "explain",
-           "mla_prefer_absorbed",
-           "kv_update", "library_path", "version", "backend_from_handle"]
+           "kv_update", "library_path", "mla_prefer_absorbed", "MLA_ABSORBED_MAX_Q_LEN", "version",
+           "backend_from_handle"]
 
 _lib, library_path = _capi.load()
 _capi.declare(_lib)
@@ -242,12 +242,18 @@ def explain(config, cap=16384):
     return buf.value.decode(errors="replace")
 
 
+MLA_ABSORBED_MAX_Q_LEN = 32  # attnkit.h's AK_MLA_ABSORBED_MAX_Q_LEN
+
+
 def mla_prefer_absorbed(config, q_len):
     """True where a request of q_len new tokens of an MLA model runs faster
     absorbed (config, an MLA config) than expanded (head dims 192/128):
-    1 <= q_len <= 32, measured (ak_mla_prefer_absorbed)."""
+    1 <= q_len <= MLA_ABSORBED_MAX_Q_LEN, as measured (ak_mla_prefer_absorbed)."""
+    q_len = int(q_len)
+    if not 1 <= q_len <= 2**31 - 1:  # (a C int: larger values would wrap)
+        return False
     c = config.to_c()
-    return bool(_lib.ak_mla_prefer_absorbed(ctypes.byref(c), int(q_len)))
+    return bool(_lib.ak_mla_prefer_absorbed(ctypes.byref(c), q_len))
 
 
 # ---------------------------------------------------------------------------

@@ -193,8 +193,9 @@ class TestLibrary(unittest.TestCase):
 
     def test_mla_prefer_absorbed(self):
         mla = attnkit.Config(num_qo_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_vo=512, mla=True)
-        self.assertEqual([attnkit.mla_prefer_absorbed(mla, n) for n in (0, 1, 32, 33, 8192)],
-                         [False, True, True, False, False])
+        m = attnkit.MLA_ABSORBED_MAX_Q_LEN
+        self.assertEqual([attnkit.mla_prefer_absorbed(mla, n) for n in (0, 1, m, m + 1, 8192, 2**32 + 1)],
+                         [False, True, True, False, False, False])
         self.assertFalse(attnkit.mla_prefer_absorbed(attnkit.Config(num_qo_heads=32, num_kv_heads=8), 1))
         self.assertIn("MLA chunks", attnkit.explain(mla))
 
