@@ -237,7 +237,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 
             if (tr::PIPE && n_tiles > 0) {
                 /* step t issues S of tile t and P.V of tile t - 1 together; the
-                 * softmax of t runs while P.V does, then o is rescaled */
+                 * softmax of t runs while P.V does, then o is rescaled. The
+                 * item's last P.V runs alone: issuing it with the next
+                 * item's first S instead (one q buffer or two) measured
+                 * slower, by up to 17% at 16 x 1024 (BENCHMARKS.md) */
                 uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
                 {
                     float s[NT][4], f[2];
