@@ -240,7 +240,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                  * softmax of t runs while P.V does, then o is rescaled. The
                  * item's last P.V runs alone: issuing it with the next
                  * item's first S instead (one q buffer or two) measured
-                 * slower, by up to 17% at 16 x 1024 (BENCHMARKS.md) */
+                 * slower: 10-17% at 16 x 1024, up to 21% at 64 x 512
+                 * (BENCHMARKS.md) */
                 uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
                 {
                     float s[NT][4], f[2];
