@@ -60,12 +60,16 @@ def median_ms(bench, device, shape, timeout):
                 row = json.loads(line)
             except ValueError:
                 break
-            if row.get("median_ms") is not None:
+            if row.get("median_ms") is not None and row.get("status") == "ok":  # (gpu_sdpa.py's rule)
                 return float(row["median_ms"])
             why = "%s: %s" % (row.get("status", "no time"), row.get("reason", ""))
             break
     print(f"# {bench} {shape}: no time ({why})", file=sys.stderr)
     return None
+
+
+def times(ms):
+    return " ".join("%.4f" % x for x in ms) or "-"
 
 
 def main():
@@ -98,8 +102,7 @@ def main():
                 else:
                     out.append(t)
         ratio = "%.3f" % (statistics.median(new) / statistics.median(base)) if base and new else "-"
-        fmt = lambda v: " ".join("%.4f" % x for x in v) or "-"
-        print(f"{shape} | {fmt(base)} | {fmt(new)} | {ratio}", flush=True)
+        print(f"{shape} | {times(base)} | {times(new)} | {ratio}", flush=True)
     return 0 if ok else 1
 
 
