@@ -76,6 +76,15 @@ static const attn_case fixed_cases[] = {
     {"prefill several items per block bf16 d128 gqa4", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED,
      16, {{160, 160}, {97, 97}, {200, 200}, {140, 140}, {160, 160}, {97, 97}, {200, 200}, {140, 140},
           {160, 160}, {97, 97}, {200, 200}, {140, 140}, {160, 160}, {97, 97}, {200, 200}, {140, 140}}},
+    /* d256 on pages of whole 128-key tiles (a TMA box a tile) and of 64 keys
+     * (two boxes a tile), with tiles cut by kv_end; the MQA case has 4096+
+     * rows a request (the scan pass, then the clean pass) */
+    {"prefill d256 page 128 gqa4 whole tiles", 8, 2, 256, 256, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 3,
+     {{300, 300}, {1, 400}, {130, 700}}},
+    {"prefill d256 page 64 hnd f16", 8, 2, 256, 256, AK_F16, 0, 0, 1, -1, 0, 64, HND, PAGED, 2,
+     {{260, 520}, {70, 70}}},
+    {"prefill d256 mqa16 page 128 (scanned)", 16, 1, 256, 256, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2,
+     {{300, 300}, {260, 900}}},
     {"chunked prefill on a prefix", 4, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{32, 200}, {100, 1030}, {5, 17}}},
     {"mixed prefill+decode", 8, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 6,

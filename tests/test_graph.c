@@ -78,7 +78,7 @@ typedef struct graph_case {
                           of its longest) and later ones grow past it, so the replays read
                           K/V rows past the captured step's (nothing captured may bound them) */
     int scan;          /* paged, mixed: the capture's chunks are short (SCAN_CAPTURE_Q), each later
-                          step's MAX_CHUNK x the group >= 4096 rows (the scan pass's threshold), one
+                          step's MAX_CHUNK x the group >= 4096 rows (past the scan pass's threshold, 2048), one
                           request with -inf in K (SCAN_BAD_TOKEN) */
 } graph_case;
 

@@ -59,7 +59,7 @@ typedef struct nf_case {
 #define DECODE_BATCH DEC(3, {{1, 40}, {1, 300}, {1, 2100}})
 #define PREFILL_BATCH DEC(3, {{40, 40}, {20, 100}, {1, 30}})
 #define SPLIT_BATCH DEC(2, {{8, 3000}, {1, 17}})
-/* long: MQA 16/1, so that q_len x group passes the scan pass's 4096 rows
+/* long: MQA 16/1, so that q_len x group passes the scan pass's threshold (2048 rows)
  * at a cost the CPU oracle runs in a moment */
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
 #define LONG_BATCH MQA16(-1, 2, {{260, 260}, {256, 700}})
@@ -164,7 +164,7 @@ static const nf_case cases[] = {
      {IN_V, INFINITY, 0, 97, 0, 0, 127}, 0},
     {"d192/128 prefill: NaN in a key some rows see", DIMS(192, 128, 2, {{100, 100}, {1, 40}}),
      {IN_K, NAN, 0, 60, 0, 1, 191}, 0},
-    /* requests long enough (q_len x group >= 4096 rows) for the CUDA
+    /* requests long enough (q_len x group >= 4096 rows, past the threshold of 2048) for the CUDA
      * engine's scan pass: a corrupted one runs checked, the clean one beside
      * it unchecked, and a key outside what the pass reads (before the first
      * window, past kv_len) never flags anything */

@@ -46,10 +46,10 @@
 
 #include <limits.h>
 
-/* Keys per K/V stage for rows of d elements: the S accumulator is KEYS / 2
- * floats a thread and o is DVN / 2; at DP = 256 a 64-key tile keeps both
- * within 232 registers */
-static constexpr int wg_keys(int d) { return d <= 128 ? 128 : 64; }
+/* Keys per K/V tile, at every DP: the S accumulator is KEYS / 2 floats a
+ * thread, o DVN / 2; at DP 256 both fit the consumers' 232 registers with
+ * one stage (below). The TMA boxes (ak_cuda_prefill_tma_rows) follow it. */
+#define WG_KEYS 128
 
 template <int DQK_, int DVO_> struct wg_traits {
     static constexpr int DQK = DQK_, DVO = DVO_;
@@ -79,17 +79,20 @@ template <int DQK_, int DVO_> struct wg_traits {
     static constexpr int PRODUCER_REGS = CWG == 2 ? 40 : 32;
     static constexpr int CONSUMER_REGS = (THREADS * LAUNCH_REGS - PRODUCERS * PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static constexpr int ROWS = 64 * CWG;
-    static constexpr int KEYS = wg_keys(DP);
+    static constexpr int KEYS = WG_KEYS;
     /* PIPE: S of tile t is computed while P.V of tile t - 1 runs (both
      * asynchronous; the softmax of t then overlaps the P.V), which keeps
      * tiles t - 1 (its V), t and t + 1 (in flight) in shared memory: three
-     * stages. At DP = 256 three do not fit beside Q. Measured on an H200
-     * without PIPE: 2 stages beat 3, and 128 keys beat 64 at D = 128.
-     * PIPE at DP 192 (three stages fit there) measured the same as without
-     * (H100, deepseek-v3-prefill 4 x 4096, 16 x 1024, 1 x 16384, pages of
-     * 64 and 16; 192/192), so it stays off there: 64-key tiles. */
+     * stages. At DP 256 (head dims 256, 192/192, 192/128) Q and one stage of
+     * 128 keys fill the shared memory: without PIPE, K of a tile is freed
+     * once its S is done, so the next tile's K loads under this tile's
+     * softmax and P.V, and its V under the next S. Measured (H200, page 128,
+     * against 64-key tiles in two stages, same run): 4 x 4096 d256 0.958 of
+     * the time, 1 x 16384 0.925, gemma2-9b page 16 0.949, deepseek-v3-prefill
+     * 4 x 4096 page 64 0.903, 192/192 0.907, d256 16 x 1024 1.010
+     * (BENCHMARKS.md) */
     static constexpr bool PIPE = DP <= 128;
-    static constexpr int STAGES = PIPE ? 3 : 2;
+    static constexpr int STAGES = PIPE ? 3 : 1;
     static constexpr int CHUNKS = DP / 8;
     static constexpr int Q_BYTES = ROWS * DP * 2;
     static constexpr int STAGE_BYTES = 2 * KEYS * DP * 2;
@@ -293,13 +296,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     pass_turn();
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                    release_k(t); /* (the next K loads under this softmax and P.V) */
                     if (softmax(t, set, s, f)) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pn);
                     wait_v(t);
                     issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                    release_k(t); /* (late: with two stages, measured 10% faster at d256 than at S's end) */
                     release_v(t);
                 }
             }
@@ -527,8 +530,7 @@ attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
 int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
 {
     if (dqk == 512 && dvo == 512) return 0; /* (prefill_wide.cu) */
-    const int keys = wg_keys(dqk > dvo ? dqk : dvo);
-    return ragged || page_size % keys == 0 ? keys : keys == 128 && page_size % 64 == 0 ? 64 : 0;
+    return ragged || page_size % WG_KEYS == 0 ? WG_KEYS : page_size % 64 == 0 ? 64 : 0;
 }
 
 int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps)

@@ -198,7 +198,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             if (TMA && p.kv_box > 0 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
                 const int boxes = KEYS / p.kv_box;
                 int32_t block[2] = {0, 0};
-                int at[2] = {it.page_base + t0, 0};
+                int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
                 if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
                     block[0] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at[0]);
                     if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
