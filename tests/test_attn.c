@@ -144,8 +144,8 @@ static const attn_case fixed_cases[] = {
     {"empty requests in a batch", 4, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
      {{0, 0}, {1, 20}, {0, 33}, {5, 5}, {0, 0}}},
     {"prefill hnd page 64", 4, 2, 128, 128, AK_F16, 0, 0, 1, -1, 0, 64, HND, PAGED, 2, {{70, 70}, {3, 200}}},
-    /* pages of whole key tiles (the GPU prefill's TMA copies: 128 keys at
-     * head dims up to 128, 64 above; TMA boxes of a tile): rows of 96 (a box's columns past
+    /* pages of whole key tiles (the GPU prefill's TMA copies: 128-key tiles,
+     * a box a tile, or two on pages of 64n keys): rows of 96 (a box's columns past
      * them), a page size that is not a power of two, split chunks on long
      * prefixes, 192/128 */
     {"prefill hnd page 128 d96 gqa4 on prefixes", 16, 4, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 128, HND, PAGED, 3,

@@ -47,11 +47,12 @@
  * prompt (causal cases) or query (cross), and the longest cross K/V. */
 enum { LAYERS = 3, STEPS = 10, MAX_KV = 3000, MAX_CHUNK = 64 };
 enum { RG_LAYERS = 2, RG_STEPS = 8, RG_MAX_Q = 96, RG_MAX_KV = 200 };
-/* Scan cases: the capture and three replays (cpu_ref's time: every
- * replay's chunks are 4096 rows or more); the capture's chunk length; the
- * token of a replay's corrupted request whose key is -inf (the request's
- * rows from it on see it). */
-enum { SCAN_STEPS = 4, SCAN_CAPTURE_Q = 8, SCAN_BAD_TOKEN = 37 };
+/* Scan cases: the capture and three replays (cpu_ref's time); the
+ * capture's chunk length; a replay's chunk under the scan pass's threshold
+ * (x 64 heads: 1984 rows, under 2048: no scan task, checked); the token of
+ * a replay's corrupted request whose key is -inf (the request's rows from it
+ * on see it; that request's chunk is MAX_CHUNK). */
+enum { SCAN_STEPS = 4, SCAN_CAPTURE_Q = 8, SCAN_SHORT_Q = 31, SCAN_BAD_TOKEN = 37 };
 
 typedef struct graph_case {
     const char *name;
@@ -143,9 +144,9 @@ static void step_lengths(uint64_t *rng, int s, const graph_case *gc, int32_t *q_
     for (int r = 0; r < n; r++) {
         if (gc->scan) {
             /* the capture: short chunks; then chunks of MAX_CHUNK on short
-             * prefixes, at even steps one of MAX_CHUNK - 1 (just under the
-             * threshold: no scan task, checked) */
-            q_lens[r] = s == 0 ? SCAN_CAPTURE_Q : s % 2 == 0 && r == s / 2 % n ? MAX_CHUNK - 1 : MAX_CHUNK;
+             * prefixes (4096 rows, scanned), at even steps one of
+             * SCAN_SHORT_Q (under the threshold: no scan task, checked) */
+            q_lens[r] = s == 0 ? SCAN_CAPTURE_Q : s % 2 == 0 && r == s / 2 % n ? SCAN_SHORT_Q : MAX_CHUNK;
             kv_lens[r] = q_lens[r] + scn_rng_int(rng, 0, s == 0 ? 300 : 64);
             continue;
         }

@@ -62,9 +62,9 @@
  * compute-bound prefill and more of a short one (the V scan of every
  * item's diagonal tile), its reads about 240 / rows of a causal one at full
  * speed (an H100: K/V bytes at copy speed against the FLOPs of the rows).
- * Measured (H200, bf16, page 128, 2048 against 4096, same run): 64 x 512
- * d128 0.863 of the time, 32 x 512 d64 0.833, a 512-token chunk on 4096
- * keys 0.927 (BENCHMARKS.md). A request's keys go in tasks of SCAN_KEYS or
+ * Measured (H200, bf16, 2048 against 4096, same run): 64 x 512 d128 (page
+ * 128) 0.863 of the time, 32 x 512 d64 (page 128) 0.833, 4 chunks of 512
+ * tokens on 4096 keys (page 64) 0.927 (BENCHMARKS.md). A request's keys go in tasks of SCAN_KEYS or
  * more, at most SCAN_TASKS_PER_REQ. */
 #define SCAN_MIN_ROWS 2048
 #define SCAN_KEYS 256

@@ -26,7 +26,8 @@
  * cp.async through the page table, a block lookup a row. Stages pass between it and
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
  * no block barrier at all. Within a consumer, S of tile t is issued with
- * P.V of tile t - 1 (the softmax of t overlaps that P.V); between the two,
+ * P.V of tile t - 1 (the softmax of t overlaps that P.V; at DP 256 the two
+ * run in turn, one stage: see PIPE); between the two,
  * named barriers make them take turns (a ring) at issuing their MMAs. Measured
  * steps: BENCHMARKS.md.
  *
@@ -47,8 +48,10 @@
 #include <limits.h>
 
 /* Keys per K/V tile, at every DP: the S accumulator is KEYS / 2 floats a
- * thread, o DVN / 2; at DP 256 both fit the consumers' 232 registers with
- * one stage (below). The TMA boxes (ak_cuda_prefill_tma_rows) follow it. */
+ * thread, o DVN / 2; at DP 256 both fit the consumers' 232 registers
+ * (ptxas spills 4 bytes in the clean pass, 76 in the checked one), and Q and
+ * one stage fill the shared memory (below). The TMA boxes
+ * (ak_cuda_prefill_tma_rows) follow it. */
 #define WG_KEYS 128
 
 template <int DQK_, int DVO_> struct wg_traits {
