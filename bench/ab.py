@@ -23,11 +23,11 @@ Exit status: 0 when every run gave a time, 1 otherwise, 2 on bad arguments.
 """
 
 import argparse
-import json
 import shlex
 import statistics
-import subprocess
 import sys
+
+from bench_json import bench_median_ms
 
 PREFILL = "--backend cuda_paged --dtype bf16 --workload prefill --page-size 128"
 DEFAULT_SHAPES = [
@@ -46,26 +46,11 @@ DEFAULT_SHAPES = [
 
 
 def median_ms(bench, device, shape, timeout):
-    """attnkit-bench's median time (ms) of its first JSON row, or None."""
-    cmd = [bench, "--device", device, "--json"] + shlex.split(shape)
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        print(f"# {bench}: {e}", file=sys.stderr)
-        return None
-    why = f"exit {r.returncode}"
-    for line in r.stdout.splitlines():
-        if line.startswith("{"):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                break
-            if row.get("median_ms") is not None and row.get("status") == "ok":  # (gpu_sdpa.py's rule)
-                return float(row["median_ms"])
-            why = "%s: %s" % (row.get("status", "no time"), row.get("reason", ""))
-            break
-    print(f"# {bench} {shape}: no time ({why})", file=sys.stderr)
-    return None
+    """attnkit-bench's median time (ms) of the shape, or None (why on stderr)."""
+    ms, why = bench_median_ms([bench, "--device", device, "--json"] + shlex.split(shape), timeout)
+    if ms is None:
+        print(f"# {bench} {shape}: no time ({why})", file=sys.stderr)
+    return ms
 
 
 def times(ms):

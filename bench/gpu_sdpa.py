@@ -24,11 +24,11 @@ Exit status: 0 when every side ran, 1 otherwise, 2 without torch or a GPU.
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+from bench_json import bench_median_ms
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_BENCH = os.path.join(REPO_ROOT, "build-gpu", "attnkit-bench")
@@ -75,14 +75,7 @@ def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True, page=16):
     cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
            "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
            "bf16", "--page-size", str(page), "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            if row.get("median_ms") is not None and row.get("status") == "ok":
-                return row["median_ms"], ""
-            return None, row.get("reason", row.get("status", "?"))
-    return None, "attnkit-bench exit %d: %s" % (proc.returncode, " | ".join(proc.stderr.strip().splitlines()[-2:]))
+    return bench_median_ms(cmd)
 
 
 def main():
