@@ -158,13 +158,18 @@ struct attn_params {
      * second parameter's maps, a key tile (the kernel's KEYS) or half of one
      * (paged: a page holds whole boxes), or 0: every copy by cp.async */
     int kv_box;
+    /* prefill (prefill_wgmma.cu): the tokens of a TMA box of q in the second
+     * parameter's q map (a whole row tile: prow_heads heads of each), or 0:
+     * q by cp.async */
+    int q_box;
 };
 
 /* The second parameter of the kernels that read K/V by TMA
  * (attn_kernel.tma_map): the maps of K and of V (MLA: K alone), built by
- * run() for the layer's pools and copied at the launch. */
+ * run() for the layer's pools, and the prefill's map of q, built for the
+ * step's q tensor; copied at the launch. */
 struct kv_maps {
-    CUtensorMap k, v;
+    CUtensorMap k, v, q;
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -1002,15 +1007,17 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
  * copies with cp.async). Host only, no GPU work: run() calls it, and a
  * captured graph keeps the map it was captured with. */
 int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
-/* The maps of K and V for the wgmma prefill kernel (kv_maps, TMA boxes of
- * 64 columns of 16-bit rows and a key tile of rows, or half of one, 128-byte
- * swizzle): answers the box's rows (attn_params.kv_box), or 0 where the
- * pools do not allow TMA (alignment, strides, pages not made of whole boxes)
- * or the driver has no encoder. The maps depend on the pools (or ragged
- * tensors' base and strides), never on the plan: ragged rows are bounded by
- * the kernel's items alone, as its cp.async copies are. Host only, as
+/* The maps of the wgmma prefill kernel (kv_maps, TMA boxes of 64 columns of
+ * 16-bit rows, 128-byte swizzle): K's and V's, a key tile of rows or half of
+ * one, their rows in p->kv_box, or 0 where the pools do not allow TMA
+ * (alignment, strides, pages not made of whole boxes) or the driver has no
+ * encoder; q's, a row tile (p->prow_heads heads of q_tokens tokens), the
+ * tokens in p->q_box, or 0 where q's base or strides do not allow it. The
+ * maps depend on the pools (or ragged tensors' base and strides) and on q's,
+ * never on the plan: ragged rows and q's tokens are bounded by the kernel's
+ * items alone, as its cp.async copies are. Host only, as
  * ak_cuda_mla_tma_map. */
-int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps);
+void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int q_tokens, kv_maps *maps);
 /* The rows of those maps' boxes for head dims (dqk, dvo), ragged K/V or
  * pages of page_size keys, or 0: no TMA (the rule the maps and the
  * backend's explanation share). */

@@ -1480,7 +1480,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     /* (a few microseconds of host time: only where the prefill kernel runs;
      * the maps depend on the pools alone, so a captured graph serves any
      * later plan) */
-    if (prefill && s->pre_tma) p.kv_box = ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, &kv_map);
+    if (prefill && s->pre_tma) ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->ptok, &kv_map);
     /* The scan pass first, an ordinary launch. Decode is a programmatic
      * dependent of whatever kernel is before it (the scan, or the layer
      * before's merge, which lets it launch at once): its blocks read the

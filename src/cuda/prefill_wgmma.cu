@@ -23,7 +23,8 @@
  * of ragged rows, or on pages of whole TMA boxes (a tile, or half of one),
  * by TMA, a box a column block (and page) issued by one thread (the pools'
  * maps, built by run(): ak_cuda_prefill_tma_maps); any other tile with
- * cp.async through the page table, a block lookup a row. Stages pass between it and
+ * cp.async through the page table, a block lookup a row; an item's q the
+ * same way, by TMA when it fills the row tile (q's map). Stages pass between it and
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V; at DP 256 the two
@@ -536,41 +537,57 @@ int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
     return ragged || page_size % WG_KEYS == 0 ? WG_KEYS : page_size % 64 == 0 ? 64 : 0;
 }
 
-int ak_cuda_prefill_tma_maps(const attn_params *p, int dqk, int dvo, kv_maps *maps)
+void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int q_tokens, kv_maps *maps)
 {
+    p->kv_box = p->q_box = 0;
     const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size);
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
-    if (!encode || rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return 0;
+    if (!encode || (dqk == 512 && dvo == 512)) return; /* (prefill_wide.cu: no maps) */
     const int64_t esz = 2; /* 16-bit rows */
-    auto make = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
+    /* a map of 16-bit rows of d columns: dims[0] = d, then rank - 1 more
+     * dimensions of the given extents and strides (elements); boxes of 64
+     * columns and box[1..] */
+    auto make = [&](CUtensorMap *map, const void *base, int d, int rank, const cuuint64_t *ext, const int64_t *st,
+                    const cuuint32_t *box_rest) {
         if ((uintptr_t)base % 16) return false;
-        if (p->num_kv_heads == 1) head = 8; /* (any valid stride: the coordinate is 0) */
-        const int64_t st[3] = {p->ragged ? block : slot, head, block};
-        for (int i = 0; i < (p->ragged ? 2 : 3); i++) /* TMA's strides: 16-byte multiples below 2^40 bytes */
+        cuuint64_t dims[4] = {(cuuint64_t)d}, strides[3];
+        cuuint32_t box[4] = {64}, step[4] = {1, 1, 1, 1};
+        for (int i = 0; i < rank - 1; i++) { /* TMA's strides: 16-byte multiples below 2^40 bytes */
             if (st[i] * esz <= 0 || st[i] * esz % 16 || st[i] * esz >= ((int64_t)1 << 40)) return false;
-        const cuuint32_t box[4] = {64, (cuuint32_t)rows_box, 1, 1}, step[4] = {1, 1, 1, 1};
-        cuuint64_t dims[4], strides[3];
-        cuuint32_t rank;
-        if (p->ragged) {
-            rank = 3;
-            /* rows: no bound of the plan's (a captured graph replays later
-             * plans over more rows); the kernel copies boxes below its items'
-             * kv_end alone, rows run() checked the tensors hold */
-            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)INT32_MAX, dims[2] = (cuuint64_t)p->num_kv_heads;
-            strides[0] = (cuuint64_t)(block * esz), strides[1] = (cuuint64_t)(head * esz);
-        } else {
-            rank = 4;
-            dims[0] = (cuuint64_t)d, dims[1] = (cuuint64_t)p->page_size, dims[2] = (cuuint64_t)p->num_kv_heads;
-            dims[3] = (cuuint64_t)p->num_blocks;
-            strides[0] = (cuuint64_t)(slot * esz), strides[1] = (cuuint64_t)(head * esz);
-            strides[2] = (cuuint64_t)(block * esz);
+            dims[i + 1] = ext[i], strides[i] = (cuuint64_t)(st[i] * esz), box[i + 1] = box_rest[i];
         }
-        return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, (void *)base, dims, strides, box, step,
+        return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, (cuuint32_t)rank, (void *)base, dims, strides, box, step,
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
-    if (!make(&maps->k, p->k_pool, dqk, p->k_block_stride, p->k_stride_slot, p->k_stride_head) ||
-        !make(&maps->v, p->v_pool, dvo, p->v_block_stride, p->v_stride_slot, p->v_stride_head))
-        return 0;
-    return rows_box;
+    /* q: {d, heads, tokens}, a box a row tile's heads and tokens (row =
+     * token x heads + head: load_q_tile's packing); the tokens unbounded,
+     * as ragged rows below. With one head any valid stride will do (the
+     * coordinate is 0). */
+    const int hb = p->prow_heads;
+    if (hb >= 1 && q_tokens >= 1 && hb <= 256 && q_tokens <= 256) {
+        const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
+        const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->q_stride_head, p->q_stride_tok};
+        const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)q_tokens};
+        if (make(&maps->q, p->q, dqk, 3, ext, st, box)) p->q_box = q_tokens;
+    }
+    if (rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return;
+    auto make_kv = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
+        if (p->num_kv_heads == 1) head = 8; /* (any valid stride: the coordinate is 0) */
+        const cuuint32_t box[3] = {(cuuint32_t)rows_box, 1, 1};
+        if (p->ragged) {
+            /* rows: no bound of the plan's (a captured graph replays later
+             * plans over more rows); the kernel copies boxes below its items'
+             * kv_end alone, rows run() checked the tensors hold */
+            const cuuint64_t ext[2] = {(cuuint64_t)INT32_MAX, (cuuint64_t)p->num_kv_heads};
+            const int64_t st[2] = {block, head};
+            return make(map, base, d, 3, ext, st, box);
+        }
+        const cuuint64_t ext[3] = {(cuuint64_t)p->page_size, (cuuint64_t)p->num_kv_heads, (cuuint64_t)p->num_blocks};
+        const int64_t st[3] = {slot, head, block};
+        return make(map, base, d, 4, ext, st, box);
+    };
+    if (make_kv(&maps->k, p->k_pool, dqk, p->k_block_stride, p->k_stride_slot, p->k_stride_head) &&
+        make_kv(&maps->v, p->v_pool, dvo, p->v_block_stride, p->v_stride_slot, p->v_stride_head))
+        p->kv_box = rows_box;
 }

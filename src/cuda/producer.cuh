@@ -152,6 +152,30 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
     }
 }
 
+/* A whole row tile of q (the `rows` rows of a box of the map, token by
+ * token, each its heads from head0; DQK of its columns real, in DQK / 64
+ * rounded up column blocks of ROWS rows) by TMA into qs, completing on
+ * full: one thread issues a box a column block, the others arrive, as
+ * tma_tile_copy. Rows past `rows` (a group that does not divide ROWS: 7
+ * heads, 18 tokens, 126 rows) keep an earlier item's values: no token owns
+ * them, so they are never stored, and a row's softmax is its own. Measured
+ * (H200, page 128, per-phase clocks): issuing a tile's 2,048 cp.async copies
+ * (load_q_tile) took the producer 3.3 us an item, its next key tiles behind
+ * them; against that, 0.96-0.99 of the time at head dims 64 and 128, 0.86
+ * (16 x 1024) and 0.95 (4 x 4096) at 256 (BENCHMARKS.md). */
+template <int DQK, int ROWS, int PRODUCERS, typename T>
+__device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int head0, int tok0, T *qs, uint64_t *full)
+{
+    constexpr int NCB = (DQK + 63) / 64;
+    if (threadIdx.x % PRODUCERS == 0) {
+        mbar_arrive_expect_tx(full, (uint32_t)(rows * NCB * 128));
+#pragma unroll
+        for (int c = 0; c < NCB; c++) tma_load_3d(qs + c * (ROWS * 64), map, c * 64, head0, tok0, full);
+    } else {
+        mbar_arrive(full);
+    }
+}
+
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
  * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
  * block's items (in the consumers' order), its K/V tiles into the stages and
@@ -226,7 +250,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
          * never run a phase of q_empty ahead of this wait */
-        if (n_tiles > 0) {
+        if (n_tiles > 0 && TMA && p.q_box > 0 && it.ntok == p.q_box && heads == hb) {
+            tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box * hb, head0, it.tok0, qs, &bar.q_full);
+        } else if (n_tiles > 0) {
             load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
                                                      [](int row, int c) { return sw128<ROWS>(row, c); });
             mbar_arrive_cp_async(&bar.q_full);
