@@ -132,8 +132,8 @@ struct engine_state {
     int plan_tokens;  /* its tokens an MLA item (plan_pack) */
     int mla_tma;      /* run() encodes the K pool's TMA map for dec_k (mla_wgmma.cu's takes one),
                          unless AK_CUDA_MLA_TMA=0 (it then copies with cp.async alone) */
-    int pre_tma;      /* run() encodes the K and V pools' TMA maps for pre_k (prefill_wgmma.cu's takes
-                         them), unless AK_CUDA_PREFILL_TMA=0 (cp.async alone) */
+    int pre_tma;      /* run() encodes the K and V pools' TMA maps and q's for pre_k (prefill_wgmma.cu's
+                         takes them), unless AK_CUDA_PREFILL_TMA=0 (cp.async alone) */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
     int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
@@ -488,8 +488,9 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                          : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
                          : ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo,
                                                     cfg->kv_storage == AK_KV_RAGGED, cfg->page_size) > 0
-                             ? ", K/V tiles by TMA"
-                             : ", K/V by cp.async (TMA takes pages of 64n keys)";
+                         ? (tokens * heads == rows ? ", K/V tiles and q by TMA" : ", K/V tiles by TMA")
+                         : tokens * heads == rows ? ", K/V by cp.async (TMA takes pages of 64n keys), q by TMA"
+                                                  : ", K/V by cp.async (TMA takes pages of 64n keys)";
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
                  "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads), no "
@@ -1478,9 +1479,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int merge = s->split && (all || s->num_tasks > 0);
     const int scan = s->scan_k.fn && (all || s->num_scans > 0);
     /* (a few microseconds of host time: only where the prefill kernel runs;
-     * the maps depend on the pools alone, so a captured graph serves any
-     * later plan) */
-    if (prefill && s->pre_tma) ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->ptok, &kv_map);
+     * the maps depend on the pools and on q's address and strides, never on
+     * the plan, so a captured graph serves any later plan) */
+    if (prefill && s->pre_tma)
+        ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->pre_k.rows, &kv_map);
     /* The scan pass first, an ordinary launch. Decode is a programmatic
      * dependent of whatever kernel is before it (the scan, or the layer
      * before's merge, which lets it launch at once): its blocks read the

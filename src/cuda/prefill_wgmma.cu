@@ -370,7 +370,12 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
                 if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
             }
-            if (STAGED) mbar_arrive(&bar.q_empty); /* (the staging reads of qs are done) */
+            if (STAGED) {
+                /* the staging reads of qs are done; their writes ordered
+                 * before the next q's TMA writes (the async proxy) */
+                fence_proxy_async();
+                mbar_arrive(&bar.q_empty);
+            }
         };
         /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
          * the items of each path are a kernel's pass of their own */
@@ -537,7 +542,7 @@ int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
     return ragged || page_size % WG_KEYS == 0 ? WG_KEYS : page_size % 64 == 0 ? 64 : 0;
 }
 
-void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int q_tokens, kv_maps *maps)
+void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps)
 {
     p->kv_box = p->q_box = 0;
     const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size);
@@ -561,11 +566,11 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int q_tokens, kv
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
     /* q: {d, heads, tokens}, a box a row tile's heads and tokens (row =
-     * token x heads + head: load_q_tile's packing); the tokens unbounded,
-     * as ragged rows below. With one head any valid stride will do (the
-     * coordinate is 0). */
-    const int hb = p->prow_heads;
-    if (hb >= 1 && q_tokens >= 1 && hb <= 256 && q_tokens <= 256) {
+     * token x heads + head: load_q_tile's packing), every row of the tile;
+     * the tokens unbounded, as ragged rows below. With one head any valid
+     * stride will do (the coordinate is 0). */
+    const int hb = p->prow_heads, q_tokens = hb >= 1 ? rows / hb : 0;
+    if (q_tokens >= 1 && q_tokens * hb == rows && hb <= 256 && q_tokens <= 256) {
         const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
         const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->q_stride_head, p->q_stride_tok};
         const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)q_tokens};

@@ -152,17 +152,15 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
     }
 }
 
-/* A whole row tile of q (the `rows` rows of a box of the map, token by
- * token, each its heads from head0; DQK of its columns real, in DQK / 64
- * rounded up column blocks of ROWS rows) by TMA into qs, completing on
- * full: one thread issues a box a column block, the others arrive, as
- * tma_tile_copy. Rows past `rows` (a group that does not divide ROWS: 7
- * heads, 18 tokens, 126 rows) keep an earlier item's values: no token owns
- * them, so they are never stored, and a row's softmax is its own. Measured
- * (H200, page 128, per-phase clocks): issuing a tile's 2,048 cp.async copies
- * (load_q_tile) took the producer 3.3 us an item, its next key tiles behind
- * them; against that, 0.96-0.99 of the time at head dims 64 and 128, 0.86
- * (16 x 1024) and 0.95 (4 x 4096) at 256 (BENCHMARKS.md). */
+/* A whole row tile of q (`rows` rows, all ROWS of the tile: the map's box,
+ * token by token, each its heads from head0; DQK of its columns real, in
+ * DQK / 64 rounded up column blocks of ROWS rows) by TMA into qs,
+ * completing on full: one thread issues a box a column block, the others
+ * arrive, as tma_tile_copy. Measured (H200, page 128, per-phase clocks):
+ * at d128, issuing a tile's 2,048 cp.async copies (load_q_tile) took the
+ * producer 3.3 us an item, its next key tiles behind them; against that,
+ * 0.96-0.99 of the time at head dims 64 and 128, 0.86 (16 x 1024) and 0.95
+ * (4 x 4096) at 256, 0.98-1.00 on pages of 16 keys (BENCHMARKS.md). */
 template <int DQK, int ROWS, int PRODUCERS, typename T>
 __device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int head0, int tok0, T *qs, uint64_t *full)
 {
