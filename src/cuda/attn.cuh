@@ -1015,11 +1015,10 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * rows / p->prow_heads tokens), the tokens in p->q_box, or 0 where q's base
  * or strides do not allow it or the heads do not divide the rows (then the
  * cp.async copies zero the rows no token fills, so that a tile's bits never
- * depend on an earlier item's). The
- * maps depend on the pools (or ragged tensors' base and strides) and on q's,
- * never on the plan: ragged rows and q's tokens are bounded by the kernel's
- * items alone, as its cp.async copies are. Host only, as
- * ak_cuda_mla_tma_map. */
+ * depend on an earlier item's). The maps depend on the pools (or ragged
+ * tensors' base and strides) and on q's, never on the plan: ragged rows and
+ * q's tokens are bounded by the kernel's items alone, as its cp.async copies
+ * are. Host only, as ak_cuda_mla_tma_map. */
 void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps);
 /* The rows of those maps' boxes for head dims (dqk, dvo), ragged K/V or
  * pages of page_size keys, or 0: no TMA (the rule the maps and the
