@@ -1024,6 +1024,10 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
  * pages of page_size keys, or 0: no TMA (the rule the maps and the
  * backend's explanation share). */
 int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size);
+/* The tokens of the q map's box for a row tile of `rows` rows of `heads`
+ * heads each, or 0: no q map (the heads do not divide the rows; the rule
+ * the map and the backend's explanation share). */
+int ak_cuda_prefill_tma_q_tokens(int heads, int rows);
 /* cuTensorMapEncodeTiled from the driver (the library links the runtime
  * only), or NULL */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

@@ -484,13 +484,14 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
+    const int q_tma = ak_cuda_prefill_tma_q_tokens(heads, rows) > 0;
     const char *copies = !pk.tma_map ? ""
                          : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
                          : ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo,
                                                     cfg->kv_storage == AK_KV_RAGGED, cfg->page_size) > 0
-                         ? (tokens * heads == rows ? ", K/V tiles and q by TMA" : ", K/V tiles by TMA")
-                         : tokens * heads == rows ? ", K/V by cp.async (TMA takes pages of 64n keys), q by TMA"
-                                                  : ", K/V by cp.async (TMA takes pages of 64n keys)";
+                         ? (q_tma ? ", K/V tiles and q by TMA" : ", K/V tiles by TMA")
+                         : q_tma ? ", K/V by cp.async (TMA takes pages of 64n keys), q by TMA"
+                                 : ", K/V by cp.async (TMA takes pages of 64n keys)";
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
                  "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads), no "

@@ -542,6 +542,12 @@ int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
     return ragged || page_size % WG_KEYS == 0 ? WG_KEYS : page_size % 64 == 0 ? 64 : 0;
 }
 
+int ak_cuda_prefill_tma_q_tokens(int heads, int rows)
+{
+    if (heads < 1 || rows % heads) return 0; /* (the rows no token fills stay cp.async's zeros) */
+    return heads <= 256 && rows / heads <= 256 ? rows / heads : 0; /* (TMA's box extents) */
+}
+
 void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps)
 {
     p->kv_box = p->q_box = 0;
@@ -569,8 +575,8 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
      * token x heads + head: load_q_tile's packing), every row of the tile;
      * the tokens unbounded, as ragged rows below. With one head any valid
      * stride will do (the coordinate is 0). */
-    const int hb = p->prow_heads, q_tokens = hb >= 1 ? rows / hb : 0;
-    if (q_tokens >= 1 && q_tokens * hb == rows && hb <= 256 && q_tokens <= 256) {
+    const int hb = p->prow_heads, q_tokens = ak_cuda_prefill_tma_q_tokens(hb, rows);
+    if (q_tokens > 0) {
         const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
         const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->q_stride_head, p->q_stride_tok};
         const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)q_tokens};
