@@ -52,7 +52,10 @@ struct __align__(16) decode_item {
 
 /* One unit of prefill work: query tokens [tok0, tok0 + ntok) of one request
  * (a tile of rows packed as (token, query head of the group)) against keys
- * [kv_begin, kv_end), for one KV head and row tile (grid.y). pos0 is the
+ * [kv_begin, kv_end), for one KV head and row tile: row = kv_head x
+ * prow_tiles + row tile (item_heads). The planner deals every row's items to
+ * one grid of blocks (the grid is 1-D), so that the blocks fill the SMs
+ * whatever the count of KV heads. pos0 is the
  * position of token tok0 in its request's KV (kv_len - q_len + its index):
  * token tok0 + i sees keys up to pos0 + i when causal. out >= 0: partial
  * states of token tok0 + i go to slot out + i. ntok == 0: padding. */
@@ -63,7 +66,8 @@ struct __align__(16) prefill_item {
      * pass cover every key of the request (any flag set: the checked path);
      * scan < 0: always the checked path */
     int scan, scan_n;
-    int unused[3];
+    int row;
+    int unused[2];
 };
 
 /* One unit of the scan pass (scan.cu), for one KV head (grid.y): keys [k0,
@@ -79,6 +83,12 @@ struct __align__(16) scan_task {
  * stride, ..., (n of them) combine into its output row. */
 struct __align__(16) merge_task {
     int tok, first, n, stride;
+};
+
+/* A prefill item's heads: its KV head, and the query heads of its row tile
+ * ([head0, head0 + heads), heads <= p.prow_heads; prefill_item.row). */
+struct item_heads {
+    int kv_head, head0, heads;
 };
 
 /* Lengths of the work lists of the current plan, on the device. */
@@ -163,6 +173,16 @@ struct attn_params {
      * q by cp.async */
     int q_box;
 };
+
+#ifdef __CUDACC__
+__device__ __forceinline__ item_heads heads_of(const attn_params &p, const prefill_item &it)
+{
+    const int kv_head = it.row / p.prow_tiles, row_tile = it.row - kv_head * p.prow_tiles;
+    const int head0 = kv_head * p.group + row_tile * p.prow_heads;
+    const item_heads h = {kv_head, head0, min(p.prow_heads, p.group - row_tile * p.prow_heads)};
+    return h;
+}
+#endif
 
 /* The second parameter of the kernels that read K/V by TMA
  * (attn_kernel.tma_map): the maps of K and of V (MLA: K alone), built by
@@ -731,13 +751,14 @@ __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_
 /* skip's bits (zero before), one item a thread of the THREADS that call it:
  * item_checked's test, a thread's own loop over the request's scan flags. */
 template <int PASS, int THREADS>
-__device__ __forceinline__ void pass_mask(const attn_params &p, int kv_head, uint32_t *skip)
+__device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
 {
     const int num_items = p.head->counts[COUNT_PREFILL];
     for (int k = threadIdx.x % THREADS; k < PASS_MASK_ITEMS; k += THREADS) {
         const int64_t w = blockIdx.x + (int64_t)k * gridDim.x;
         if (w >= num_items) break;
         const prefill_item it = p.pitems[w];
+        const int kv_head = it.row / p.prow_tiles;
         bool checked = it.scan < 0;
         for (int i = 0; i < it.scan_n && !checked; i++)
             checked = __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
@@ -1037,7 +1058,8 @@ encode_tiled_fn ak_cuda_encode_tiled(void);
 
 /* The prefill kernels: mma.sync (prefill.cu, sm_80+), warpgroup MMA
  * (prefill_wgmma.cu, sm_90a) and the portable one. The engine picks one at
- * create. Grid (ctas, num_kv_heads * prow_tiles). */
+ * create. Grid (ctas): the items carry their KV head and row tile
+ * (prefill_item.row). */
 typedef enum prefill_family { PREFILL_MMA = 0, PREFILL_WGMMA = 1, PREFILL_PORTABLE = 2 } prefill_family;
 
 /* The kernel of a family for a pair and dtype; fn NULL if there is none

@@ -149,10 +149,13 @@ struct engine_state {
     /* prefill (workload ANY, or every request in varlen mode) */
     int prefill;      /* this instance launches the prefill kernel */
     int min_prefill_q; /* requests with at least this many query tokens go to prefill */
-    int prefill_ctas; /* prefill grid.x: one wave */
+    int prefill_ctas; /* prefill grid (1-D): one wave */
+    int prow_ctas;    /* blocks a row (KV head x row tile) holds on average, rounded up: the
+                         share a tile is split by, and the bounds of splits */
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
-    int max_pitems;
+    int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
+    int max_pitems;   /* items: every tile once a row, and the last round's padding */
     attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
     int max_scans, scan_ctas;
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
@@ -167,7 +170,7 @@ struct engine_state {
     float *o_tmp, *lse_tmp;
     staging stg[NUM_STAGING];
     int next_stg;
-    pf_tile *tiles;   /* [max_pitems] host scratch of plan() */
+    pf_tile *tiles;   /* [max_ptiles x rows] host scratch of plan() */
     int64_t *pf_load; /* [prefill_ctas] host scratch of plan(): each block's cost so far */
     int *pf_order;    /* [prefill_ctas] host scratch of plan(): the blocks by that cost */
     int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
@@ -673,9 +676,14 @@ static ak_status engine_create_inner(engine_state *s)
         s->pre_tma = s->pre_k.tma_map && tma != 0;
         AK_TRY(ak_cuda_kernel_occupancy(&s->pre_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
-        const int per_item = cfg->num_kv_heads * s->prow_tiles;
-        const int P = info.num_sms * ctas_per_sm / per_item > 0 ? info.num_sms * ctas_per_sm / per_item : 1;
-        s->prefill_ctas = P;
+        /* One grid of blocks for every row (KV head x row tile): the items
+         * carry theirs (prefill_item.row), so the grid fills every SM
+         * whatever the rows; a grid of rows x blocks a row left 132 - 128
+         * SMs idle at 8 KV heads (BENCHMARKS.md). */
+        const int rows = cfg->num_kv_heads * s->prow_tiles;
+        s->prefill_ctas = info.num_sms * ctas_per_sm;
+        s->prow_ctas = (s->prefill_ctas + rows - 1) / rows;
+        const int P = s->prow_ctas;
         /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
          * (it spills), so the items the scan pass finds clean run unchecked
          * in a kernel of their own after pre_k, which takes the rest. Not
@@ -683,7 +691,7 @@ static ak_status engine_create_inner(engine_state *s)
          * the unchecked path saves less than the scan's extra read of K/V
          * costs (deepseek-v3-prefill 128/128 heads 2 x 4096: 170 against
          * 303 us, BENCHMARKS.md) */
-        if (s->pfam == PREFILL_WGMMA && !s->fp8 && P >= 2) {
+        if (s->pfam == PREFILL_WGMMA && !s->fp8 && s->prefill_ctas >= 2 * rows) {
             s->pre_clean_k = ak_cuda_prefill_wgmma_clean_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype);
             int clean_ctas = 0;
             if (s->pre_clean_k.fn) AK_TRY(ak_cuda_kernel_occupancy(&s->pre_clean_k, &clean_ctas));
@@ -696,7 +704,11 @@ static ak_status engine_create_inner(engine_state *s)
          * total), and the dealing pads the last round with fewer than P */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
-        s->max_pitems = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
+        s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
+        if ((int64_t)s->max_ptiles * rows + s->prefill_ctas > INT_MAX / 2)
+            return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "prefill: limits.max_tokens = %d gives %lld work items, too many",
+                                lim->max_tokens, (long long)s->max_ptiles * rows);
+        s->max_pitems = s->max_ptiles * rows + s->prefill_ctas;
         if (s->split) {
             /* split tiles hold at most ptok tokens each, in fewer than P + P
              * chunks (the added ones, plus one per split tile: each costs more
@@ -718,9 +730,9 @@ static ak_status engine_create_inner(engine_state *s)
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
         if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */
-        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_pitems);
-        s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)P);
-        s->pf_order = (int *)malloc(sizeof(int) * (size_t)P);
+        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_ptiles * (size_t)rows);
+        s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)s->prefill_ctas);
+        s->pf_order = (int *)malloc(sizeof(int) * (size_t)s->prefill_ctas);
         if (!s->tiles || !s->pf_load || !s->pf_order)
             return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
@@ -746,8 +758,6 @@ static ak_status engine_create_inner(engine_state *s)
      * 65535 */
     int64_t grid_y = merge_rows;
     if (s->split && (int64_t)cfg->num_kv_heads * s->row_tiles > grid_y) grid_y = (int64_t)cfg->num_kv_heads * s->row_tiles;
-    if (s->prefill && (int64_t)cfg->num_kv_heads * s->prow_tiles > grid_y)
-        grid_y = (int64_t)cfg->num_kv_heads * s->prow_tiles;
     if (grid_y > 65535)
         return ak_set_error(AK_ERR_UNSUPPORTED,
                             "cfg.num_qo_heads = %d (num_kv_heads %d): the kernels would need %lld blocks in a grid's y "
@@ -1057,7 +1067,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
                               int *num_tasks, int *num_pitems, int *num_scans)
 {
     const ak_attn_config *c = &s->cfg;
-    const int P = s->prefill_ctas, nt = s->ptok;
+    const int P = s->prefill_ctas, nt = s->ptok, rows = c->num_kv_heads * s->prow_tiles;
     int n = 0;
     int64_t total = 0;
     for (int r = 0; r < b->num_reqs; r++) {
@@ -1083,8 +1093,9 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.out = -1;
             it.scan = scan;
             it.scan_n = scan_n;
-            it.unused[0] = it.unused[1] = it.unused[2] = 0;
-            if (n >= s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+            it.row = 0; /* (dealt below) */
+            it.unused[0] = it.unused[1] = 0;
+            if (n >= s->max_ptiles) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;
             s->tiles[n].cost = item_cost(&it);
             s->tiles[n].req = r;
@@ -1098,12 +1109,13 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         *num_pitems = 0;
         return AK_OK;
     }
-    /* split-KV: a tile costing more than a fair share of the wave (total / P)
-     * would finish last alone; cut its keys into chunks of that share (which
-     * keeps the bounds create() sized the buffers by). Not in varlen mode:
-     * its runs are one launch, with no merge after it; not when batch
+    /* split-KV: a tile costing more than a fair share of the wave (every
+     * row's total over the blocks, total x rows / P) would finish last alone;
+     * cut its keys into chunks of that share (which keeps the bounds
+     * create() sized the buffers by: prow_ctas blocks a row). Not in varlen
+     * mode: its runs are one launch, with no merge after it; not when batch
      * invariant: the share depends on the rest of the batch. */
-    const int64_t share = (total + P - 1) / P;
+    const int64_t share = (total * rows + P - 1) / P;
     const int min_chunk = MIN_PREFILL_CHUNK;
     int slots = 0;
     const int n_tiles = n;
@@ -1117,7 +1129,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
                                                                    CHUNK_QUANTUM);
         chunk = round_up(chunk, PREFILL_CHUNK_ALIGN); /* (fewer chunks: within the same bounds) */
         const int k = chunks_of(len, chunk);
-        if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_pitems ||
+        if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_ptiles ||
             *num_tasks + it.ntok > s->max_tasks)
             continue; /* out of scratch: leave it whole (never reached within the bounds) */
         const int base = s->max_partials + slots;
@@ -1140,8 +1152,9 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     }
     /* The requests by their heaviest tile (the one that sees the most keys),
      * each request's tiles heaviest first, dealt round by round (P items,
-     * the round's heaviest to the block with the least cost so far), so each
-     * block's total stays close to total / P. The blocks then work on a few
+     * the round's heaviest to the block with the least cost so far; a tile
+     * once for each row), so each block's total stays close to total x
+     * rows / P. The blocks then work on a few
      * requests at a time, whose K/V stay in L2. Ordered by the tiles' cost
      * alone, a batch of equal prompts had every block on another request (16
      * x 1024 at 32/8 heads: 128 requests x KV heads, 64 MB of K/V at once);
@@ -1150,6 +1163,17 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
      * tiles. Measured (H100): BENCHMARKS.md, "prefill items grouped by
      * request". Holes in the last round are padding. */
     qsort(s->tiles, n, sizeof *s->tiles, by_request_desc);
+    /* every tile once a row, side by side (the same cost: a round holds a
+     * few tiles' rows), the list read from its end so that no tile is
+     * overwritten before it is copied */
+    for (int i = n - 1; i >= 0; i--) {
+        const pf_tile t = s->tiles[i];
+        for (int y = rows - 1; y >= 0; y--) {
+            s->tiles[(int64_t)i * rows + y] = t;
+            s->tiles[(int64_t)i * rows + y].it.row = y;
+        }
+    }
+    n *= rows;
     const int rounds = (n + P - 1) / P;
     if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
     int64_t *load = s->pf_load;
@@ -1496,12 +1520,12 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     if (prefill)
-        AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles), s->pre_k.threads,
+        AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas), s->pre_k.threads,
                              s->pre_k.smem, s->pdl && decode, cs, p, s->pre_k.tma_map ? &kv_map : NULL));
     /* (pre_k's dependent: each waits for the kernel before it at its end, so
      * the merge after it follows both) */
     if (prefill && s->pre_clean_k.fn && (all || s->num_scans > 0))
-        AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas, c->num_kv_heads * s->prow_tiles),
+        AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas),
                              s->pre_clean_k.threads, s->pre_clean_k.smem, s->pdl, cs, p,
                              s->pre_clean_k.tma_map ? &kv_map : NULL));
     if (merge)

@@ -154,16 +154,20 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
 #endif
     }
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int tiles = DECODE ? p.row_tiles : p.prow_tiles;
-    const int kv_head = blockIdx.y / tiles, row_tile = blockIdx.y % tiles;
+    /* decode: the KV head and row tile of grid.y; prefill: the item's (its row) */
     const int hb = DECODE ? PT_ROWS : p.prow_heads; /* heads a row tile holds */
-    const int head0 = kv_head * p.group + row_tile * hb;
-    const int heads = min(hb, p.group - row_tile * hb);
+    int kv_head = 0, head0 = 0, heads = 0;
+    if (DECODE) {
+        const int row_tile = blockIdx.y % p.row_tiles;
+        kv_head = blockIdx.y / p.row_tiles;
+        head0 = kv_head * p.group + row_tile * hb;
+        heads = min(hb, p.group - row_tile * hb);
+    }
     const int num_items = p.head->counts[DECODE ? COUNT_DECODE : COUNT_PREFILL];
     const int key_l = lane % PT_KEYS, half = lane / PT_KEYS;
     const int qc = l.qs / 8; /* 8-element chunks of a q / K row */
     kv_scales sc = {1.0f, 1.0f};
-    if (FP8) sc = kv_scales_of(p, kv_head);
+    if (FP8 && DECODE) sc = kv_scales_of(p, kv_head);
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
@@ -179,6 +183,9 @@ __global__ void __launch_bounds__(PT_THREADS) portable_kernel(const attn_params 
             if (it.ntok == 0) continue;
             tok0 = it.tok0, ntok = it.ntok, pos0 = it.pos0, page_base = it.page_base;
             kv_begin = it.kv_begin, kv_end = it.kv_end, out = it.out, lo_all = 0;
+            const item_heads ih = heads_of(p, it);
+            kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads;
+            if (FP8) sc = kv_scales_of(p, kv_head);
         }
         const int rows = min(PT_ROWS, ntok * hb); /* rows past the item's are skipped (warp-uniform) */
         __syncthreads(); /* every warp is done with the previous item's shared memory */

@@ -87,13 +87,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
 #endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int mi = lane / 8, r8 = lane % 8; /* ldmatrix: matrix and row this lane addresses */
-    const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
     const int hb = p.prow_heads;
-    const int head0 = kv_head * p.group + row_tile * hb;
-    const int heads = min(hb, p.group - row_tile * hb);
-    const kv_lane lane_off = FP8 ? kv_lane_fp8<DP>(p, kv_head) : kv_lane_of<DP>(p, kv_head);
-    kv_scales sc8 = {1.0f, 1.0f};
-    if (FP8) sc8 = kv_scales_of(p, kv_head);
     const int warp_row0 = warp * tr::WARP_ROWS;
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
@@ -105,6 +99,11 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
+        const item_heads ih = heads_of(p, it);
+        const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads;
+        const kv_lane lane_off = FP8 ? kv_lane_fp8<DP>(p, kv_head) : kv_lane_of<DP>(p, kv_head);
+        kv_scales sc8 = {1.0f, 1.0f};
+        if (FP8) sc8 = kv_scales_of(p, kv_head);
         /* keys [t0, t0 + TILE) of the item into stage s */
         auto issue = [&](int s, int t0) {
             KV *ks = stages + s * 2 * tr::TILE * DP, *vs = ks + tr::TILE * DP;

@@ -116,8 +116,7 @@ template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        const uint32_t *skip, uint64_t *mask_full, int kv_head,
-                                                        int head0, int hb, int heads)
+                                                        const uint32_t *skip, uint64_t *mask_full)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -151,6 +150,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
         if (!mask_in_pass<PASS>(p, skip, k)) continue; /* the other pass's (the producer's mask) */
+        const item_heads ih = heads_of(p, it);
+        const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         /* the item's path (the NaN rule, attn.cuh): checked, or not */
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
@@ -384,7 +385,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         } else if constexpr (PASS == PASS_CHECKED) {
             item(bool_c<true>());
         } else {
-            if (item_checked(p, it, kv_head)) item(bool_c<true>());
+            if (item_checked(p, it, ih.kv_head)) item(bool_c<true>());
             else item(bool_c<false>());
         }
     }
@@ -437,20 +438,14 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
         return;
     }
     const int wg = threadIdx.x / 128;
-    const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
-    const int hb = p.prow_heads;
-    const int head0 = kv_head * p.group + row_tile * hb;
-    const int heads = min(hb, p.group - row_tile * hb);
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, kv_head, head0, hb, heads, maps, pass_skip,
-                                                  &mask_full);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, &mask_full);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full, kv_head,
-                                                   head0, hb, heads);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");

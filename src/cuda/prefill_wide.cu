@@ -91,8 +91,7 @@ __device__ __forceinline__ void wide_store(const attn_params &p, const prefill_i
 template <typename T>
 __device__ __forceinline__ void wide_scores(const attn_params &p, const T *qs, const T *stages, T *ps, float *fs,
                                             const float *bad_s, float *inv_s, ws_barriers<wide_wg::STAGES> &bar,
-                                            uint32_t (*bad_keys)[wide_wg::KEYS / 32], int head0, int hb,
-                                            int heads)
+                                            uint32_t (*bad_keys)[wide_wg::KEYS / 32])
 {
     typedef wide_wg W;
     constexpr int NT = W::KEYS / 8;
@@ -104,6 +103,8 @@ __device__ __forceinline__ void wide_scores(const attn_params &p, const T *qs, c
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
+        const item_heads ih = heads_of(p, it);
+        const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
         const int pos_last = it.pos0 + it.ntok - 1;
         const int row_pos0 = it.pos0 + r / hb, row_pos1 = it.pos0 + (r + 8) / hb;
@@ -219,7 +220,7 @@ __device__ __forceinline__ void wide_scores(const attn_params &p, const T *qs, c
 template <typename T>
 __device__ __forceinline__ void wide_values(const attn_params &p, T *stages, const T *ps, const float *fs,
                                             float *bad_s, const float *inv_s, ws_barriers<wide_wg::STAGES> &bar,
-                                            uint32_t (*bad_keys)[wide_wg::KEYS / 32], int head0, int hb, int heads)
+                                            uint32_t (*bad_keys)[wide_wg::KEYS / 32])
 {
     typedef wide_wg W;
     const int tid = threadIdx.x % 128, lane = threadIdx.x % 32, warp = tid / 32;
@@ -230,6 +231,8 @@ __device__ __forceinline__ void wide_values(const attn_params &p, T *stages, con
     for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue;
+        const item_heads ih = heads_of(p, it);
+        const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + W::KEYS - 1) / W::KEYS;
         float o[W::HALF / 8][4];
         zero(o);
@@ -302,18 +305,14 @@ template <typename T, int ADDR> __device__ __forceinline__ void prefill_wide_bod
     __syncthreads();
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
     const int wg = threadIdx.x / 128;
-    const int kv_head = blockIdx.y / p.prow_tiles, row_tile = blockIdx.y % p.prow_tiles;
-    const int hb = p.prow_heads;
-    const int head0 = kv_head * p.group + row_tile * hb;
-    const int heads = min(hb, p.group - row_tile * hb);
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == 2) {
         setmaxnreg_dec<W::PRODUCER_REGS>();
-        prefill_producer<W, T, ADDR>(p, qs, stages, bar, kv_head, head0, hb, heads);
+        prefill_producer<W, T, ADDR>(p, qs, stages, bar);
     } else {
         setmaxnreg_inc<W::CONSUMER_REGS>();
-        if (wg == 0) wide_scores<T>(p, qs, stages, ps, fs, bad_s, inv_s, bar, bad_keys, head0, hb, heads);
-        else wide_values<T>(p, stages, ps, fs, bad_s, inv_s, bar, bad_keys, head0, hb, heads);
+        if (wg == 0) wide_scores<T>(p, qs, stages, ps, fs, bad_s, inv_s, bar, bad_keys);
+        else wide_values<T>(p, stages, ps, fs, bad_s, inv_s, bar, bad_keys);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");

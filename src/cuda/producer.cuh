@@ -177,7 +177,7 @@ __device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
  * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
  * block's items (in the consumers' order), its K/V tiles into the stages and
- * its q rows into qs. The first
+ * its q rows into qs, for the item's KV head and query heads (heads_of). The first
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
  * last S; after its epilogue where that stages o there): the copy of that
@@ -190,7 +190,6 @@ __device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int
  * arrivals), where there are scan tasks, then takes its own items alone. */
 template <typename tr, typename T, int ADDR, bool TMA = false, int PASS = PASS_ALL>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
-                                                 int kv_head, int head0, int hb, int heads,
                                                  const kv_maps *maps = NULL, uint32_t *skip = NULL,
                                                  uint64_t *mask_full = NULL)
 {
@@ -199,7 +198,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
     if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) {
-        pass_mask<PASS, tr::PRODUCERS>(p, kv_head, skip);
+        pass_mask<PASS, tr::PRODUCERS>(p, skip);
         mbar_arrive(mask_full);
         mbar_wait(mask_full, 0);
     }
@@ -207,6 +206,8 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k)) continue; /* padding, the other pass's */
+        const item_heads ih = heads_of(p, it);
+        const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
         /* tile t into stage g % STAGES, once every consumer finished reading
          * what it held (tile g - STAGES) */
