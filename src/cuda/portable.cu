@@ -5,8 +5,9 @@
  * same work lists (decode items or prefill items), with the same masks,
  * outputs, split-KV partial states and sinks as the others.
  *
- * A thread block serves one KV head and row tile (grid.y) and loops over the
- * plan's items (grid.x). An item has at most ROWS query rows: the heads of
+ * A thread block loops over the plan's items (grid.x), each for one KV head
+ * and row tile: grid.y's for decode items, the item's own for prefill items
+ * (prefill_item.row). An item has at most ROWS query rows: the heads of
  * the row tile for a decode item, (token, head) pairs for a prefill item.
  * K/V stream through shared memory in tiles of KEYS keys, double-buffered
  * (cp.async of 16 bytes when both head dims are multiples of 8, element
