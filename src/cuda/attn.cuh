@@ -53,7 +53,7 @@ struct __align__(16) decode_item {
 /* One unit of prefill work: query tokens [tok0, tok0 + ntok) of one request
  * (a tile of rows packed as (token, query head of the group)) against keys
  * [kv_begin, kv_end), for one KV head and row tile: row = kv_head x
- * prow_tiles + row tile (item_heads). The planner deals every row's items to
+ * prow_tiles + row tile (heads_of). The planner deals every row's items to
  * one grid of blocks (the grid is 1-D), so that the blocks fill the SMs
  * whatever the count of KV heads. pos0 is the
  * position of token tok0 in its request's KV (kv_len - q_len + its index):
@@ -66,7 +66,7 @@ struct __align__(16) prefill_item {
      * pass cover every key of the request (any flag set: the checked path);
      * scan < 0: always the checked path */
     int scan, scan_n;
-    int row;
+    int row; /* the KV head and row tile (above) */
     int unused[2];
 };
 

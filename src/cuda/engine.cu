@@ -150,8 +150,9 @@ struct engine_state {
     int prefill;      /* this instance launches the prefill kernel */
     int min_prefill_q; /* requests with at least this many query tokens go to prefill */
     int prefill_ctas; /* prefill grid (1-D): one wave */
-    int prow_ctas;    /* blocks a row (KV head x row tile) holds on average, rounded up: the
-                         share a tile is split by, and the bounds of splits */
+    int prow_ctas;    /* blocks a row (KV head x row tile) has on average, rounded up: the
+                         bounds of splits (a split tile costs more than a block's share,
+                         total x rows / prefill_ctas >= total / prow_ctas) */
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
@@ -687,7 +688,7 @@ static ak_status engine_create_inner(engine_state *s)
         /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
          * (it spills), so the items the scan pass finds clean run unchecked
          * in a kernel of their own after pre_k, which takes the rest. Not
-         * with one block a KV head (P 1): that kernel is bound by DRAM, and
+         * with fewer than two blocks a row: that kernel is bound by DRAM, and
          * the unchecked path saves less than the scan's extra read of K/V
          * costs (deepseek-v3-prefill 128/128 heads 2 x 4096: 170 against
          * 303 us, BENCHMARKS.md) */
@@ -698,10 +699,12 @@ static ak_status engine_create_inner(engine_state *s)
             if (clean_ctas != ctas_per_sm) s->pre_clean_k.fn = NULL; /* (the same shape: never) */
         }
         /* tiles: at most floor(max_tokens / ptok) + one per request of
-         * min_prefill_q or more tokens; splitting adds fewer than P items (a
-         * tile of cost c cut into chunks of `share` key tiles, share =
-         * ceil(total / P), adds fewer than c / share, and the costs sum to
-         * total), and the dealing pads the last round with fewer than P */
+         * min_prefill_q or more tokens; splitting adds fewer than P =
+         * prow_ctas tiles (a tile of cost c cut into chunks of `share` key
+         * tiles, share = ceil(total x rows / prefill_ctas) >= total / P,
+         * adds fewer than c / share, and the costs sum to total); P + 1 more
+         * (a margin). Items: every tile once a row, and the dealing pads the
+         * last round with fewer than prefill_ctas */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
         s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
@@ -754,9 +757,10 @@ static ak_status engine_create_inner(engine_state *s)
         const int wide_blocks = cfg->num_qo_heads * (s->merge_k.rows / sub); /* a task's */
         s->narrow_tasks = (info.num_sms + wide_blocks - 1) / wide_blocks;
     }
-    /* grid.y counts heads (times their row tiles or dim slices); CUDA allows
-     * 65535 */
+    /* grid.y counts heads (times their row tiles or dim slices; the scan
+     * pass's, KV heads); CUDA allows 65535 */
     int64_t grid_y = merge_rows;
+    if (s->scan_k.fn && cfg->num_kv_heads > grid_y) grid_y = cfg->num_kv_heads;
     if (s->split && (int64_t)cfg->num_kv_heads * s->row_tiles > grid_y) grid_y = (int64_t)cfg->num_kv_heads * s->row_tiles;
     if (grid_y > 65535)
         return ak_set_error(AK_ERR_UNSUPPORTED,
@@ -1093,7 +1097,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.out = -1;
             it.scan = scan;
             it.scan_n = scan_n;
-            it.row = 0; /* (dealt below) */
+            it.row = 0; /* (each row's copy is made below) */
             it.unused[0] = it.unused[1] = 0;
             if (n >= s->max_ptiles) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;

@@ -13,9 +13,10 @@
  * through the page table with load_kv_tile (attn.cuh). Scores never leave
  * registers: the S accumulator becomes the A operand of P.V directly.
  *
- * The grid is fixed when the backend is created (one wave of thread blocks per
- * KV head and row tile) and each block loops over the plan's work items, so a
- * captured graph replays after any later plan. plan() orders the items
+ * The grid is fixed when the backend is created (one wave of thread blocks,
+ * 1-D) and each block loops over the plan's work items, each for one KV head
+ * and row tile (prefill_item.row), so a captured graph replays after any
+ * later plan. plan() orders the items
  * request by request, each request's heaviest first, deals them to the
  * blocks by their load so far, and splits the keys of items that would
  * dominate the wave (split-KV; partials merged by merge.cu).
