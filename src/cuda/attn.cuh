@@ -758,7 +758,7 @@ __device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
         const int64_t w = blockIdx.x + (int64_t)k * gridDim.x;
         if (w >= num_items) break;
         const prefill_item it = p.pitems[w];
-        const int kv_head = it.row / p.prow_tiles;
+        const int kv_head = heads_of(p, it).kv_head;
         bool checked = it.scan < 0;
         for (int i = 0; i < it.scan_n && !checked; i++)
             checked = __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;

@@ -150,9 +150,6 @@ struct engine_state {
     int prefill;      /* this instance launches the prefill kernel */
     int min_prefill_q; /* requests with at least this many query tokens go to prefill */
     int prefill_ctas; /* prefill grid (1-D): one wave */
-    int prow_ctas;    /* blocks a row (KV head x row tile) has on average, rounded up: the
-                         bounds of splits (a split tile costs more than a block's share,
-                         total x rows / prefill_ctas >= total / prow_ctas) */
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
@@ -683,8 +680,10 @@ static ak_status engine_create_inner(engine_state *s)
          * SMs idle at 8 KV heads (BENCHMARKS.md). */
         const int rows = cfg->num_kv_heads * s->prow_tiles;
         s->prefill_ctas = info.num_sms * ctas_per_sm;
-        s->prow_ctas = (s->prefill_ctas + rows - 1) / rows;
-        const int P = s->prow_ctas;
+        /* blocks a row on average, rounded up: the bounds of splits (a split
+         * tile costs more than a block's share, total x rows / prefill_ctas
+         * >= total / P) */
+        const int P = (s->prefill_ctas + rows - 1) / rows;
         /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
          * (it spills), so the items the scan pass finds clean run unchecked
          * in a kernel of their own after pre_k, which takes the rest. Not
@@ -699,11 +698,10 @@ static ak_status engine_create_inner(engine_state *s)
             if (clean_ctas != ctas_per_sm) s->pre_clean_k.fn = NULL; /* (the same shape: never) */
         }
         /* tiles: at most floor(max_tokens / ptok) + one per request of
-         * min_prefill_q or more tokens; splitting adds fewer than P =
-         * prow_ctas tiles (a tile of cost c cut into chunks of `share` key
-         * tiles, share = ceil(total x rows / prefill_ctas) >= total / P,
-         * adds fewer than c / share, and the costs sum to total); P + 1 more
-         * (a margin). Items: every tile once a row, and the dealing pads the
+         * min_prefill_q or more tokens; splitting adds fewer than P tiles
+         * (a tile of cost c cut into chunks of `share` key tiles, share =
+         * ceil(total x rows / prefill_ctas) >= total / P, adds fewer than
+         * c / share, and the costs sum to total); P + 1 more (a margin). Items: every tile once a row, and the dealing pads the
          * last round with fewer than prefill_ctas */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
@@ -1116,7 +1114,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     /* split-KV: a tile costing more than a fair share of the wave (every
      * row's total over the blocks, total x rows / P) would finish last alone;
      * cut its keys into chunks of that share (which keeps the bounds
-     * create() sized the buffers by: prow_ctas blocks a row). Not in varlen
+     * create() sized the buffers by: prefill_ctas / rows blocks a row, rounded up). Not in varlen
      * mode: its runs are one launch, with no merge after it; not when batch
      * invariant: the share depends on the rest of the batch. */
     const int64_t share = (total * rows + P - 1) / P;
