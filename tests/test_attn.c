@@ -540,9 +540,35 @@ static void run_ragged_sweep(test_ctx *t)
                 }
 }
 
+/* A prefill list whose last round is sparse: on a GPU of 132 SMs (H100,
+ * H200: 132 prefill blocks) 67 one-tile requests at 8/2 heads make 134 items
+ * (a tile a KV head), two past the wave, so the plan cuts the last tile
+ * over its keys (a 2-token tile on 1024+ keys: two chunks of 512+) and
+ * merges them; elsewhere the same batch is an ordinary one. Short query
+ * rows keep the reference cheap. */
+static void run_tail_cut(test_ctx *t)
+{
+    attn_case tc = sweep_case(128, 4, AK_BF16, 1);
+    tc.name = "prefill last round cut over its keys bf16 d128 gqa4";
+    tc.page_size = 16;
+    tc.layout = AK_LAYOUT_NHD;
+    tc.storage = AK_KV_PAGED;
+    tc.num_reqs = 67;
+    for (int r = 0; r < tc.num_reqs; r++) {
+        tc.reqs[r].q_len = 2 + r % 3;
+        tc.reqs[r].kv_len = 1100 - r; /* (the last, the lightest: 1034 keys) */
+    }
+    run_case(t, &tc);
+    tc.name = "prefill last round cut over its keys non-causal f16 d128 gqa4";
+    tc.dtype = AK_F16;
+    tc.causal = 0;
+    run_case(t, &tc);
+}
+
 void test_attn_cases(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
     run_sweep(t);
     run_ragged_sweep(t);
+    run_tail_cut(t);
 }

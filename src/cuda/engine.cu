@@ -52,6 +52,12 @@
  * chunk's tiles start on TMA box boundaries (prefill_wgmma.cu). */
 #define PREFILL_CHUNK_ALIGN 128
 #define NUM_STAGING 2
+/* plan() cuts the tiles of a prefill list's last round over their keys
+ * when the round holds at most 1 / TAIL_SPLIT_FRACTION of the blocks */
+#define TAIL_SPLIT_FRACTION 8
+/* plan() orders a round of prefill items, and the blocks, by counting when
+ * their costs (loads) lie within this many times the grid of each other */
+#define PF_COUNT_SPREAD 4
 /* Extra rounds of decode items balance_chunk weighs for a batch larger than
  * the wave. */
 #define BALANCE_ROUNDS 4
@@ -168,9 +174,10 @@ struct engine_state {
     float *o_tmp, *lse_tmp;
     staging stg[NUM_STAGING];
     int next_stg;
-    pf_tile *tiles;   /* [max_ptiles x rows] host scratch of plan() */
+    pf_tile *tiles;   /* [max_ptiles] host scratch of plan() */
     int64_t *pf_load; /* [prefill_ctas] host scratch of plan(): each block's cost so far */
-    int *pf_order;    /* [prefill_ctas] host scratch of plan(): the blocks by that cost */
+    uint64_t *pf_keys; /* [4 x prefill_ctas] host scratch of plan(): a round's keys, the blocks', the round's tiles, a copy */
+    int *pf_count;     /* [PF_COUNT_SPREAD x prefill_ctas + 2] host scratch of plan(): order_keys's counts */
     int32_t *first_block; /* [max_reqs] host scratch: each request's first visible block */
     decode_unit *units;   /* [max_units] host scratch of plan() */
     /* the current plan */
@@ -535,7 +542,8 @@ void ak_cuda_engine_destroy(void *state)
     if (s->dev) cudaFree(s->dev);
     free(s->tiles);
     free(s->pf_load);
-    free(s->pf_order);
+    free(s->pf_keys);
+    free(s->pf_count);
     free(s->first_block);
     free(s->units);
     free(s);
@@ -705,7 +713,10 @@ static ak_status engine_create_inner(engine_state *s)
          * last round with fewer than prefill_ctas */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
-        s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1;
+        /* the last round's cut (plan_prefill) adds fewer than P / rows: its
+         * tiles' rows and chunks fit in P */
+        const int tail_tiles = (P / TAIL_SPLIT_FRACTION + rows - 1) / rows; /* tiles it cuts, at most */
+        s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1 + (s->split ? P / rows : 0);
         if ((int64_t)s->max_ptiles * rows + s->prefill_ctas > INT_MAX / 2)
             return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "prefill: limits.max_tokens = %d gives %lld work items, too many",
                                 lim->max_tokens, (long long)s->max_ptiles * rows);
@@ -714,11 +725,11 @@ static ak_status engine_create_inner(engine_state *s)
             /* split tiles hold at most ptok tokens each, in fewer than P + P
              * chunks (the added ones, plus one per split tile: each costs more
              * than share, so there are fewer than P) */
-            s->pf_slots = 2 * P * s->ptok;
+            s->pf_slots = (2 * P + P / rows) * s->ptok; /* (and the last round's: P / rows chunks) */
             /* and no token is in more than max_splits chunks */
             if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
                 s->pf_slots = lim->max_tokens * s->max_splits;
-            s->max_tasks += P * s->ptok;
+            s->max_tasks += (P + tail_tiles) * s->ptok;
         }
         /* the NaN rule's scan pass, for kernels with an unchecked path (or
          * pass: wgmma at DP 256; the portable and d512 ones always check)
@@ -731,10 +742,11 @@ static ak_status engine_create_inner(engine_state *s)
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
         if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */
-        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_ptiles * (size_t)rows);
+        s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_ptiles);
         s->pf_load = (int64_t *)malloc(sizeof(int64_t) * (size_t)s->prefill_ctas);
-        s->pf_order = (int *)malloc(sizeof(int) * (size_t)s->prefill_ctas);
-        if (!s->tiles || !s->pf_load || !s->pf_order)
+        s->pf_keys = (uint64_t *)malloc(sizeof(uint64_t) * 4 * (size_t)s->prefill_ctas);
+        s->pf_count = (int *)malloc(sizeof(int) * ((size_t)PF_COUNT_SPREAD * s->prefill_ctas + 2));
+        if (!s->tiles || !s->pf_load || !s->pf_keys || !s->pf_count)
             return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate the prefill plan scratch");
     }
     s->first_block = (int32_t *)malloc(sizeof(int32_t) * ((size_t)lim->max_reqs + 1));
@@ -1065,6 +1077,67 @@ static int plan_scan(engine_state *s, plan_meta *m, int page_base, int q_len, in
     return first;
 }
 
+/* Sorts key[0, n) ascending where the keys compare by their bits from
+ * `shift` up alone, keeping the order of equal ones (the callers' low bits
+ * are their positions, ascending): by counting (count: [max_spread + 2])
+ * when those values lie within max_spread of each other, else by
+ * std::sort (the same order: the low bits break the ties as the positions
+ * did). tmp: [n]. */
+static void order_keys(uint64_t *key, uint64_t *tmp, int n, int shift, int *count, int max_spread)
+{
+    if (n < 2) return;
+    uint64_t lo = key[0] >> shift, hi = lo;
+    for (int i = 1; i < n; i++) {
+        const uint64_t h = key[i] >> shift;
+        lo = h < lo ? h : lo;
+        hi = h > hi ? h : hi;
+    }
+    if (hi == lo) return;
+    if (hi - lo > (uint64_t)max_spread) {
+        std::sort(key, key + n);
+        return;
+    }
+    const int span = (int)(hi - lo) + 1;
+    for (int i = 0; i <= span; i++) count[i] = 0;
+    for (int i = 0; i < n; i++) count[(key[i] >> shift) - lo + 1]++;
+    for (int i = 1; i <= span; i++) count[i] += count[i - 1];
+    for (int i = 0; i < n; i++) tmp[count[(key[i] >> shift) - lo]++] = key[i];
+    memcpy(key, tmp, sizeof(uint64_t) * (size_t)n);
+}
+
+/* Cuts prefill tile i's keys into chunks of `chunk` keys (the last one
+ * shorter; a multiple of PREFILL_CHUNK_ALIGN, so that fewer chunks stay
+ * within the bounds create() sized by), the first in place and the others
+ * appended at *n, with partial slots from *slots on and a merge task for
+ * each of its tokens. Leaves it whole where that scratch would not hold
+ * them (never, within the bounds, for the splits of heavy tiles). */
+static void split_tile(engine_state *s, plan_meta *m, int i, int chunk, int *n, int *slots, int *num_tasks)
+{
+    const prefill_item it = s->tiles[i].it;
+    const int len = it.kv_end - it.kv_begin;
+    const int k = chunks_of(len, chunk);
+    if (k < 2 || *slots + k * it.ntok > s->pf_slots || *n + k - 1 > s->max_ptiles ||
+        *num_tasks + it.ntok > s->max_tasks)
+        return;
+    const int base = s->max_partials + *slots;
+    for (int x = 0; x < k; x++) {
+        prefill_item part = it;
+        part.kv_begin = it.kv_begin + x * chunk;
+        part.kv_end = x < k - 1 ? part.kv_begin + chunk : it.kv_end;
+        part.out = base + x * it.ntok;
+        pf_tile *dst = x == 0 ? &s->tiles[i] : &s->tiles[(*n)++];
+        dst->it = part;
+        dst->cost = item_cost(&part);
+        dst->req = s->tiles[i].req;
+        dst->req_max = s->tiles[i].req_max;
+    }
+    for (int t = 0; t < it.ntok; t++) {
+        merge_task task = {it.tok0 + t, base + t, k, it.ntok};
+        m->tasks[(*num_tasks)++] = task;
+    }
+    *slots += k * it.ntok;
+}
+
 static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m,
                               int *num_tasks, int *num_pitems, int *num_scans)
 {
@@ -1122,35 +1195,13 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     int slots = 0;
     const int n_tiles = n;
     for (int i = 0; s->split && !s->invariant_chunk && i < n_tiles; i++) {
-        prefill_item it = s->tiles[i].it;
-        const int len = it.kv_end - it.kv_begin;
+        const int len = s->tiles[i].it.kv_end - s->tiles[i].it.kv_begin;
         if (s->tiles[i].cost <= share || len < 2 * min_chunk) continue;
         int chunk = (int)share * CHUNK_QUANTUM; /* share < cost <= len / 64 + 2: no overflow */
         if (chunk < min_chunk) chunk = min_chunk;
         if (len > (int64_t)chunk * s->max_splits) chunk = round_up((len + s->max_splits - 1) / s->max_splits,
                                                                    CHUNK_QUANTUM);
-        chunk = round_up(chunk, PREFILL_CHUNK_ALIGN); /* (fewer chunks: within the same bounds) */
-        const int k = chunks_of(len, chunk);
-        if (k < 2 || slots + k * it.ntok > s->pf_slots || n + k - 1 > s->max_ptiles ||
-            *num_tasks + it.ntok > s->max_tasks)
-            continue; /* out of scratch: leave it whole (never reached within the bounds) */
-        const int base = s->max_partials + slots;
-        for (int x = 0; x < k; x++) {
-            prefill_item part = it;
-            part.kv_begin = it.kv_begin + x * chunk;
-            part.kv_end = x < k - 1 ? part.kv_begin + chunk : it.kv_end;
-            part.out = base + x * it.ntok;
-            pf_tile *dst = x == 0 ? &s->tiles[i] : &s->tiles[n++];
-            dst->it = part;
-            dst->cost = item_cost(&part);
-            dst->req = s->tiles[i].req;
-            dst->req_max = s->tiles[i].req_max;
-        }
-        for (int t = 0; t < it.ntok; t++) {
-            merge_task task = {it.tok0 + t, base + t, k, it.ntok};
-            m->tasks[(*num_tasks)++] = task;
-        }
-        slots += k * it.ntok;
+        split_tile(s, m, i, round_up(chunk, PREFILL_CHUNK_ALIGN), &n, &slots, num_tasks);
     }
     /* The requests by their heaviest tile (the one that sees the most keys),
      * each request's tiles heaviest first, dealt round by round (P items,
@@ -1165,35 +1216,68 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
      * tiles. Measured (H100): BENCHMARKS.md, "prefill items grouped by
      * request". Holes in the last round are padding. */
     qsort(s->tiles, n, sizeof *s->tiles, by_request_desc);
-    /* every tile once a row, side by side (the same cost: a round holds a
-     * few tiles' rows), the list read from its end so that no tile is
-     * overwritten before it is copied */
-    for (int i = n - 1; i >= 0; i--) {
-        const pf_tile t = s->tiles[i];
-        for (int y = rows - 1; y >= 0; y--) {
-            s->tiles[(int64_t)i * rows + y] = t;
-            s->tiles[(int64_t)i * rows + y].it.row = y;
+    /* A sparse last round: when the items leave the last round a few of
+     * the P (at most P / TAIL_SPLIT_FRACTION), those few blocks run one
+     * item more than the rest, a whole round's time (3% of a uniform
+     * non-causal batch of 31 rounds). The list's last tiles, whose rows
+     * fill that round, are then cut over their keys into as many chunks
+     * as spread them over the wave (chunks of MIN_PREFILL_CHUNK keys or
+     * more): the lightest of the list, dealt last, a chunk to each block
+     * the whole tiles left lightest. A causal list ends in its lightest
+     * tiles, too short to cut. Measured (H200): BENCHMARKS.md. */
+    const int tail = (int)((int64_t)n * rows % P);
+    if (s->split && !s->invariant_chunk && tail > 0 && tail <= P / TAIL_SPLIT_FRACTION) {
+        const int m_tail = (tail + rows - 1) / rows, n_whole = n;
+        const int fill = P / (m_tail * rows); /* chunks a tile that spread its rows over P blocks */
+        for (int i = n_whole - m_tail; i < n_whole; i++) {
+            if (s->tiles[i].it.out >= 0) continue; /* (a chunk already) */
+            const int len = s->tiles[i].it.kv_end - s->tiles[i].it.kv_begin;
+            int k = len / min_chunk < fill ? len / min_chunk : fill;
+            k = k < s->max_splits ? k : s->max_splits;
+            if (k >= 2) split_tile(s, m, i, round_up((len + k - 1) / k, PREFILL_CHUNK_ALIGN), &n, &slots, num_tasks);
         }
     }
-    n *= rows;
-    const int rounds = (n + P - 1) / P;
-    if (rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
+    /* Every tile once a row: item v of the list is tile v / rows at row v %
+     * rows (a round holds a few tiles' rows side by side, of one cost). A
+     * round and the blocks are ordered by 64-bit keys rather than by moving
+     * the tiles, and by counting where the keys' spread allows (order_keys):
+     * the round by cost, falling, then position (a run of costs a request
+     * it holds); the blocks by load, then index. Measured (this host, 16 x
+     * 1024 at 32/8 heads: 4,096 items on 132 blocks): BENCHMARKS.md */
+    const int64_t items = (int64_t)n * rows;
+    const int rounds = (int)((items + P - 1) / P);
+    if ((int64_t)rounds * P > s->max_pitems) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
     int64_t *load = s->pf_load;
-    int *order = s->pf_order;
+    uint64_t *rk = s->pf_keys, *bk = rk + P, *at = bk + P, *tmp = at + P;
+    /* the blocks' keys: load << bshift | block. They fit: an item costs
+     * below 2^26 (keys / 64 + 2), a block takes at most rounds < 2^30 / P
+     * items (max_pitems < 2^30) and P >= 2^(bshift - 1), so its load is
+     * below 2^(57 - bshift) */
+    int bshift = 0;
+    while ((1 << bshift) < P) bshift++;
+    const uint64_t bmask = ((uint64_t)1 << bshift) - 1;
     for (int x = 0; x < P; x++) load[x] = 0;
+    int tile = 0, row = 0; /* item v's */
     for (int j = 0; j < rounds; j++) {
-        pf_tile *round = s->tiles + (int64_t)j * P;
-        const int in_round = n - j * P < P ? n - j * P : P;
-        /* (a round holds one request's tiles or several requests': runs of falling costs) */
-        std::sort(round, round + in_round, [](const pf_tile &a, const pf_tile &b) { return by_cost_desc(&a, &b) < 0; });
-        for (int x = 0; x < P; x++) order[x] = x;
-        if (j > 0) /* (all loads are 0 before the first round: the order is the blocks') */
-            std::sort(order, order + P, [&](int a, int b) { return load[a] != load[b] ? load[a] < load[b] : a < b; });
-        memset(&m->pitems[(int64_t)j * P], 0, sizeof(prefill_item) * (size_t)P); /* (holes: padding) */
+        const int64_t v0 = (int64_t)j * P;
+        const int in_round = items - v0 < P ? (int)(items - v0) : P;
         for (int k = 0; k < in_round; k++) {
-            const int x = order[k];
-            m->pitems[(int64_t)j * P + x] = round[k].it;
-            load[x] += round[k].cost;
+            rk[k] = (uint64_t)(uint32_t)(INT_MAX - s->tiles[tile].cost) << 32 | (uint32_t)k;
+            at[k] = (uint64_t)tile << 32 | (uint32_t)row;
+            if (++row == rows) row = 0, tile++;
+        }
+        order_keys(rk, tmp, in_round, 32, s->pf_count, PF_COUNT_SPREAD * P);
+        for (int x = 0; x < P; x++) bk[x] = (uint64_t)load[x] << bshift | (uint64_t)x;
+        order_keys(bk, tmp, P, bshift, s->pf_count, PF_COUNT_SPREAD * P);
+        prefill_item *round = &m->pitems[v0];
+        if (in_round < P) memset(round, 0, sizeof(prefill_item) * (size_t)P); /* (holes: padding) */
+        for (int k = 0; k < in_round; k++) {
+            const int x = (int)(bk[k] & bmask);
+            const uint64_t tr = at[rk[k] & 0xffffffffu];
+            const pf_tile *t = &s->tiles[tr >> 32];
+            round[x] = t->it;
+            round[x].row = (int)(uint32_t)tr;
+            load[x] += t->cost;
         }
     }
     *num_pitems = rounds * P;
