@@ -543,9 +543,9 @@ static void run_ragged_sweep(test_ctx *t)
 /* A prefill list whose last round is sparse: on a GPU of 132 SMs (H100,
  * H200: 132 prefill blocks) 67 one-tile requests at 8/2 heads make 134 items
  * (a tile a KV head), two past the wave, so the plan cuts the last tile
- * over its keys (a 2-token tile on 1024+ keys: two chunks of 512+) and
- * merges them; elsewhere the same batch is an ordinary one. Short query
- * rows keep the reference cheap. */
+ * over its keys (2 tokens on 1,034 keys: chunks of 640 and 394) and merges
+ * them; elsewhere (another grid, the mma.sync kernel) the same batch is an
+ * ordinary one. Short query rows keep the reference cheap. */
 static void run_tail_cut(test_ctx *t)
 {
     attn_case tc = sweep_case(128, 4, AK_BF16, 1);

@@ -709,14 +709,17 @@ static ak_status engine_create_inner(engine_state *s)
          * min_prefill_q or more tokens; splitting adds fewer than P tiles
          * (a tile of cost c cut into chunks of `share` key tiles, share =
          * ceil(total x rows / prefill_ctas) >= total / P, adds fewer than
-         * c / share, and the costs sum to total); P + 1 more (a margin). Items: every tile once a row, and the dealing pads the
-         * last round with fewer than prefill_ctas */
+         * c / share, and the costs sum to total); the last round's cut
+         * fewer than P more (below); P + 1 more (a margin). Items: every
+         * tile once a row, and the dealing pads the last round with fewer
+         * than prefill_ctas */
         const int multi = lim->max_reqs < lim->max_tokens / s->min_prefill_q ? lim->max_reqs
                                                                              : lim->max_tokens / s->min_prefill_q;
-        /* the last round's cut (plan_prefill) adds fewer than P / rows: its
-         * tiles' rows and chunks fit in P */
-        const int tail_tiles = (P / TAIL_SPLIT_FRACTION + rows - 1) / rows; /* tiles it cuts, at most */
-        s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 2 : 1) * P + 1 + (s->split ? P / rows : 0);
+        /* the last round's cut (plan_prefill) makes at most prefill_ctas /
+         * rows = P chunks (its tiles' rows times their chunks fill at most
+         * the grid), so it adds fewer than P tiles, of tail_tiles cut */
+        const int tail_tiles = (s->prefill_ctas / TAIL_SPLIT_FRACTION + rows - 1) / rows;
+        s->max_ptiles = lim->max_tokens / s->ptok + multi + (s->split ? 3 : 1) * P + 1;
         if ((int64_t)s->max_ptiles * rows + s->prefill_ctas > INT_MAX / 2)
             return ak_set_error(AK_ERR_LIMIT_EXCEEDED, "prefill: limits.max_tokens = %d gives %lld work items, too many",
                                 lim->max_tokens, (long long)s->max_ptiles * rows);
@@ -724,8 +727,9 @@ static ak_status engine_create_inner(engine_state *s)
         if (s->split) {
             /* split tiles hold at most ptok tokens each, in fewer than P + P
              * chunks (the added ones, plus one per split tile: each costs more
-             * than share, so there are fewer than P) */
-            s->pf_slots = (2 * P + P / rows) * s->ptok; /* (and the last round's: P / rows chunks) */
+             * than share, so there are fewer than P), and the last round's
+             * cut in at most P */
+            s->pf_slots = 3 * P * s->ptok;
             /* and no token is in more than max_splits chunks */
             if ((int64_t)s->pf_slots > (int64_t)lim->max_tokens * s->max_splits)
                 s->pf_slots = lim->max_tokens * s->max_splits;
@@ -1041,13 +1045,19 @@ static int by_cost_desc(const void *a, const void *b)
     return ca > cb ? -1 : ca < cb;
 }
 
-/* Requests by their heaviest tile, each request's tiles heaviest first */
+/* Requests by their heaviest tile, each request's tiles heaviest first;
+ * ties by position (tokens, then keys: every tile differs in one), so that
+ * the order, and so which tiles the last round's cut takes, is the plan's
+ * alone */
 static int by_request_desc(const void *a, const void *b)
 {
     const pf_tile *x = (const pf_tile *)a, *y = (const pf_tile *)b;
     if (x->req_max != y->req_max) return x->req_max > y->req_max ? -1 : 1;
     if (x->req != y->req) return x->req < y->req ? -1 : 1;
-    return by_cost_desc(a, b);
+    const int c = by_cost_desc(a, b);
+    if (c) return c;
+    if (x->it.tok0 != y->it.tok0) return x->it.tok0 < y->it.tok0 ? -1 : 1;
+    return x->it.kv_begin < y->it.kv_begin ? -1 : x->it.kv_begin > y->it.kv_begin;
 }
 
 /* Prefill items of every request with min_prefill_q or more query tokens
@@ -1168,7 +1178,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.out = -1;
             it.scan = scan;
             it.scan_n = scan_n;
-            it.row = 0; /* (each row's copy is made below) */
+            it.row = 0; /* (the dealing sets each item's row) */
             it.unused[0] = it.unused[1] = 0;
             if (n >= s->max_ptiles) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;
@@ -1221,9 +1231,10 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
      * item more than the rest, a whole round's time (3% of a uniform
      * non-causal batch of 31 rounds). The list's last tiles, whose rows
      * fill that round, are then cut over their keys into as many chunks
-     * as spread them over the wave (chunks of MIN_PREFILL_CHUNK keys or
-     * more): the lightest of the list, dealt last, a chunk to each block
-     * the whole tiles left lightest. A causal list ends in its lightest
+     * as spread them over the wave (at most len / MIN_PREFILL_CHUNK of
+     * them, rounded up to PREFILL_CHUNK_ALIGN keys, the last one shorter):
+     * the lightest of the list, dealt last, a chunk to each block the whole
+     * tiles left lightest. A causal list ends in its lightest
      * tiles, too short to cut. Measured (H200): BENCHMARKS.md. */
     const int tail = (int)((int64_t)n * rows % P);
     if (s->split && !s->invariant_chunk && tail > 0 && tail <= P / TAIL_SPLIT_FRACTION) {
