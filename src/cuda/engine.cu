@@ -528,10 +528,17 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
 
 /* ---- create / destroy ---------------------------------------------------------- */
 
+#if defined(AK_PREFILL_CLOCKS)
+void ak_cuda_prefill_clocks_dump(void); /* (prefill_wgmma.cu) */
+#endif
+
 void ak_cuda_engine_destroy(void *state)
 {
     engine_state *s = (engine_state *)state;
     if (!s) return;
+#if defined(AK_PREFILL_CLOCKS)
+    if (s->prefill) ak_cuda_prefill_clocks_dump();
+#endif
     for (int i = 0; i < NUM_STAGING; i++) {
         if (s->stg[i].copied) {
             cudaEventSynchronize(s->stg[i].copied);

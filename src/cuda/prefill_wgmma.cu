@@ -147,6 +147,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 
     if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) mbar_wait(mask_full, 0); /* the mask is written */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
+        PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0) continue; /* padding */
         if (!mask_in_pass<PASS>(p, skip, k)) continue; /* the other pass's (the producer's mask) */
@@ -156,7 +157,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
             const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+            PF_CLK(wg, k, 1);
+            PF_CLK_SET(wg, k, 11, n_tiles);
             mbar_wait(&bar.q_full, nq & 1); /* q, and the previous epilogue's turn at qs is over */
+            PF_CLK(wg, k, 2);
             nq++;
 
             const int pos_last = it.pos0 + it.ntok - 1;
@@ -190,6 +194,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             auto begin_tile = [&](int t) {
                 const int g = g0 + t;
                 mbar_wait(&bar.k_full[g % STAGES], (g / STAGES) & 1);
+                if (t == 0) PF_CLK(wg, k, 3);
                 if (t == 0) { /* q landed: the NaN rule's check of this warp's q rows */
                     const uint32_t qb = q_rows_bad<DQK, T>(
                         qs, [](int row, int c) { return sw128<ROWS>(row, c); }, warp_row0, lane);
@@ -214,7 +219,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     mk++;
                 }
                 fence_proxy_async(); /* the copies, visible to wgmma */
+                if (t == 0) PF_CLK(wg, k, 4);
                 bar_sync(1 + wg, TURN);
+                if (t == 0) PF_CLK(wg, k, 5);
                 return set;
             };
             auto pass_turn = [&]() { bar_arrive(1 + (wg + 1) % CWG, TURN); };
@@ -262,6 +269,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     if (n_tiles == 1) mbar_arrive(&bar.q_empty); /* (below) */
                     softmax(0, set, s, f); /* o is still 0: no rescale */
                     pack_p<NT, T>(s, pa);
+                    PF_CLK(wg, k, 6);
                 }
                 for (int t = 1; t < n_tiles; t++) {
                     float s[NT][4], f[2];
@@ -287,11 +295,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     if (raise) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pa);
                 }
+                PF_CLK(wg, k, 7);
                 wait_v(n_tiles - 1);
                 issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
                 wgmma_wait<0>();
                 wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                 release_v(n_tiles - 1);
+                PF_CLK(wg, k, 8);
             } else {
                 for (int t = 0; t < n_tiles; t++) {
                     float s[NT][4], f[2];
@@ -377,6 +387,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 fence_proxy_async();
                 mbar_arrive(&bar.q_empty);
             }
+            PF_CLK(wg, k, 9);
         };
         /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
          * the items of each path are a kernel's pass of their own */
@@ -511,6 +522,25 @@ static attn_kernel wgmma_prefill_kernel_of(int dqk, int dvo, ak_dtype dtype, int
     return none;
 #endif
 }
+
+#if defined(AK_PREFILL_CLOCKS)
+#include <stdio.h>
+#include <stdlib.h>
+
+void ak_cuda_prefill_clocks_dump(void)
+{
+    const char *path = getenv("AK_PREFILL_CLOCKS_OUT");
+    if (!path) return;
+    const size_t bytes = sizeof(long long) * PF_CLK_BLOCKS * PF_CLK_ITEMS * PF_CLK_ROLES * PF_CLK_STAMPS;
+    long long *h = (long long *)malloc(bytes);
+    FILE *f = h && cudaMemcpyFromSymbol(h, prefill_clk, bytes) == cudaSuccess ? fopen(path, "wb") : NULL;
+    if (f) {
+        fwrite(h, bytes, 1, f);
+        fclose(f);
+    }
+    free(h);
+}
+#endif
 
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 {

@@ -12,6 +12,31 @@
 #include "attn.cuh"
 #include "wgmma.cuh"
 
+/* Phase clocks of the wgmma prefill (builds with -DAK_PREFILL_CLOCKS=ON
+ * only; diagnostics): the first thread of each warpgroup stores clock64()
+ * at fixed points of each of its block's first PF_CLK_ITEMS items,
+ * prefill_clk[block][item][role][stamp] (role: consumer warpgroup, the
+ * producer's after them); the engine writes the last launch's to the file
+ * AK_PREFILL_CLOCKS_OUT names at destroy, and bench/prefill_clocks.py reads
+ * it. The same SM's counter for every role of a block: differences within
+ * a block are times. Elsewhere PF_CLK is nothing. */
+#if defined(AK_PREFILL_CLOCKS)
+#define PF_CLK_BLOCKS 264
+#define PF_CLK_ITEMS 72
+#define PF_CLK_ROLES 4
+#define PF_CLK_STAMPS 12
+static __device__ long long prefill_clk[PF_CLK_BLOCKS][PF_CLK_ITEMS][PF_CLK_ROLES][PF_CLK_STAMPS];
+#define PF_CLK_SET(role, item, stamp, value)                                                                  \
+    do {                                                                                                      \
+        if (threadIdx.x % 128 == 0 && blockIdx.x < PF_CLK_BLOCKS && (item) < PF_CLK_ITEMS)                  \
+            prefill_clk[blockIdx.x][item][role][stamp] = (value);                                            \
+    } while (0)
+#define PF_CLK(role, item, stamp) PF_CLK_SET(role, item, stamp, (long long)clock64())
+#else
+#define PF_CLK_SET(role, item, stamp, value) ((void)0)
+#define PF_CLK(role, item, stamp) ((void)0)
+#endif
+
 /* The producer's copies of a tile: TPR threads a key row, each every TPR-th
  * 16-byte chunk of it, so a thread's copies of a row differ only by
  * immediate offsets (the swizzle of chunk TPR j + q is the thread's base XOR
@@ -204,6 +229,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     }
     int g = 0, n = 0; /* tiles and items so far */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
+        PF_CLK(tr::CWG, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k)) continue; /* padding, the other pass's */
         const item_heads ih = heads_of(p, it);
@@ -244,7 +270,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             g++;
         };
         if (n_tiles > 0) fill(0);
+        PF_CLK(tr::CWG, k, 1);
         if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+        PF_CLK(tr::CWG, k, 2);
         n++;
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
@@ -258,7 +286,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         } else {
             mbar_arrive(&bar.q_full);
         }
+        PF_CLK(tr::CWG, k, 3);
         for (int t = 1; t < n_tiles; t++) fill(t);
+        PF_CLK(tr::CWG, k, 4);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
 }

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""prefill_clocks.py - where a wgmma prefill item's time goes, from the clock stamps of a diagnostic build.
+
+A build configured with -DAK_PREFILL_CLOCKS=ON stores clock64() at fixed
+points of each item of the wgmma prefill kernel (src/cuda/producer.cuh,
+prefill_wgmma.cu), for the first thread of each warpgroup, and the engine
+writes the last launch's stamps at destroy to the file AK_PREFILL_CLOCKS_OUT
+names:
+
+    AK_PREFILL_CLOCKS_OUT=clk.bin build-clk/attnkit-bench --device cuda --backend cuda_paged \\
+        --dtype bf16 --workload prefill --page-size 128 --batch 16 --kv-len 1024 --layers 1 --iters 5
+    python3 bench/prefill_clocks.py clk.bin [--ghz 1.98]
+
+It prints, for each consumer warpgroup and the producer, the median and mean
+of each phase over the items of two key tiles or more (the pipelined path,
+head dims up to 128; at DP 256 the loop stamps are absent). Times are clock
+cycles at --ghz (the SM clock the run held; nvidia-smi's clocks.max.sm when
+not throttled). The file: long long [264 blocks][72 items][4 roles][12
+stamps], roles 0.. the consumer warpgroups, then the producer.
+"""
+
+import argparse
+import statistics
+import struct
+import sys
+
+BLOCKS, ITEMS, ROLES, STAMPS = 264, 72, 4, 12
+CONSUMER = [
+    ("item loaded, path chosen", 0, 1),
+    ("wait for q", 1, 2),
+    ("wait for tile 0's K", 2, 3),
+    ("q's NaN check", 3, 4),
+    ("wait for the turn", 4, 5),
+    ("tile 0: S, softmax", 5, 6),
+    ("later tiles", 6, 7),
+    ("the last P V", 7, 8),
+    ("epilogue", 8, 9),
+]
+PRODUCER = [("tile 0 issued", 0, 1), ("wait for q's buffer", 1, 2), ("q issued", 2, 3), ("later tiles issued", 3, 4)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--ghz", type=float, default=1.98)
+    a = ap.parse_args()
+    raw = open(a.file, "rb").read()
+    n = BLOCKS * ITEMS * ROLES * STAMPS
+    if len(raw) != 8 * n:
+        print("prefill_clocks: %s holds %d bytes, not %d" % (a.file, len(raw), 8 * n), file=sys.stderr)
+        return 2
+    v = struct.unpack("<%dq" % n, raw)
+
+    def at(b, i, r, s):
+        return v[((b * ITEMS + i) * ROLES + r) * STAMPS + s]
+
+    us = lambda cycles: cycles / a.ghz / 1000.0
+    consumers = [r for r in range(ROLES) if any(at(b, 0, r, 11) for b in range(BLOCKS))]
+    producer = max(consumers) + 1 if consumers else None
+    for r in consumers:
+        phases = {name: [] for name, _, _ in CONSUMER}
+        phases["to the next item"] = []
+        tile = []
+        for b in range(BLOCKS):
+            for i in range(ITEMS):
+                t = [at(b, i, r, s) for s in range(10)]
+                tiles = at(b, i, r, 11)
+                if tiles < 2 or 0 in t or any(t[s + 1] < t[s] for s in range(9)):
+                    continue
+                for name, s0, s1 in CONSUMER:
+                    phases[name].append(us(t[s1] - t[s0]))
+                if i + 1 < ITEMS and at(b, i + 1, r, 0) > t[9]:
+                    phases["to the next item"].append(us(at(b, i + 1, r, 0) - t[9]))
+                tile.append(us(t[7] - t[6]) / (tiles - 1))
+        print("consumer warpgroup %d: %d items; a later tile %.2f us (median)" %
+              (r, len(tile), statistics.median(tile) if tile else 0.0))
+        for name, xs in phases.items():
+            if xs:
+                print("  %-26s median %6.2f us  mean %6.2f" % (name, statistics.median(xs), statistics.mean(xs)))
+    if producer is not None and producer < ROLES:
+        print("producer:")
+        for name, s0, s1 in PRODUCER:
+            xs = [us(at(b, i, producer, s1) - at(b, i, producer, s0)) for b in range(BLOCKS) for i in range(ITEMS)
+                  if at(b, i, producer, s0) and at(b, i, producer, s1) >= at(b, i, producer, s0)]
+            if xs:
+                print("  %-26s median %6.2f us  mean %6.2f" % (name, statistics.median(xs), statistics.mean(xs)))
+        lat = [us(at(b, i, 0, 2) - at(b, i, producer, 3)) for b in range(BLOCKS) for i in range(ITEMS)
+               if at(b, i, producer, 3) and at(b, i, 0, 2) > at(b, i, producer, 3)]
+        if lat:
+            print("  q issued -> consumer 0 past its wait: median %.2f us" % statistics.median(lat))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
