@@ -36,6 +36,8 @@ CONSUMER = [
     ("the last P V", 7, 8),
     ("epilogue", 8, 9),
 ]
+# the epilogue's two parts (stamp 10: its rows' scales and LSEs done, before the stores)
+EPILOGUE = [("  its scales and LSEs", 8, 10), ("  its stores", 10, 9)]
 PRODUCER = [("tile 0 issued", 0, 1), ("wait for q's buffer", 1, 2), ("q issued", 2, 3), ("later tiles issued", 3, 4)]
 
 
@@ -58,7 +60,7 @@ def main():
     consumers = [r for r in range(ROLES) if any(at(b, 0, r, 11) for b in range(BLOCKS))]
     producer = max(consumers) + 1 if consumers else None
     for r in consumers:
-        phases = {name: [] for name, _, _ in CONSUMER}
+        phases = {name: [] for name, _, _ in CONSUMER + EPILOGUE}
         phases["to the next item"] = []
         tile = []
         for b in range(BLOCKS):
@@ -69,6 +71,10 @@ def main():
                     continue
                 for name, s0, s1 in CONSUMER:
                     phases[name].append(us(t[s1] - t[s0]))
+                t10 = at(b, i, r, 10)
+                if t[8] <= t10 <= t[9]:
+                    for name, s0, s1 in EPILOGUE:
+                        phases[name].append(us((t10 if s1 == 10 else t[s1]) - (t10 if s0 == 10 else t[s0])))
                 if i + 1 < ITEMS and at(b, i + 1, r, 0) > t[9]:
                     phases["to the next item"].append(us(at(b, i + 1, r, 0) - t[9]))
                 tile.append(us(t[7] - t[6]) / (tiles - 1))

@@ -172,6 +172,10 @@ struct attn_params {
      * parameter's q map (a whole row tile: prow_heads heads of each), or 0:
      * q by cp.async */
     int q_box;
+    /* prefill (prefill_wgmma.cu, two consumer warpgroups): the tokens of a
+     * TMA box of o in the second parameter's o map (a warpgroup's 64 rows:
+     * prow_heads heads of each), or 0: o from registers */
+    int o_box;
 };
 
 #ifdef __CUDACC__
@@ -186,10 +190,10 @@ __device__ __forceinline__ item_heads heads_of(const attn_params &p, const prefi
 
 /* The second parameter of the kernels that read K/V by TMA
  * (attn_kernel.tma_map): the maps of K and of V (MLA: K alone), built by
- * run() for the layer's pools, and the prefill's map of q, built for the
- * step's q tensor; copied at the launch. */
+ * run() for the layer's pools, and the prefill's maps of q and o, built
+ * for the step's tensors; copied at the launch. */
 struct kv_maps {
-    CUtensorMap k, v, q;
+    CUtensorMap k, v, q, o;
 };
 
 /* Logits live in base 2 in the kernels (exp2 is one instruction): scaled by
@@ -1036,10 +1040,12 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * rows / p->prow_heads tokens), the tokens in p->q_box, or 0 where q's base
  * or strides do not allow it or the heads do not divide the rows (then the
  * cp.async copies zero the rows no token fills, so that a tile's bits never
- * depend on an earlier item's). The maps depend on the pools (or ragged
- * tensors' base and strides) and on q's, never on the plan: ragged rows and
- * q's tokens are bounded by the kernel's items alone, as its cp.async copies
- * are. Host only, as ak_cuda_mla_tma_map. */
+ * depend on an earlier item's); o's, a warpgroup's 64 of those rows (a
+ * kernel of 128: two warpgroups), the tokens in p->o_box, or 0 (then o is
+ * written from registers). The maps depend on the pools (or ragged
+ * tensors' base and strides) and on q's and o's, never on the plan: ragged
+ * rows and q's and o's tokens are bounded by the kernel's items alone, as
+ * its cp.async copies are. Host only, as ak_cuda_mla_tma_map. */
 void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps);
 /* The rows of those maps' boxes for head dims (dqk, dvo), ragged K/V or
  * pages of page_size keys, or 0: no TMA (the rule the maps and the

@@ -29,7 +29,10 @@
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V; at DP 256 the two
  * run in turn, one stage: see PIPE); between the two,
- * named barriers make them take turns (a ring) at issuing their MMAs. Measured
+ * named barriers make them take turns (a ring) at issuing their MMAs. An
+ * item whose rows are all output rows writes o by TMA from shared memory
+ * (the last key tile's K stage, or at DP 256 q's rows), one store a column
+ * block, instead of 4-byte stores from registers (OSTORE). Measured
  * steps: BENCHMARKS.md.
  *
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
@@ -116,7 +119,7 @@ template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        const uint32_t *skip, uint64_t *mask_full)
+                                                        const uint32_t *skip, uint64_t *mask_full, const kv_maps *maps)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -124,14 +127,28 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr int NT = KEYS / 8;     /* n tiles (8 keys) of S */
     constexpr int DN = DVN / 8;      /* n tiles of o */
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
-    /* The epilogue writes o through qs (16-byte coalesced rows) or straight
-     * from registers. Straight, q's buffer frees as soon as the last S is
-     * done (see below). Measured (H100, against staged, when q was freed
-     * after the last P V): 3-4% faster at d128 16 x 1024, 2.5% at 4 x 4096,
-     * the same at d64, 2.5% slower at d256. Staging o in
-     * the last tile's K stage instead (stmatrix, then 16-byte rows; the
-     * stage held until the epilogue) was 2% slower at 16 x 1024 and spilled */
+    /* The epilogue stages o in qs (STAGED: q's buffer is free only after it)
+     * or not, q's buffer then freed as soon as the last S is done (see
+     * below). Measured (H100, against staged, when q was freed after the
+     * last P V and o went out as 16-byte rows from qs): 3-4% faster at d128
+     * 16 x 1024, 2.5% at 4 x 4096, the same at d64, 2.5% slower at d256. */
     constexpr bool STAGED = !tr::PIPE;
+    /* OSTORE: an item whose rows are all real output rows (p.o_box) writes
+     * o by TMA from the shared memory of its last key tile's K (whose
+     * release waits for that), so that no warp queues 4-byte stores behind
+     * which its next loads and barriers wait. Two consumer warpgroups only
+     * (a K tile of 128 keys holds their 128 rows of o at DP 128; at DP 64
+     * three warpgroups' 192 rows do not fit its 64 columns). Named barriers
+     * OS_LAST + w: the other warpgroup's last S is done (its arrival, w's
+     * wait); OS_ROWS + w: warpgroup w's rows are in shared memory.
+     * Measured (H200, against 4-byte stores from registers, same run): 16 x
+     * 1024 0.93 of the time, 64 x 512 0.90, 4 x 4096 0.98, non-causal 4 x
+     * 4096 0.98, phi3-mini (d96, page 16) 0.97; staged at d256 (its copy of
+     * 16-byte rows out of qs replaced by the same store) 16 x 1024 0.96, 4 x
+     * 4096 0.98 (BENCHMARKS.md). Earlier (H100), the same staging with
+     * 16-byte rows stored by the warps was 2% slower at 16 x 1024 */
+    constexpr bool OSTORE = tr::PIPE && CWG == 2;
+    constexpr int OS_LAST = 2 + CWG, OS_ROWS = 4 + CWG;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
     /* The warpgroups take turns to issue their MMAs (named barrier 1 + w:
      * warpgroup w's turn, passed on by w - 1 in a ring), so one's softmax
@@ -157,6 +174,12 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         auto item = [&](auto check) {
             constexpr bool CHECK = decltype(check)::value;
             const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+            /* every row of the tile a real output row: o by TMA (OSTORE,
+             * or STAGED: from the rows staged in qs; not in the checked
+             * pass, where ptxas then spills 272 bytes instead of 96) */
+            const bool o_tma = (!STAGED || PASS != PASS_CHECKED) && p.o_box > 0 && it.out < 0 && heads == hb &&
+                               it.ntok >= CWG * p.o_box;
+            const bool ostore = OSTORE && n_tiles > 0 && o_tma;
             PF_CLK(wg, k, 1);
             PF_CLK_SET(wg, k, 11, n_tiles);
             mbar_wait(&bar.q_full, nq & 1); /* q, and the previous epilogue's turn at qs is over */
@@ -225,7 +248,12 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 return set;
             };
             auto pass_turn = [&]() { bar_arrive(1 + (wg + 1) % CWG, TURN); };
-            auto release_k = [&](int t) { mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]); };
+            /* K of tile t is read no more by this warpgroup; an OSTORE
+             * item's last K stays for its o (the epilogue releases it) */
+            auto release_k = [&](int t) {
+                if (!(ostore && t == n_tiles - 1)) mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]);
+                else bar_arrive(OS_LAST + (wg + 1) % CWG, CONSUMERS);
+            };
             auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
              * operands, 16 elements (32 bytes) of the head dim a step */
@@ -339,6 +367,39 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 const int g = row - row / hb * hb;
                 finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
             }
+            PF_CLK(wg, k, 10);
+            if (ostore) {
+                const int st = (g0 - 1) % STAGES; /* the last tile's */
+                T *os = stages + st * 2 * KEYS * DP;
+                bar_sync(OS_LAST + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                const int row = warp_row0 + lane / 4;
+#pragma unroll
+                for (int n = 0; n < OCHUNKS; n++) {
+                    *(uint32_t *)(os + sw128<KEYS>(row, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
+                    *(uint32_t *)(os + sw128<KEYS>(row + 8, n) + (lane % 4) * 2) =
+                        dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
+                }
+                fence_proxy_async(); /* the rows, visible to the store */
+                bar_sync(OS_ROWS + wg, 128);
+                if (threadIdx.x % 128 == 0) {
+#pragma unroll
+                    for (int c = 0; c < DVN / 64; c++)
+                        tma_store_3d(&maps->o, c * 64, head0, it.tok0 + wg * p.o_box, os + c * (KEYS * 64) + wg * 64 * 64);
+                    bulk_commit();
+                    bulk_wait_read();
+                    mbar_arrive_n(&bar.k_empty[st], 128); /* the warpgroup's arrivals */
+                }
+                if (p.lse && lane % 4 == 0) {
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int r = warp_row0 + lane / 4 + h * 8, i = r / hb;
+                        p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + r - i * hb] = lse[h];
+                    }
+                }
+                PF_CLK(wg, k, 9);
+                return;
+            }
             if (STAGED && it.out < 0) { /* (this warp's q rows: only its warpgroup read them, and it is done) */
                 const int row = warp_row0 + lane / 4;
 #pragma unroll
@@ -348,8 +409,20 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     *(uint32_t *)(qs + sw128<ROWS>(row + 8, n) + (lane % 4) * 2) =
                         dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
                 }
+                if (o_tma) { /* the warpgroup's rows by TMA, then q's buffer is free */
+                    fence_proxy_async();
+                    bar_sync(OS_ROWS + wg, 128);
+                    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+                        for (int c = 0; c < DVN / 64; c++)
+                            tma_store_3d(&maps->o, c * 64, head0, it.tok0 + wg * p.o_box, qs + c * (ROWS * 64) + wg * 64 * 64);
+                        bulk_commit();
+                        bulk_wait_read();
+                        mbar_arrive_n(&bar.q_empty, 128);
+                    }
+                }
                 __syncwarp();
-                for (int idx = lane; idx < 16 * OCHUNKS; idx += 32) {
+                for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
                     const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
                     const int i = row / hb, g = row - i * hb;
                     if (i < it.ntok && g < heads)
@@ -381,7 +454,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
                 if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
             }
-            if (STAGED) {
+            if (STAGED && !o_tma) {
                 /* the staging reads of qs are done; their writes ordered
                  * before the next q's TMA writes (the async proxy) */
                 fence_proxy_async();
@@ -400,6 +473,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             else item(bool_c<false>());
         }
     }
+    if (threadIdx.x % 128 == 0) bulk_wait(); /* (o's stores done before the kernel is) */
     if (wg == 0) bar_sync(1, TURN); /* the last warpgroup's last pass of the turn */
 }
 
@@ -456,7 +530,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
         prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, &mask_full);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full, maps);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -575,7 +649,7 @@ int ak_cuda_prefill_tma_q_tokens(int heads, int rows)
 
 void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps)
 {
-    p->kv_box = p->q_box = 0;
+    p->kv_box = p->q_box = p->o_box = 0;
     const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size);
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
     if (!encode || (dqk == 512 && dvo == 512)) return; /* (prefill_wide.cu: no maps) */
@@ -606,6 +680,15 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
         const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->q_stride_head, p->q_stride_tok};
         const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)q_tokens};
         if (make(&maps->q, p->q, dqk, 3, ext, st, box)) p->q_box = q_tokens;
+    }
+    /* o: the same shape, a box a warpgroup's 64 rows, for a tile of two
+     * warpgroups (prefill_wgmma_consumers' OSTORE) */
+    const int o_tokens = rows == 128 ? ak_cuda_prefill_tma_q_tokens(hb, 64) : 0;
+    if (o_tokens > 0) {
+        const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
+        const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->o_stride_head, p->o_stride_tok};
+        const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)o_tokens};
+        if (make(&maps->o, p->o, dvo, 3, ext, st, box)) p->o_box = o_tokens;
     }
     if (rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return;
     auto make_kv = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {

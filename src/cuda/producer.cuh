@@ -229,7 +229,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     }
     int g = 0, n = 0; /* tiles and items so far */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
-        PF_CLK(tr::CWG, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
+        PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
         const prefill_item it = p.pitems[w];
         if (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k)) continue; /* padding, the other pass's */
         const item_heads ih = heads_of(p, it);
@@ -270,9 +270,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             g++;
         };
         if (n_tiles > 0) fill(0);
-        PF_CLK(tr::CWG, k, 1);
+        PF_CLK(tr::CONSUMERS / 128, k, 1);
         if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
-        PF_CLK(tr::CWG, k, 2);
+        PF_CLK(tr::CONSUMERS / 128, k, 2);
         n++;
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
@@ -286,9 +286,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         } else {
             mbar_arrive(&bar.q_full);
         }
-        PF_CLK(tr::CWG, k, 3);
+        PF_CLK(tr::CONSUMERS / 128, k, 3);
         for (int t = 1; t < n_tiles; t++) fill(t);
-        PF_CLK(tr::CWG, k, 4);
+        PF_CLK(tr::CONSUMERS / 128, k, 4);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
 }

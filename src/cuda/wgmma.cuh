@@ -86,6 +86,13 @@ __device__ __forceinline__ void mbar_arrive(uint64_t *bar)
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar))
                  : "memory");
 }
+/* count arrivals at once (one thread for a warpgroup) */
+__device__ __forceinline__ void mbar_arrive_n(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"((uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(count)
+                 : "memory");
+}
 /* Arrives on bar once every cp.async this thread issued so far has landed. */
 __device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar)
 {
@@ -130,6 +137,20 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const CUtensorMap *map, i
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"((uint32_t)__cvta_generic_to_shared(bar))
                  : "memory");
 }
+/* A box of a 3-dimensional map from src (shared memory, the map's swizzle)
+ * to global memory, in this thread's bulk group (elements outside the map
+ * are not written); bulk_commit closes the group, bulk_wait_read waits until
+ * this thread's groups have read their shared memory, bulk_wait until they
+ * are done. src's generic writes need fence_proxy_async first. */
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map, int c0, int c1, int c2, const void *src)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map),
+                 "r"(c0), "r"(c1), "r"(c2), "r"((uint32_t)__cvta_generic_to_shared(src))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 /* Waits until the phase of bar with this parity has completed. */
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
 {
