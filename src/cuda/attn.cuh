@@ -1042,7 +1042,7 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * cp.async copies zero the rows no token fills, so that a tile's bits never
  * depend on an earlier item's); o's, a warpgroup's 64 of those rows (a
  * kernel of 128: two warpgroups), the tokens in p->o_box, or 0 (then o is
- * written from registers). The maps depend on the pools (or ragged
+ * written by the warps). The maps depend on the pools (or ragged
  * tensors' base and strides) and on q's and o's, never on the plan: ragged
  * rows and q's and o's tokens are bounded by the kernel's items alone, as
  * its cp.async copies are. Host only, as ak_cuda_mla_tma_map. */

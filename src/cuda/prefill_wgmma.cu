@@ -138,9 +138,14 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * release waits for that), so that no warp queues 4-byte stores behind
      * which its next loads and barriers wait. Two consumer warpgroups only
      * (a K tile of 128 keys holds their 128 rows of o at DP 128; at DP 64
-     * three warpgroups' 192 rows do not fit its 64 columns). Named barriers
-     * OS_LAST + w: the other warpgroup's last S is done (its arrival, w's
-     * wait); OS_ROWS + w: warpgroup w's rows are in shared memory.
+     * three warpgroups' 192 rows do not fit a tile's 128 key rows). Named
+     * barriers OS_LAST + 2 (os_n % 2) + w: the other warpgroup's last S of
+     * the os_n-th such item is done (its arrival, w's wait). Two sets in
+     * turn: warpgroup 0 may reach the next such item's last S (a one-tile
+     * item) before warpgroup 1 waits for this one's, and a named barrier
+     * counts arrivals, not whose they are; it cannot get two items ahead,
+     * its epilogue waits for warpgroup 1's last S. OS_ROWS + w: warpgroup
+     * w's rows are in shared memory.
      * Measured (H200, against 4-byte stores from registers, same run): 16 x
      * 1024 0.93 of the time, 64 x 512 0.90, 4 x 4096 0.98, non-causal 4 x
      * 4096 0.98, phi3-mini (d96, page 16) 0.97; staged at d256 (its copy of
@@ -148,7 +153,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * 4096 0.98 (BENCHMARKS.md). Earlier (H100), the same staging with
      * 16-byte rows stored by the warps was 2% slower at 16 x 1024 */
     constexpr bool OSTORE = tr::PIPE && CWG == 2;
-    constexpr int OS_LAST = 2 + CWG, OS_ROWS = 4 + CWG;
+    constexpr int OS_LAST = 2 + CWG, OS_ROWS = 6 + CWG;
+    int os_n = 0; /* items whose o went by TMA from a K stage */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
     /* The warpgroups take turns to issue their MMAs (named barrier 1 + w:
      * warpgroup w's turn, passed on by w - 1 in a ring), so one's softmax
@@ -252,7 +258,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
              * item's last K stays for its o (the epilogue releases it) */
             auto release_k = [&](int t) {
                 if (!(ostore && t == n_tiles - 1)) mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]);
-                else bar_arrive(OS_LAST + (wg + 1) % CWG, CONSUMERS);
+                else bar_arrive(OS_LAST + 2 * (os_n % 2) + (wg + 1) % CWG, CONSUMERS);
             };
             auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
@@ -371,7 +377,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             if (ostore) {
                 const int st = (g0 - 1) % STAGES; /* the last tile's */
                 T *os = stages + st * 2 * KEYS * DP;
-                bar_sync(OS_LAST + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                os_n++;
                 const int row = warp_row0 + lane / 4;
 #pragma unroll
                 for (int n = 0; n < OCHUNKS; n++) {
