@@ -112,6 +112,39 @@ template <int DQK_, int DVO_> struct wg_traits {
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
 };
 
+/* This warp's 16 rows of o (from warp_row0; o scaled by inv, in 16 bits)
+ * into buf, in the tile layout of R rows a column block. */
+template <int R, int OCHUNKS, int DN, typename T>
+__device__ __forceinline__ void stage_o(T *buf, const float (&o)[DN][4], const float (&inv)[2], int warp_row0, int lane)
+{
+    const int row = warp_row0 + lane / 4;
+#pragma unroll
+    for (int n = 0; n < OCHUNKS; n++) {
+        *(uint32_t *)(buf + sw128<R>(row, n) + (lane % 4) * 2) = dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
+        *(uint32_t *)(buf + sw128<R>(row + 8, n) + (lane % 4) * 2) =
+            dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
+    }
+}
+
+/* Warpgroup wg's 64 staged rows of buf (R rows a column block, NCB blocks)
+ * out by TMA (the o map, its box at head0 and token tok), once all its warps
+ * staged theirs (named barrier `rows`); then `release` gets the
+ * warpgroup's 128 arrivals, once the store has read them. */
+template <int R, int NCB, typename T>
+__device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, int wg, int head0, int tok, int rows,
+                                            uint64_t *release)
+{
+    fence_proxy_async(); /* the rows, visible to the store */
+    bar_sync(rows, 128);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+        for (int c = 0; c < NCB; c++) tma_store_3d(&maps->o, c * 64, head0, tok, buf + c * (R * 64) + wg * 64 * 64);
+        bulk_commit();
+        bulk_wait_read();
+        mbar_arrive_n(release, 128);
+    }
+}
+
 /* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
@@ -379,24 +412,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 T *os = stages + st * 2 * KEYS * DP;
                 bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
                 os_n++;
-                const int row = warp_row0 + lane / 4;
-#pragma unroll
-                for (int n = 0; n < OCHUNKS; n++) {
-                    *(uint32_t *)(os + sw128<KEYS>(row, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
-                    *(uint32_t *)(os + sw128<KEYS>(row + 8, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
-                }
-                fence_proxy_async(); /* the rows, visible to the store */
-                bar_sync(OS_ROWS + wg, 128);
-                if (threadIdx.x % 128 == 0) {
-#pragma unroll
-                    for (int c = 0; c < DVN / 64; c++)
-                        tma_store_3d(&maps->o, c * 64, head0, it.tok0 + wg * p.o_box, os + c * (KEYS * 64) + wg * 64 * 64);
-                    bulk_commit();
-                    bulk_wait_read();
-                    mbar_arrive_n(&bar.k_empty[st], 128); /* the warpgroup's arrivals */
-                }
+                stage_o<KEYS, OCHUNKS>(os, o, inv, warp_row0, lane);
+                store_o_tma<KEYS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
                 if (p.lse && lane % 4 == 0) {
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
@@ -408,26 +425,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 return;
             }
             if (STAGED && it.out < 0) { /* (this warp's q rows: only its warpgroup read them, and it is done) */
-                const int row = warp_row0 + lane / 4;
-#pragma unroll
-                for (int n = 0; n < OCHUNKS; n++) {
-                    *(uint32_t *)(qs + sw128<ROWS>(row, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[n][0] * inv[0], o[n][1] * inv[0]);
-                    *(uint32_t *)(qs + sw128<ROWS>(row + 8, n) + (lane % 4) * 2) =
-                        dtype_traits<T>::pack(o[n][2] * inv[1], o[n][3] * inv[1]);
-                }
-                if (o_tma) { /* the warpgroup's rows by TMA, then q's buffer is free */
-                    fence_proxy_async();
-                    bar_sync(OS_ROWS + wg, 128);
-                    if (threadIdx.x % 128 == 0) {
-#pragma unroll
-                        for (int c = 0; c < DVN / 64; c++)
-                            tma_store_3d(&maps->o, c * 64, head0, it.tok0 + wg * p.o_box, qs + c * (ROWS * 64) + wg * 64 * 64);
-                        bulk_commit();
-                        bulk_wait_read();
-                        mbar_arrive_n(&bar.q_empty, 128);
-                    }
-                }
+                stage_o<ROWS, OCHUNKS>(qs, o, inv, warp_row0, lane);
+                if (o_tma) /* the warpgroup's rows by TMA, then q's buffer is free */
+                    store_o_tma<ROWS, DVN / 64>(maps, qs, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.q_empty);
                 __syncwarp();
                 for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
                     const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
