@@ -99,6 +99,10 @@ template <int DQK_, int DVO_> struct wg_traits {
      * 4 x 4096 page 64 0.903, 192/192 0.907, d256 16 x 1024 1.010
      * (BENCHMARKS.md) */
     static constexpr bool PIPE = DP <= 128;
+    /* (A second q buffer in place of a K stage, two K stages beside three
+     * V, o then through the item's own q buffer: 1.018 of the time at d128
+     * 16 x 1024, 1.037 at 64 x 512, q having landed in time already; at d64
+     * alone, 0.98 there but racecheck hazards, H200, BENCHMARKS.md) */
     static constexpr int STAGES = PIPE ? 3 : 1;
     static constexpr int CHUNKS = DP / 8;
     static constexpr int Q_BYTES = ROWS * DP * 2;
@@ -677,26 +681,24 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
-    /* q: {d, heads, tokens}, a box a row tile's heads and tokens (row =
-     * token x heads + head: load_q_tile's packing), every row of the tile;
-     * the tokens unbounded, as ragged rows below. With one head any valid
-     * stride will do (the coordinate is 0). */
-    const int hb = p->prow_heads, q_tokens = ak_cuda_prefill_tma_q_tokens(hb, rows);
-    if (q_tokens > 0) {
+    /* q and o: {d, heads, tokens} by the tensor's strides (elements), a box
+     * `tokens` tokens of the row tile's heads (row = token x heads + head:
+     * load_q_tile's packing), or none (0 tokens: no box fits); the tokens
+     * unbounded, as ragged rows below. With one head any valid stride will
+     * do (the coordinate is 0). Returns the box's tokens, or 0: no map. */
+    const int hb = p->prow_heads;
+    auto make_rows = [&](CUtensorMap *map, const void *base, int d, int64_t stride_head, int64_t stride_tok,
+                         int tokens) {
         const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
-        const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->q_stride_head, p->q_stride_tok};
-        const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)q_tokens};
-        if (make(&maps->q, p->q, dqk, 3, ext, st, box)) p->q_box = q_tokens;
-    }
-    /* o: the same shape, a box a warpgroup's 64 rows, for a tile of two
-     * warpgroups (prefill_wgmma_consumers' OSTORE) */
-    const int o_tokens = rows == 128 ? ak_cuda_prefill_tma_q_tokens(hb, 64) : 0;
-    if (o_tokens > 0) {
-        const cuuint64_t ext[2] = {(cuuint64_t)p->num_qo_heads, (cuuint64_t)INT32_MAX};
-        const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : p->o_stride_head, p->o_stride_tok};
-        const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)o_tokens};
-        if (make(&maps->o, p->o, dvo, 3, ext, st, box)) p->o_box = o_tokens;
-    }
+        const int64_t st[2] = {p->num_qo_heads == 1 ? 8 : stride_head, stride_tok};
+        const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)tokens};
+        return tokens > 0 && make(map, base, d, 3, ext, st, box) ? tokens : 0;
+    };
+    /* q's box: every row of the tile; o's: a warpgroup's 64 rows, for a
+     * tile of two warpgroups (prefill_wgmma_consumers' OSTORE) */
+    p->q_box = make_rows(&maps->q, p->q, dqk, p->q_stride_head, p->q_stride_tok, ak_cuda_prefill_tma_q_tokens(hb, rows));
+    p->o_box = make_rows(&maps->o, p->o, dvo, p->o_stride_head, p->o_stride_tok,
+                         rows == 128 ? ak_cuda_prefill_tma_q_tokens(hb, 64) : 0);
     if (rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return;
     auto make_kv = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
         if (p->num_kv_heads == 1) head = 8; /* (any valid stride: the coordinate is 0) */

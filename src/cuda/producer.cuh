@@ -270,6 +270,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             mbar_arrive_cp_async(&bar.v_full[st]);
             g++;
         };
+        /* (Items and their scan flags read here and passed to the consumers
+         * through shared memory, or the flags prefetched into L1 for them:
+         * both measured no faster, H200, BENCHMARKS.md) */
         if (n_tiles > 0) fill(0);
         PF_CLK(tr::CONSUMERS / 128, k, 1);
         if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
