@@ -13,7 +13,10 @@ names:
 
 It prints, for each consumer warpgroup and the producer, the median and mean
 of each phase over the items of two key tiles or more (the pipelined path,
-head dims up to 128; at DP 256 the loop stamps are absent). Times are clock
+head dims up to 128; at DP 256 the loop stamps are absent); then warpgroup
+0's time an item by the item's key tiles (from its start to the next
+item's), and the time the tensor pipe waits between two items (the last
+warpgroup's last P V done to warpgroup 0's next S issued). Times are clock
 cycles at --ghz (the SM clock the run held; nvidia-smi's clocks.max.sm when
 not throttled). The file: long long [264 blocks][72 items][4 roles][12
 stamps], roles 0.. the consumer warpgroups, then the producer.
@@ -94,6 +97,26 @@ def main():
                if at(b, i, producer, 3) and at(b, i, 0, 2) > at(b, i, producer, 3)]
         if lat:
             print("  q issued -> consumer 0 past its wait: median %.2f us" % statistics.median(lat))
+    # warpgroup 0's item, start to the next item's start, by its key tiles
+    # (a line fit of these: the cost of a tile, and of an item beside it)
+    if consumers:
+        by = {}
+        for b in range(BLOCKS):
+            for i in range(ITEMS - 1):
+                t0, t1 = at(b, i, 0, 0), at(b, i + 1, 0, 0)
+                if t0 and t1 > t0 and at(b, i, 0, 11):
+                    by.setdefault(at(b, i, 0, 11), []).append(us(t1 - t0))
+        print("warpgroup 0's item by its key tiles (median us, items): " +
+              "  ".join("%d: %.2f (%d)" % (n, statistics.median(xs), len(xs)) for n, xs in sorted(by.items())))
+    # the tensor pipe between items: the last consumer warpgroup's last P V
+    # done (stamp 8) to warpgroup 0's next item's first S issued (stamp 5)
+    if len(consumers) > 1:
+        last = max(consumers)
+        gap = [us(at(b, i + 1, 0, 5) - at(b, i, last, 8)) for b in range(BLOCKS) for i in range(ITEMS - 1)
+               if at(b, i, last, 8) and at(b, i + 1, 0, 5) > at(b, i, last, 8)]
+        if gap:
+            print("between items: warpgroup %d's last P V done -> warpgroup 0's next S issued: median %.2f us, "
+                  "mean %.2f (%d items)" % (last, statistics.median(gap), statistics.mean(gap), len(gap)))
     return 0
 
 
