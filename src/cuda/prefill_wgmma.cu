@@ -102,7 +102,8 @@ template <int DQK_, int DVO_> struct wg_traits {
     /* (A second q buffer in place of a K stage, two K stages beside three
      * V, o then through the item's own q buffer: 1.018 of the time at d128
      * 16 x 1024, 1.037 at 64 x 512, q having landed in time already; at d64
-     * alone, 0.98 there but racecheck hazards, H200, BENCHMARKS.md) */
+     * alone, 0.98 there, but d128 1.011 / 1.031 and racecheck hazards;
+     * H200, BENCHMARKS.md) */
     static constexpr int STAGES = PIPE ? 3 : 1;
     static constexpr int CHUNKS = DP / 8;
     static constexpr int Q_BYTES = ROWS * DP * 2;
@@ -415,8 +416,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 const int st = (g0 - 1) % STAGES; /* the last tile's */
                 T *os = stages + st * 2 * KEYS * DP;
                 bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                PF_CLK(wg, k, 12);
                 os_n++;
                 stage_o<KEYS, OCHUNKS>(os, o, inv, warp_row0, lane);
+                PF_CLK(wg, k, 13);
                 store_o_tma<KEYS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
                 if (p.lse && lane % 4 == 0) {
 #pragma unroll

@@ -24,7 +24,7 @@
 #define PF_CLK_BLOCKS 264
 #define PF_CLK_ITEMS 72
 #define PF_CLK_ROLES 4
-#define PF_CLK_STAMPS 12
+#define PF_CLK_STAMPS 14
 static __device__ long long prefill_clk[PF_CLK_BLOCKS][PF_CLK_ITEMS][PF_CLK_ROLES][PF_CLK_STAMPS];
 #define PF_CLK_SET(role, item, stamp, value)                                                                  \
     do {                                                                                                      \
