@@ -110,6 +110,25 @@ static const attn_case fixed_cases[] = {
      {{1, 300}, {20, 60}, {200, 700}}},
     {"qwen gqa7 page 3 chunks", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 3, NHD, PAGED, 3,
      {{1, 100}, {50, 300}, {130, 130}}},
+    /* groups that do not divide a warpgroup's 64 rows: the Hopper prefill
+     * packs whole tokens into each warpgroup's rows where the tile holds as
+     * many (7 heads: 9 + 9 tokens, 12: 5 + 5, 20: 3 + 3, 48: 1 + 1, a
+     * warp of no token's rows; 3 at d64: 21 x 3 in each of three), q and o
+     * then by TMA boxes a warpgroup; 5 heads (24 tokens against 25) keep
+     * the tile's packing */
+    {"prefill gqa7 d128 page 128 several items per block", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD,
+     PAGED, 8, {{200, 200}, {126, 126}, {18, 18}, {37, 500}, {300, 300}, {1, 1}, {90, 90}, {19, 19}}},
+    {"prefill gqa7 d64 f16 (three warpgroups)", 14, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{100, 100}, {27, 27}, {54, 300}, {5, 5}}},
+    {"prefill gqa3 d128 window soft-cap page 64", 12, 4, 128, 128, AK_BF16, 0, 0, 1, 50, 30.0f, 64, NHD, PAGED, 3,
+     {{100, 100}, {42, 42}, {60, 400}}},
+    {"prefill gqa12 chunk on a long prefix (split)", 24, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
+     {{64, 3100}, {10, 10}, {1, 40}}},
+    {"prefill gqa20 ragged", 20, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{30, 30}, {6, 6}, {13, 100}}},
+    {"prefill gqa48 d96 (a warp of no token)", 48, 1, 96, 96, AK_F16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2,
+     {{10, 10}, {3, 50}}},
+    {"prefill gqa5 d128 hnd (the tile's packing)", 40, 8, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, HND, PAGED, 3,
+     {{100, 100}, {25, 25}, {7, 200}}},
     {"gqa160 (two row tiles)", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 2, {{20, 40}, {1, 50}}},
     /* (the Hopper prefill's tile at d64 is 192 rows: gqa160 fits one, 200
      * takes two of 100 heads there as well) */
@@ -517,7 +536,7 @@ static void run_sweep(test_ctx *t)
 static void run_ragged_sweep(test_ctx *t)
 {
     static const int head_dims[] = {64, 128, 256};
-    static const int groups[] = {1, 4, 8};
+    static const int groups[] = {1, 4, 7, 8}; /* (7: tiles packed by warpgroup on Hopper) */
     static const ak_dtype dtypes[] = {AK_F16, AK_BF16};
     static char name[128];
     for (size_t a = 0; a < sizeof head_dims / sizeof *head_dims; a++)

@@ -100,6 +100,9 @@ static const graph_case graph_cases[] = {
     {"graph replay ragged prefill gqa2 bf16 d256", RAGGED, 8, 4, 256, AK_BF16, 2, 1, -1, 0, NHD, 0, 0, 0},
     {"graph replay ragged cross gqa4 bf16 d128 growing past the capture", RAGGED, 16, 4, 128, AK_BF16, 3, 0, -1, 0,
      NHD, 0, 0, 0, 0, 0, 0, 1},
+    /* qwen2.5-7b's 28/4 heads: the Hopper prefill's tiles of two warpgroups
+     * of 9 tokens x 7 heads, q and o by TMA boxes a warpgroup */
+    {"graph replay mixed qwen gqa7 bf16 d128 page 128", PAGED, 28, 4, 128, AK_BF16, 4, 1, -1, 128, NHD, 1, 0, 0},
     /* one KV head of 8 (llama3-70b at TP8): steps split a few ways or
      * 40+ ways, the merge in either of its shapes */
     {"graph replay mqa8 bf16 d128", PAGED, 8, 1, 128, AK_BF16, 2, 1, -1, 16, NHD, 0, 0, 0},

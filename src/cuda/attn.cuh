@@ -142,6 +142,11 @@ struct attn_params {
     int row_tiles;          /* decode: 16-head tiles per KV head (group > 16 only) */
     int prow_tiles;         /* prefill: row tiles per KV head (group > the tile's rows only) */
     int prow_heads;         /* prefill: query heads per row tile */
+    int prow_seg_log2;      /* prefill: log2 of the rows of a segment of the row tile, each of whole
+                               tokens (tile_token): 6, a consumer warpgroup's 64, or 8: the tile is
+                               one (256 rows, more than any tile's) */
+    int prow_heads_inv;     /* prefill: ceil(2^16 / prow_heads): r / prow_heads = r * it >> 16,
+                               exact for r <= 256 (tile_token) */
     int page_size;
     int causal;
     int window_left;        /* -1: full */
@@ -169,8 +174,9 @@ struct attn_params {
      * (paged: a page holds whole boxes), or 0: every copy by cp.async */
     int kv_box;
     /* prefill (prefill_wgmma.cu): the tokens of a TMA box of q in the second
-     * parameter's q map (a whole row tile: prow_heads heads of each), or 0:
-     * q by cp.async */
+     * parameter's q map (prow_heads heads of each: the whole row tile, or
+     * where its segments have rows no token fills, a segment: a box every
+     * 2^prow_seg_log2 rows), or 0: q by cp.async */
     int q_box;
     /* prefill (prefill_wgmma.cu, two consumer warpgroups): the tokens of a
      * TMA box of o in the second parameter's o map (a warpgroup's 64 rows:
@@ -185,6 +191,23 @@ __device__ __forceinline__ item_heads heads_of(const attn_params &p, const prefi
     const int head0 = kv_head * p.group + row_tile * p.prow_heads;
     const item_heads h = {kv_head, head0, min(p.prow_heads, p.group - row_tile * p.prow_heads)};
     return h;
+}
+
+/* A row tile's packing of (token, head) pairs of hb heads: segments of
+ * seg = 2^p.prow_seg_log2 rows, each holding seg / hb whole tokens, row
+ * s * seg + i * hb + g being token s * (seg / hb) + i, head g. With one
+ * segment (seg 256) that is row / hb, g = row % hb, as where the heads
+ * divide seg; a segment's last seg % hb rows are no token's (NO_TOKEN, past
+ * any item's tokens, as are the rows of a tile past its tokens). Returns
+ * the token; g its head. No division: by p.prow_heads_inv, which is exact
+ * up to 256. */
+#define NO_TOKEN (1 << 24)
+__device__ __forceinline__ int tile_token(const attn_params &p, int row, int &g)
+{
+    const int hb = p.prow_heads, inv = p.prow_heads_inv, lg = p.prow_seg_log2;
+    const int s = row >> lg, r = row - (s << lg), i = r * inv >> 16, per = (1 << lg) * inv >> 16;
+    g = r - i * hb;
+    return i < per ? s * per + i : NO_TOKEN;
 }
 #endif
 
@@ -576,7 +599,7 @@ __device__ __forceinline__ float to_logit2(const attn_params &p, float dot)
 }
 
 /* Issues the cp.async copies of an item's query tile into shared memory: ROWS
- * rows (token i, head g of the tile's hb heads: row i * hb + g) of DQK
+ * rows (token i, head g of the tile's hb heads: tile_token) of DQK
  * elements in a layout of DP-element rows, the block's THREADS threads
  * striding over the DP / 8 chunks of each row (chunks past DQK are left
  * alone); rows past the item's tokens or heads are zero-filled. at(row,
@@ -592,7 +615,8 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
     if (c >= DQK / 8) return;
 #pragma unroll 4
     for (int row = threadIdx.x % THREADS / CHUNKS; row < ROWS; row += THREADS / CHUNKS) {
-        const int i = row / hb, g = row - i * hb;
+        int g;
+        const int i = tile_token(p, row, g);
         const bool valid = i < it.ntok && g < heads;
         const T *src =
             (const T *)p.q + (valid ? (it.tok0 + i) * p.q_stride_tok + (head0 + g) * p.q_stride_head + c * 8 : 0);
@@ -945,6 +969,8 @@ struct attn_kernel {
     int unchecked;     /* prefill: runs the items the scan pass found clean unchecked (the NaN rule) */
     int tma_map;       /* fn takes a second parameter, a __grid_constant__ kv_maps (launch_kernel) */
     int merge_sub;     /* merge: blocks of a head's wide slice in the grid's y (merge.cu; 0 or 1: one) */
+    int seg;           /* prefill: 64 where the kernel takes row tiles packed by its warpgroups' 64 rows
+                          (attn_params.prow_seg_log2 6), else 0 */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
@@ -1037,12 +1063,15 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * one, their rows in p->kv_box, or 0 where the pools do not allow TMA
  * (alignment, strides, pages not made of whole boxes) or the driver has no
  * encoder; q's, a row tile of the kernel's `rows` (p->prow_heads heads of
- * rows / p->prow_heads tokens), the tokens in p->q_box, or 0 where q's base
- * or strides do not allow it or the heads do not divide the rows (then the
- * cp.async copies zero the rows no token fills, so that a tile's bits never
- * depend on an earlier item's); o's, a warpgroup's 64 of those rows (a
- * kernel of 128: two warpgroups), the tokens in p->o_box, or 0 (then o is
- * written by the warps). The maps depend on the pools (or ragged
+ * rows / p->prow_heads tokens) or, where the tile's segments (2^p->prow_seg_log2
+ * rows) end in rows no token fills, a segment's whole tokens, the tokens in
+ * p->q_box; or 0 where q's base or strides do not allow it or the heads do
+ * not divide the rows of a tile of one segment (then the cp.async copies
+ * zero the rows no token fills, so that a tile's bits never depend on an
+ * earlier item's; the kernel zeroes them once for its boxes); o's, a
+ * warpgroup's 64 of those rows (a kernel of 128: two warpgroups) where they
+ * hold whole tokens, the tokens in p->o_box, or 0 (then o is written by the
+ * warps). The maps depend on the pools (or ragged
  * tensors' base and strides) and on q's and o's, never on the plan: ragged
  * rows and q's and o's tokens are bounded by the kernel's items alone, as
  * its cp.async copies are. Host only, as ak_cuda_mla_tma_map. */
@@ -1052,9 +1081,10 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
  * backend's explanation share). */
 int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size);
 /* The tokens of the q map's box for a row tile of `rows` rows of `heads`
- * heads each, or 0: no q map (the heads do not divide the rows; the rule
- * the map and the backend's explanation share). */
-int ak_cuda_prefill_tma_q_tokens(int heads, int rows);
+ * heads each in segments of `seg` rows (2^p->prow_seg_log2), or 0: no q map (a
+ * tile of one segment whose rows the heads do not divide; the rule the map
+ * and the backend's explanation share). */
+int ak_cuda_prefill_tma_q_tokens(int heads, int rows, int seg);
 /* cuTensorMapEncodeTiled from the driver (the library links the runtime
  * only), or NULL */
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,

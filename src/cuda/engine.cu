@@ -158,6 +158,7 @@ struct engine_state {
     int prefill_ctas; /* prefill grid (1-D): one wave */
     prefill_family pfam; /* which prefill kernel */
     int prow_tiles, prow_heads, ptok; /* row tiles per KV head, heads per tile, tokens per tile */
+    int prow_seg;                     /* rows of a segment of whole tokens (prefill_rows) */
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
     int max_pitems;   /* items: every tile once a row, and the last round's padding */
     attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
@@ -380,14 +381,24 @@ static ak_status mla_pack_of(const ak_attn_config *cfg, int wgmma, const attn_ke
     return AK_OK;
 }
 
-/* Prefill rows of a KV head's group: row tiles of at most the kernel's rows,
- * equal in size, and whole tokens per tile when a group fits in one. */
-static void prefill_rows(const ak_attn_config *cfg, int rows, int *row_tiles, int *heads, int *tokens)
+/* Prefill rows of a KV head's group: row tiles of at most the kernel k's
+ * rows, equal in size, and whole tokens per tile when a group fits in one.
+ * seg: the rows of a segment of whole tokens (attn.cuh's tile_token). A
+ * kernel that takes tiles in its warpgroups' segments (k->seg) gets them
+ * where the heads do not divide a segment and the tile holds as many tokens
+ * so (28/4 heads: 9 tokens x 7 heads a warpgroup, 18 a tile either way; not
+ * 40/8, 24 tokens against 25): each warpgroup's rows then start at a token,
+ * so that q and o go by TMA boxes of whole tokens (prefill_wgmma.cu); else
+ * the tile is one segment. */
+static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int *row_tiles, int *heads, int *tokens,
+                         int *seg)
 {
-    const int group = cfg->num_qo_heads / cfg->num_kv_heads;
+    const int group = cfg->num_qo_heads / cfg->num_kv_heads, rows = k->rows;
     *row_tiles = (group + rows - 1) / rows;
     *heads = (group + *row_tiles - 1) / *row_tiles;
     *tokens = rows / *heads;
+    const int s = k->seg, hb = *heads;
+    *seg = s > 0 && hb <= s && s % hb != 0 && rows / s * (s / hb) == *tokens ? s : rows;
 }
 
 /* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
@@ -478,8 +489,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                            : "";
     const attn_kernel pk = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg));
     const int rows = pk.rows;
-    int row_tiles, heads, tokens;
-    prefill_rows(cfg, rows, &row_tiles, &heads, &tokens);
+    int row_tiles, heads, tokens, seg;
+    prefill_rows(cfg, &pk, &row_tiles, &heads, &tokens, &seg);
     const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
     const char *fp8 = !is_fp8(cfg) ? ""
                       : f == PREFILL_PORTABLE || portable
@@ -492,7 +503,7 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
-    const int q_tma = ak_cuda_prefill_tma_q_tokens(heads, rows) > 0;
+    const int q_tma = ak_cuda_prefill_tma_q_tokens(heads, rows, seg) > 0;
     const char *copies = !pk.tma_map ? ""
                          : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
                          : ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo,
@@ -500,11 +511,14 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                          ? (q_tma ? ", K/V tiles and q by TMA" : ", K/V tiles by TMA")
                          : q_tma ? ", K/V by cp.async (TMA takes pages of 64n keys), q by TMA"
                                  : ", K/V by cp.async (TMA takes pages of 64n keys)";
+    char segs[64] = "";
+    if (seg < rows)
+        snprintf(segs, sizeof segs, ", %d tokens in each warpgroup's %d rows", seg / heads, seg);
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
-                 "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads), no "
+                 "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads%s), no "
                  "split-KV, one launch per run%s",
-                 fp8, family_name(f), dims, copies, rows, tokens, heads, inv);
+                 fp8, family_name(f), dims, copies, rows, tokens, heads, segs, inv);
         return;
     }
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
@@ -522,8 +536,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - n, "%s", inv);
         return;
     }
-    snprintf(buf + n, cap - n, "; prefill on %s%s, %d query rows a tile (%d tokens x %d heads)%s", family_name(f),
-             copies, rows, tokens, heads, inv);
+    snprintf(buf + n, cap - n, "; prefill on %s%s, %d query rows a tile (%d tokens x %d heads%s)%s", family_name(f),
+             copies, rows, tokens, heads, segs, inv);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -683,7 +697,7 @@ static ak_status engine_create_inner(engine_state *s)
         s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
-        prefill_rows(cfg, s->pre_k.rows, &s->prow_tiles, &s->prow_heads, &s->ptok);
+        prefill_rows(cfg, &s->pre_k, &s->prow_tiles, &s->prow_heads, &s->ptok, &s->prow_seg);
         int tma;
         AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
         s->pre_tma = s->pre_k.tma_map && tma != 0;
@@ -1586,6 +1600,8 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
+    p.prow_seg_log2 = s->prow_seg < s->pre_k.rows ? 6 : 8; /* (a kernel's seg is 64: attn_kernel) */
+    p.prow_heads_inv = s->prow_heads > 0 ? (65536 + s->prow_heads - 1) / s->prow_heads : 0;
     p.causal = c->causal;
     p.window_left = c->window_left;
     p.scale_log2 = c->sm_scale * LOG2E;

@@ -6,8 +6,9 @@
  * A thread block is warpgroups of 4 warps, specialized: consumers (two, or
  * three at head dims up to 64) and a producer. Consumer g owns query rows
  * [64 g, 64 g + 64) of the tile's 128 (192) (packed (token, query head) as
- * in prefill.cu), each warp 16 of them with their softmax state in
- * registers.
+ * attn.cuh's tile_token: as in prefill.cu, or where a group does not
+ * divide 64 rows, whole tokens in each warpgroup's), each warp 16 of them
+ * with their softmax state in registers.
  * Per tile of KEYS keys, a warpgroup computes S = Q K^T with both operands
  * read by the tensor cores from shared memory (descriptors; no ldmatrix, no
  * register copies of K), turns S into P in registers, and accumulates
@@ -233,10 +234,11 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             const int pos_last = it.pos0 + it.ntok - 1;
             /* the positions of this thread's two rows, and of the warp's first
              * and last: which tiles need masks */
-            const int row_pos0 = it.pos0 + (warp_row0 + lane / 4) / hb;
-            const int row_pos1 = it.pos0 + (warp_row0 + lane / 4 + 8) / hb;
-            const int warp_pos0 = it.pos0 + warp_row0 / hb;
-            const int warp_pos1 = min(it.pos0 + (warp_row0 + 15) / hb, pos_last);
+            int g_;
+            const int row_pos0 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4, g_), it.ntok);
+            const int row_pos1 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4 + 8, g_), it.ntok);
+            const int warp_pos0 = it.pos0 + min(tile_token(p, warp_row0, g_), it.ntok);
+            const int warp_pos1 = min(it.pos0 + min(tile_token(p, warp_row0 + 15, g_), it.ntok), pos_last);
 
             float o[DN][4];
             float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
@@ -407,8 +409,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 }
                 d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
                 d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
-                const int row = warp_row0 + lane / 4 + h * 8;
-                const int g = row - row / hb * hb;
+                int g;
+                tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
                 finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
             }
             PF_CLK(wg, k, 10);
@@ -424,8 +426,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 if (p.lse && lane % 4 == 0) {
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const int r = warp_row0 + lane / 4 + h * 8, i = r / hb;
-                        p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + r - i * hb] = lse[h];
+                        int g;
+                        const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
+                        if (i < it.ntok) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
                     }
                 }
                 PF_CLK(wg, k, 9);
@@ -438,7 +441,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 __syncwarp();
                 for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
                     const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
-                    const int i = row / hb, g = row - i * hb;
+                    int g;
+                    const int i = tile_token(p, row, g);
                     if (i < it.ntok && g < heads)
                         *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
                             *(const uint4 *)(qs + sw128<ROWS>(row, c));
@@ -446,8 +450,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = warp_row0 + lane / 4 + h * 8;
-                const int i = row / hb, g = row - i * hb;
+                int g;
+                const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
                 if (i >= it.ntok || g >= heads) continue;
                 if (it.out < 0) {
                     if (!STAGED) {
@@ -527,6 +531,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
         mbar_init(&mask_full, tr::PRODUCERS);
         mbar_init(&bar.q_empty, CONSUMERS);
     }
+    if (p.q_box > 0 && (1 << p.prow_seg_log2) < ROWS) zero_q_pads<ROWS, DP, tr::THREADS>(qs); /* (for q's boxes by segment) */
     __syncthreads();
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
     /* the clean pass of a plan with no scan tasks has nothing to do: its
@@ -571,9 +576,12 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
     {
         typedef wg_traits<DQK, DVO> tr;
         constexpr int PASS = tr::PIPE ? PASS_ALL : PASS_CHECKED;
-        /* the second parameter on the launch path (launch_kernel) */
+        /* the second parameter on the launch path (launch_kernel); tiles
+         * packed by the warpgroups' 64 rows (engine.cu's prefill_rows), not
+         * at DP 256, where o staged in q's rows would leave values in the
+         * rows no token fills */
         const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS>,
-                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1};
+                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1, 0, tr::PIPE ? 64 : 0};
         return k;
     }
 };
@@ -655,10 +663,12 @@ int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size)
     return ragged || page_size % WG_KEYS == 0 ? WG_KEYS : page_size % 64 == 0 ? 64 : 0;
 }
 
-int ak_cuda_prefill_tma_q_tokens(int heads, int rows)
+int ak_cuda_prefill_tma_q_tokens(int heads, int rows, int seg)
 {
-    if (heads < 1 || rows % heads) return 0; /* (the rows no token fills stay cp.async's zeros) */
-    return heads <= 256 && rows / heads <= 256 ? rows / heads : 0; /* (TMA's box extents) */
+    /* a box a segment where segments end in rows no token fills (the
+     * kernel zeroes those once), else the tile's */
+    const int tokens = heads < 1 || seg < 1 ? 0 : seg % heads ? (seg < rows ? seg / heads : 0) : rows / heads;
+    return heads <= 256 && tokens <= 256 ? tokens : 0; /* (TMA's box extents) */
 }
 
 void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_maps *maps)
@@ -697,11 +707,14 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
         const cuuint32_t box[2] = {(cuuint32_t)hb, (cuuint32_t)tokens};
         return tokens > 0 && make(map, base, d, 3, ext, st, box) ? tokens : 0;
     };
-    /* q's box: every row of the tile; o's: a warpgroup's 64 rows, for a
-     * tile of two warpgroups (prefill_wgmma_consumers' OSTORE) */
-    p->q_box = make_rows(&maps->q, p->q, dqk, p->q_stride_head, p->q_stride_tok, ak_cuda_prefill_tma_q_tokens(hb, rows));
+    /* q's box: every row of the tile, or of a segment; o's: a warpgroup's
+     * 64 rows where they hold whole tokens, for a tile of two warpgroups
+     * (prefill_wgmma_consumers' OSTORE) */
+    const int seg = 1 << p->prow_seg_log2;
+    p->q_box = make_rows(&maps->q, p->q, dqk, p->q_stride_head, p->q_stride_tok,
+                         ak_cuda_prefill_tma_q_tokens(hb, rows, seg));
     p->o_box = make_rows(&maps->o, p->o, dvo, p->o_stride_head, p->o_stride_tok,
-                         rows == 128 ? ak_cuda_prefill_tma_q_tokens(hb, 64) : 0);
+                         rows == 128 && hb <= 64 && (seg == 64 || 64 % hb == 0) ? 64 / hb : 0);
     if (rows_box == 0 || (!p->ragged && p->num_blocks <= 0)) return;
     auto make_kv = [&](CUtensorMap *map, const void *base, int d, int64_t block, int64_t slot, int64_t head) {
         if (p->num_kv_heads == 1) head = 8; /* (any valid stride: the coordinate is 0) */

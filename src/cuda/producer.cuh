@@ -200,6 +200,37 @@ __device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int
     }
 }
 
+/* The same in boxes of `tokens` tokens, one a segment of seg rows
+ * (attn.cuh's tile_token), where the segments end in rows no token fills:
+ * those stay as zero_q_pads left them. */
+template <int DQK, int ROWS, int PRODUCERS, typename T>
+__device__ __forceinline__ void tma_q_copy_segs(const CUtensorMap *map, int tokens, int hb, int seg, int head0,
+                                                int tok0, T *qs, uint64_t *full)
+{
+    constexpr int NCB = (DQK + 63) / 64;
+    if (threadIdx.x % PRODUCERS == 0) {
+        const int segs = ROWS / seg;
+        mbar_arrive_expect_tx(full, (uint32_t)(segs * tokens * hb * NCB * 128));
+        for (int j = 0; j < segs; j++)
+#pragma unroll
+            for (int c = 0; c < NCB; c++)
+                tma_load_3d(qs + c * (ROWS * 64) + j * seg * 64, map, c * 64, head0, tok0 + j * tokens, full);
+    } else {
+        mbar_arrive(full);
+    }
+}
+
+/* Zeroes qs (ROWS rows of DP columns) by the block's THREADS threads, for
+ * the rows no token fills, which q's boxes by segment (tma_q_copy_segs)
+ * never write; the caller's block barrier then orders it before any copy
+ * into qs (the async proxy's, after the fence, and the other threads'
+ * cp.async). */
+template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ void zero_q_pads(T *qs)
+{
+    for (int i = threadIdx.x; i < ROWS * DP / 8; i += THREADS) *(uint4 *)(qs + 8 * i) = make_uint4(0, 0, 0, 0);
+    fence_proxy_async();
+}
+
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
  * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
  * block's items (in the consumers' order), its K/V tiles into the stages and
@@ -281,7 +312,10 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
          * never run a phase of q_empty ahead of this wait */
-        if (n_tiles > 0 && TMA && p.q_box > 0 && it.ntok == p.q_box && heads == hb) {
+        const int seg = 1 << p.prow_seg_log2;
+        if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && seg < ROWS && it.ntok == ROWS / seg * p.q_box) {
+            tma_q_copy_segs<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
+        } else if (n_tiles > 0 && TMA && p.q_box > 0 && it.ntok == p.q_box && heads == hb) {
             tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box * hb, head0, it.tok0, qs, &bar.q_full);
         } else if (n_tiles > 0) {
             load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
