@@ -112,14 +112,17 @@ static const attn_case fixed_cases[] = {
      {{1, 100}, {50, 300}, {130, 130}}},
     /* groups that do not divide a warpgroup's 64 rows: the Hopper prefill
      * packs whole tokens into each warpgroup's rows where the tile holds as
-     * many (7 heads: 9 + 9 tokens, 12: 5 + 5, 20: 3 + 3, 48: 1 + 1, a
-     * warp of no token's rows; 3 at d64: 21 x 3 in each of three), q and o
-     * then by TMA boxes a warpgroup; 5 heads (24 tokens against 25) keep
-     * the tile's packing */
+     * many (7 heads: 9 + 9 tokens, 12: 5 + 5, 3: 21 + 21, 20: 3 + 3, 48:
+     * 1 + 1, a warp of no token's rows; at d64, three warpgroups: 7 heads 9
+     * x 3), q and o then by TMA boxes a warpgroup (an item of 9 tokens, a
+     * segment's, by cp.async); 5 heads (24 tokens against 25) keep the
+     * tile's packing */
     {"prefill gqa7 d128 page 128 several items per block", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD,
-     PAGED, 8, {{200, 200}, {126, 126}, {18, 18}, {37, 500}, {300, 300}, {1, 1}, {90, 90}, {19, 19}}},
-    {"prefill gqa7 d64 f16 (three warpgroups)", 14, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
-     {{100, 100}, {27, 27}, {54, 300}, {5, 5}}},
+     PAGED, 9, {{200, 200}, {126, 126}, {18, 18}, {37, 500}, {300, 300}, {1, 1}, {90, 90}, {19, 19}, {9, 9}}},
+    {"prefill gqa7 d64 f16 (three warpgroups)", 14, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
+     {{100, 100}, {27, 27}, {54, 300}, {5, 5}, {9, 9}}},
+    {"prefill gqa3 d64 bf16 page 128 (the tile's packing: 64 tokens)", 12, 4, 64, 64, AK_BF16, 0, 0, 1, -1, 0, 128,
+     NHD, PAGED, 3, {{64, 64}, {200, 200}, {21, 21}}},
     {"prefill gqa3 d128 window soft-cap page 64", 12, 4, 128, 128, AK_BF16, 0, 0, 1, 50, 30.0f, 64, NHD, PAGED, 3,
      {{100, 100}, {42, 42}, {60, 400}}},
     {"prefill gqa12 chunk on a long prefix (split)", 24, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,

@@ -179,8 +179,9 @@ struct attn_params {
      * 2^prow_seg_log2 rows), or 0: q by cp.async */
     int q_box;
     /* prefill (prefill_wgmma.cu, two consumer warpgroups): the tokens of a
-     * TMA box of o in the second parameter's o map (a warpgroup's 64 rows:
-     * prow_heads heads of each), or 0: o from registers */
+     * TMA box of o in the second parameter's o map (a warpgroup's 64 rows,
+     * or those of its segment that tokens fill: prow_heads heads of each),
+     * or 0: o from registers */
     int o_box;
 };
 

@@ -1600,7 +1600,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.row_tiles = s->row_tiles;
     p.prow_tiles = s->prow_tiles;
     p.prow_heads = s->prow_heads;
-    p.prow_seg_log2 = s->prow_seg < s->pre_k.rows ? 6 : 8; /* (a kernel's seg is 64: attn_kernel) */
+    p.prow_seg_log2 = s->prow_seg < s->pre_k.rows ? __builtin_ctz((unsigned)s->prow_seg) : 8; /* (seg: 64) */
     p.prow_heads_inv = s->prow_heads > 0 ? (65536 + s->prow_heads - 1) / s->prow_heads : 0;
     p.causal = c->causal;
     p.window_left = c->window_left;

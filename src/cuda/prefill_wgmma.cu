@@ -695,8 +695,8 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
     };
     /* q and o: {d, heads, tokens} by the tensor's strides (elements), a box
-     * `tokens` tokens of the row tile's heads (row = token x heads + head:
-     * load_q_tile's packing), or none (0 tokens: no box fits); the tokens
+     * `tokens` tokens of the row tile's heads (rows token-major, as
+     * attn.cuh's tile_token packs a tile or a segment), or none (0 tokens: no box fits); the tokens
      * unbounded, as ragged rows below. With one head any valid stride will
      * do (the coordinate is 0). Returns the box's tokens, or 0: no map. */
     const int hb = p->prow_heads;
@@ -710,7 +710,7 @@ void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, kv_map
     /* q's box: every row of the tile, or of a segment; o's: a warpgroup's
      * 64 rows where they hold whole tokens, for a tile of two warpgroups
      * (prefill_wgmma_consumers' OSTORE) */
-    const int seg = 1 << p->prow_seg_log2;
+    const int seg = p->prow_seg_log2 < 8 ? 1 << p->prow_seg_log2 : rows; /* (8: the tile is one) */
     p->q_box = make_rows(&maps->q, p->q, dqk, p->q_stride_head, p->q_stride_tok,
                          ak_cuda_prefill_tma_q_tokens(hb, rows, seg));
     p->o_box = make_rows(&maps->o, p->o, dvo, p->o_stride_head, p->o_stride_tok,

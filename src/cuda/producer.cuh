@@ -315,7 +315,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         const int seg = 1 << p.prow_seg_log2;
         if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && seg < ROWS && it.ntok == ROWS / seg * p.q_box) {
             tma_q_copy_segs<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
-        } else if (n_tiles > 0 && TMA && p.q_box > 0 && it.ntok == p.q_box && heads == hb) {
+        } else if (n_tiles > 0 && TMA && p.q_box > 0 && seg >= ROWS && it.ntok == p.q_box && heads == hb) {
             tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box * hb, head0, it.tok0, qs, &bar.q_full);
         } else if (n_tiles > 0) {
             load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
