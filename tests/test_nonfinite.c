@@ -59,6 +59,9 @@ typedef struct nf_case {
 #define DECODE_BATCH DEC(3, {{1, 40}, {1, 300}, {1, 2100}})
 #define PREFILL_BATCH DEC(3, {{40, 40}, {20, 100}, {1, 30}})
 #define SPLIT_BATCH DEC(2, {{8, 3000}, {1, 17}})
+/* 28/4 heads (qwen2.5-7b) at d128 on pages of 128: the Hopper prefill
+ * packs each warpgroup's rows with 9 tokens x 7 heads, q and o by TMA */
+#define GQA7_BATCH {NULL, 28, 4, 128, 128, AK_F32, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2, {{40, 40}, {30, 200}}}
 /* long: MQA 16/1, so that q_len x group passes the scan pass's threshold (2048 rows)
  * at a cost the CPU oracle runs in a moment */
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
@@ -153,6 +156,8 @@ static const nf_case cases[] = {
      {IN_K, NAN, 0, 12, 0, 0, 3}, 0},
     {"window 8: NaN in a value outside every window", WIN(8, 2, {{30, 30}, {1, 50}}), {IN_V, NAN, 1, 20, 0, 0, 0},
      0},
+    {"gqa7 prefill: NaN in q of a second warpgroup's token", GQA7_BATCH, {IN_Q, NAN, 0, 0, 12, 10, 5}, 0},
+    {"gqa7 prefill: NaN in a value only the last rows see", GQA7_BATCH, {IN_V, NAN, 0, 35, 0, 2, 100}, 0},
     {"split chunk: NaN in a value of the prefix", SPLIT_BATCH, {IN_V, NAN, 0, 1500, 0, 1, 1}, 4},
     {"split chunk: NaN in a key only the last row sees", SPLIT_BATCH, {IN_K, NAN, 0, 2999, 0, 1, 1}, 4},
     {"split chunk: -inf in a key", SPLIT_BATCH, {IN_K, -INFINITY, 0, 2500, 0, 0, 0}, 4},
