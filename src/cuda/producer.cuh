@@ -178,40 +178,25 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
     }
 }
 
-/* A whole row tile of q (`rows` rows, all ROWS of the tile: the map's box,
- * token by token, each its heads from head0; DQK of its columns real, in
- * DQK / 64 rounded up column blocks of ROWS rows) by TMA into qs,
- * completing on full: one thread issues a box a column block, the others
- * arrive, as tma_tile_copy. Measured (H200, page 128, per-phase clocks):
- * at d128, issuing a tile's 2,048 cp.async copies (load_q_tile) took the
- * producer 3.3 us an item, its next key tiles behind them; against that,
- * 0.96-0.99 of the time at head dims 64 and 128, 0.86 (16 x 1024) and 0.95
- * (4 x 4096) at 256, 0.98-1.00 on pages of 16 keys (BENCHMARKS.md). */
+/* A whole row tile of q by TMA into qs, completing on full: `boxes` of
+ * the map's boxes (`tokens` tokens, each its hb heads from head0), one for
+ * the tile or one a segment of seg rows (attn.cuh's tile_token: the rows no
+ * token fills at a segment's end stay as zero_q_pads left them), each a
+ * column block at a time (DQK of its columns real, in DQK / 64 rounded up
+ * column blocks of ROWS rows); one thread issues them, the others arrive,
+ * as tma_tile_copy. Measured (H200, page 128, per-phase clocks): at d128,
+ * issuing a tile's 2,048 cp.async copies (load_q_tile) took the producer
+ * 3.3 us an item, its next key tiles behind them; against that, 0.96-0.99
+ * of the time at head dims 64 and 128, 0.86 (16 x 1024) and 0.95 (4 x
+ * 4096) at 256, 0.98-1.00 on pages of 16 keys (BENCHMARKS.md). */
 template <int DQK, int ROWS, int PRODUCERS, typename T>
-__device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int rows, int head0, int tok0, T *qs, uint64_t *full)
+__device__ __forceinline__ void tma_q_copy(const CUtensorMap *map, int boxes, int tokens, int hb, int seg, int head0,
+                                           int tok0, T *qs, uint64_t *full)
 {
     constexpr int NCB = (DQK + 63) / 64;
     if (threadIdx.x % PRODUCERS == 0) {
-        mbar_arrive_expect_tx(full, (uint32_t)(rows * NCB * 128));
-#pragma unroll
-        for (int c = 0; c < NCB; c++) tma_load_3d(qs + c * (ROWS * 64), map, c * 64, head0, tok0, full);
-    } else {
-        mbar_arrive(full);
-    }
-}
-
-/* The same in boxes of `tokens` tokens, one a segment of seg rows
- * (attn.cuh's tile_token), where the segments end in rows no token fills:
- * those stay as zero_q_pads left them. */
-template <int DQK, int ROWS, int PRODUCERS, typename T>
-__device__ __forceinline__ void tma_q_copy_segs(const CUtensorMap *map, int tokens, int hb, int seg, int head0,
-                                                int tok0, T *qs, uint64_t *full)
-{
-    constexpr int NCB = (DQK + 63) / 64;
-    if (threadIdx.x % PRODUCERS == 0) {
-        const int segs = ROWS / seg;
-        mbar_arrive_expect_tx(full, (uint32_t)(segs * tokens * hb * NCB * 128));
-        for (int j = 0; j < segs; j++)
+        mbar_arrive_expect_tx(full, (uint32_t)(boxes * tokens * hb * NCB * 128));
+        for (int j = 0; j < boxes; j++)
 #pragma unroll
             for (int c = 0; c < NCB; c++)
                 tma_load_3d(qs + c * (ROWS * 64) + j * seg * 64, map, c * 64, head0, tok0 + j * tokens, full);
@@ -221,7 +206,7 @@ __device__ __forceinline__ void tma_q_copy_segs(const CUtensorMap *map, int toke
 }
 
 /* Zeroes qs (ROWS rows of DP columns) by the block's THREADS threads, for
- * the rows no token fills, which q's boxes by segment (tma_q_copy_segs)
+ * the rows no token fills, which q's boxes by segment (tma_q_copy)
  * never write; the caller's block barrier then orders it before any copy
  * into qs (the async proxy's, after the fence, and the other threads'
  * cp.async). */
@@ -312,11 +297,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
          * never run a phase of q_empty ahead of this wait */
-        const int seg = 1 << p.prow_seg_log2;
-        if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && seg < ROWS && it.ntok == ROWS / seg * p.q_box) {
-            tma_q_copy_segs<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
-        } else if (n_tiles > 0 && TMA && p.q_box > 0 && seg >= ROWS && it.ntok == p.q_box && heads == hb) {
-            tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, p.q_box * hb, head0, it.tok0, qs, &bar.q_full);
+        const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1; /* (a box a segment, or the tile) */
+        if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && it.ntok == boxes * p.q_box) {
+            tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
         } else if (n_tiles > 0) {
             load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
                                                      [](int row, int c) { return sw128<ROWS>(row, c); });
