@@ -115,8 +115,8 @@ static const attn_case fixed_cases[] = {
      * many (7 heads: 9 + 9 tokens, 12: 5 + 5, 3: 21 + 21, 20: 3 + 3, 48:
      * 1 + 1, a warp of no token's rows; at d64, three warpgroups: 7 heads 9
      * x 3), q and o then by TMA boxes a warpgroup (an item of 9 tokens, a
-     * segment's, by cp.async); 5 heads (24 tokens against 25) keep the
-     * tile's packing */
+     * segment's, by cp.async); 5 heads (12 + 12 tokens against 25) and 6
+     * (10 + 10 against 21) lose a token a tile to it */
     {"prefill gqa7 d128 page 128 several items per block", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD,
      PAGED, 9, {{200, 200}, {126, 126}, {18, 18}, {37, 500}, {300, 300}, {1, 1}, {90, 90}, {19, 19}, {9, 9}}},
     {"prefill gqa7 d64 f16 (three warpgroups)", 14, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,
@@ -130,8 +130,14 @@ static const attn_case fixed_cases[] = {
     {"prefill gqa20 ragged", 20, 1, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{30, 30}, {6, 6}, {13, 100}}},
     {"prefill gqa48 d96 (a warp of no token)", 48, 1, 96, 96, AK_F16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2,
      {{10, 10}, {3, 50}}},
-    {"prefill gqa5 d128 hnd (the tile's packing)", 40, 8, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, HND, PAGED, 3,
+    {"prefill gqa5 d128 hnd (12 + 12 tokens a tile)", 40, 8, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, HND, PAGED, 3,
      {{100, 100}, {25, 25}, {7, 200}}},
+    {"prefill gqa5 d128 page 128 several items per block", 40, 8, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD,
+     PAGED, 8, {{12, 12}, {24, 24}, {25, 25}, {48, 300}, {1, 1}, {13, 13}, {200, 200}, {36, 36}}},
+    {"prefill gqa6 d96 f16 (10 + 10 tokens a tile)", 12, 2, 96, 96, AK_F16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 5,
+     {{10, 10}, {20, 20}, {21, 21}, {60, 200}, {150, 150}}},
+    {"prefill gqa6 d128 ragged", 24, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
+     {{20, 20}, {10, 10}, {41, 41}, {5, 90}}},
     {"gqa160 (two row tiles)", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 2, {{20, 40}, {1, 50}}},
     /* (the Hopper prefill's tile at d64 is 192 rows: gqa160 fits one, 200
      * takes two of 100 heads there as well) */

@@ -385,11 +385,14 @@ static ak_status mla_pack_of(const ak_attn_config *cfg, int wgmma, const attn_ke
  * rows, equal in size, and whole tokens per tile when a group fits in one.
  * seg: the rows of a segment of whole tokens (attn.cuh's tile_token). A
  * kernel that takes tiles in its warpgroups' segments (k->seg) gets them
- * where the heads do not divide a segment and the tile holds as many tokens
- * so (28/4 heads: 9 tokens x 7 heads a warpgroup, 18 a tile either way; not
- * 40/8, 24 tokens against 25): each warpgroup's rows then start at a token,
- * so that q and o go by TMA boxes of whole tokens (prefill_wgmma.cu); else
- * the tile is one segment. */
+ * where the heads do not divide a segment and the tile loses at most a
+ * token in 20 so (28/4 heads: 9 tokens x 7 heads a warpgroup, 18 a tile
+ * either way; 40/8: 12 + 12 tokens against 25, 12/2: 10 + 10 against 21;
+ * not 11 heads, 10 against 11): each warpgroup's rows then start at a
+ * token, so that q and o go by TMA boxes of whole tokens
+ * (prefill_wgmma.cu), which outweigh the lost token (H200, BENCHMARKS.md:
+ * 40/8 16 x 1024 0.94 of the time, 4 x 4096 1.00); else the tile is one
+ * segment. */
 static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int *row_tiles, int *heads, int *tokens,
                          int *seg)
 {
@@ -398,7 +401,9 @@ static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int *r
     *heads = (group + *row_tiles - 1) / *row_tiles;
     *tokens = rows / *heads;
     const int s = k->seg, hb = *heads;
-    *seg = s > 0 && hb <= s && s % hb != 0 && rows / s * (s / hb) == *tokens ? s : rows;
+    const int packed = s > 0 && hb <= s ? rows / s * (s / hb) : 0; /* tokens a tile packed by segment */
+    *seg = s > 0 && hb <= s && s % hb != 0 && (*tokens - packed) * 20 <= *tokens ? s : rows;
+    if (*seg < rows) *tokens = packed;
 }
 
 /* The prefill kernel: warpgroup MMA on an sm_90 GPU when the build has it
