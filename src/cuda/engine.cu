@@ -385,16 +385,18 @@ static ak_status mla_pack_of(const ak_attn_config *cfg, int wgmma, const attn_ke
  * rows, equal in size, and whole tokens per tile when a group fits in one.
  * seg: the rows of a segment of whole tokens (attn.cuh's tile_token). A
  * kernel that takes tiles in its warpgroups' segments (k->seg) gets them
- * where the heads do not divide a segment and the tile loses at most a
- * token in 20 so (28/4 heads: 9 tokens x 7 heads a warpgroup, 18 a tile
- * either way; 40/8: 12 + 12 tokens against 25, 12/2: 10 + 10 against 21;
- * not 11 heads, 10 against 11): each warpgroup's rows then start at a
- * token, so that q and o go by TMA boxes of whole tokens
- * (prefill_wgmma.cu), which outweigh the lost token (H200, BENCHMARKS.md:
- * 40/8 16 x 1024 0.94 of the time, 4 x 4096 1.00); else the tile is one
- * segment. */
-static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int *row_tiles, int *heads, int *tokens,
-                         int *seg)
+ * where the heads do not divide a segment and the tile holds as many tokens
+ * so (28/4 heads: 9 tokens x 7 heads a warpgroup, 18 a tile either way; 3
+ * heads, 21 + 21): each warpgroup's rows then start at a token, so that q
+ * and o go by TMA boxes of whole tokens (prefill_wgmma.cu). A tile of two
+ * warpgroups whose q and o go by TMA (tma: run() builds the kernel's maps)
+ * takes them at a token lost in 20 too (40/8: 12 + 12 tokens against 25, 12/2: 10 + 10 against 21; not
+ * 11 heads, 10 against 11): there o goes by TMA as well, and TMA's q and o
+ * outweigh the lost token (H200, BENCHMARKS.md: 40/8 16 x 1024 0.94 of the
+ * time, 4 x 4096 1.00); the d64 kernel's three warpgroups store o from
+ * registers, and keep a tile's tokens. Else the tile is one segment. */
+static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int tma, int *row_tiles, int *heads,
+                         int *tokens, int *seg)
 {
     const int group = cfg->num_qo_heads / cfg->num_kv_heads, rows = k->rows;
     *row_tiles = (group + rows - 1) / rows;
@@ -402,7 +404,8 @@ static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int *r
     *tokens = rows / *heads;
     const int s = k->seg, hb = *heads;
     const int packed = s > 0 && hb <= s ? rows / s * (s / hb) : 0; /* tokens a tile packed by segment */
-    *seg = s > 0 && hb <= s && s % hb != 0 && (*tokens - packed) * 20 <= *tokens ? s : rows;
+    const int lost = *tokens - packed, two = tma && rows == 2 * s;
+    *seg = s > 0 && hb <= s && s % hb != 0 && (lost == 0 || (two && lost * 20 <= *tokens)) ? s : rows;
     if (*seg < rows) *tokens = packed;
 }
 
@@ -495,12 +498,6 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     const attn_kernel pk = ak_cuda_prefill_kernel(f, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, is_fp8(cfg));
     const int rows = pk.rows;
     int row_tiles, heads, tokens, seg;
-    prefill_rows(cfg, &pk, &row_tiles, &heads, &tokens, &seg);
-    const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
-    const char *fp8 = !is_fp8(cfg) ? ""
-                      : f == PREFILL_PORTABLE || portable
-                          ? "fp8 K/V converted as read; "
-                          : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
     /* the K/V copies of a kernel that takes TMA maps (prefill_wgmma.cu's),
      * by create's rule */
     int tma;
@@ -508,6 +505,12 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
+    prefill_rows(cfg, &pk, pk.tma_map && tma != 0, &row_tiles, &heads, &tokens, &seg);
+    const char *inv = cfg->batch_invariant ? "; batch-invariant (fixed splits)" : "";
+    const char *fp8 = !is_fp8(cfg) ? ""
+                      : f == PREFILL_PORTABLE || portable
+                          ? "fp8 K/V converted as read; "
+                          : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
     const int q_tma = ak_cuda_prefill_tma_q_tokens(heads, rows, seg) > 0;
     const char *copies = !pk.tma_map ? ""
                          : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
@@ -702,10 +705,10 @@ static ak_status engine_create_inner(engine_state *s)
         s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
-        prefill_rows(cfg, &s->pre_k, &s->prow_tiles, &s->prow_heads, &s->ptok, &s->prow_seg);
         int tma;
         AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
         s->pre_tma = s->pre_k.tma_map && tma != 0;
+        prefill_rows(cfg, &s->pre_k, s->pre_tma, &s->prow_tiles, &s->prow_heads, &s->ptok, &s->prow_seg);
         AK_TRY(ak_cuda_kernel_occupancy(&s->pre_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
         /* One grid of blocks for every row (KV head x row tile): the items
