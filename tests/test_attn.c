@@ -115,8 +115,8 @@ static const attn_case fixed_cases[] = {
      * many (7 heads: 9 + 9 tokens, 12: 5 + 5, 3: 21 + 21, 20: 3 + 3, 48:
      * 1 + 1, a warp of no token's rows; at d64, three warpgroups: 7 heads 9
      * x 3), q and o then by TMA boxes a warpgroup (an item of 9 tokens, a
-     * segment's, by cp.async); 5 heads (12 + 12 tokens against 25) and 6
-     * (10 + 10 against 21) lose a token a tile to it */
+     * segment's, by cp.async); at head dims 80-128, 5 heads (12 + 12 tokens
+     * against 25) and 6 (10 + 10 against 21) lose a token a tile to it */
     {"prefill gqa7 d128 page 128 several items per block", 28, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD,
      PAGED, 9, {{200, 200}, {126, 126}, {18, 18}, {37, 500}, {300, 300}, {1, 1}, {90, 90}, {19, 19}, {9, 9}}},
     {"prefill gqa7 d64 f16 (three warpgroups)", 14, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 5,

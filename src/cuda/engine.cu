@@ -390,11 +390,11 @@ static ak_status mla_pack_of(const ak_attn_config *cfg, int wgmma, const attn_ke
  * heads, 21 + 21): each warpgroup's rows then start at a token, so that q
  * and o go by TMA boxes of whole tokens (prefill_wgmma.cu). A tile of two
  * warpgroups whose q and o go by TMA (tma: run() builds the kernel's maps)
- * takes them at a token lost in 20 too (40/8: 12 + 12 tokens against 25, 12/2: 10 + 10 against 21; not
- * 11 heads, 10 against 11): there o goes by TMA as well, and TMA's q and o
- * outweigh the lost token (H200, BENCHMARKS.md: 40/8 16 x 1024 0.94 of the
- * time, 4 x 4096 1.00); the d64 kernel's three warpgroups store o from
- * registers, and keep a tile's tokens. Else the tile is one segment. */
+ * takes them at a token lost in 20 too (40/8: 12 + 12 tokens against 25,
+ * 12/2: 10 + 10 against 21; not 11 heads, 10 against 11): TMA's q and o
+ * outweigh the lost token there (H200, BENCHMARKS.md: 40/8 16 x 1024 0.94
+ * of the time, 4 x 4096 1.00); the d64 kernel's three warpgroups store o
+ * from registers, and keep a tile's tokens. Else the tile is one segment. */
 static void prefill_rows(const ak_attn_config *cfg, const attn_kernel *k, int tma, int *row_tiles, int *heads,
                          int *tokens, int *seg)
 {
