@@ -138,6 +138,17 @@ static const attn_case fixed_cases[] = {
      {{10, 10}, {20, 20}, {21, 21}, {60, 200}, {150, 150}}},
     {"prefill gqa6 d128 ragged", 24, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 4,
      {{20, 20}, {10, 10}, {41, 41}, {5, 90}}},
+    /* last key tiles of which a warpgroup's rows see at most the first 64
+     * keys (of the Hopper kernel's 128): MHA, whose warpgroup 0 holds
+     * tokens 0-63 of each 128-token row tile (the diagonal); items of one
+     * key tile; chunks on a prefix whose keys end 1-64 into a tile;
+     * non-causal short last tiles; 8 heads a group (16 tokens a row tile) */
+    {"prefill mha d128 page 128 last tiles seen in part", 4, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 7,
+     {{64, 64}, {65, 65}, {192, 192}, {193, 193}, {40, 300}, {1, 129}, {250, 250}}},
+    {"prefill non-causal d128 short last tiles", 8, 2, 128, 128, AK_F16, 0, 0, 0, -1, 0, 64, NHD, PAGED, 4,
+     {{30, 30}, {100, 190}, {64, 64}, {7, 129}}},
+    {"prefill gqa8 d96 last tiles seen in part", 16, 2, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,
+     {{16, 16}, {40, 40}, {100, 100}, {33, 160}}},
     {"gqa160 (two row tiles)", 160, 1, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, HND, PAGED, 2, {{20, 40}, {1, 50}}},
     /* (the Hopper prefill's tile at d64 is 192 rows: gqa160 fits one, 200
      * takes two of 100 heads there as well) */

@@ -62,6 +62,10 @@ typedef struct nf_case {
 /* 28/4 heads (qwen2.5-7b) at d128 on pages of 128: the Hopper prefill
  * packs each warpgroup's rows with 9 tokens x 7 heads, q and o by TMA */
 #define GQA7_BATCH {NULL, 28, 4, 128, 128, AK_F32, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2, {{40, 40}, {30, 200}}}
+/* MHA at d128: the Hopper prefill's warpgroup 0 holds tokens 0-63 of a
+ * 128-token row tile, whose rows see only the first half of the diagonal
+ * key tile; a chunk whose keys end 44 keys into their last tile */
+#define MHA128_BATCH {NULL, 4, 4, 128, 128, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{128, 128}, {40, 300}}}
 /* long: MQA 16/1, so that q_len x group passes the scan pass's threshold (2048 rows)
  * at a cost the CPU oracle runs in a moment */
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
@@ -158,6 +162,10 @@ static const nf_case cases[] = {
      0},
     {"gqa7 prefill: NaN in q of a second warpgroup's token", GQA7_BATCH, {IN_Q, NAN, 0, 0, 12, 10, 5}, 0},
     {"gqa7 prefill: NaN in a value only the last rows see", GQA7_BATCH, {IN_V, NAN, 0, 35, 0, 2, 100}, 0},
+    {"mha prefill: NaN in a value only the second warpgroup's rows see", MHA128_BATCH,
+     {IN_V, NAN, 0, 100, 0, 1, 7}, 0},
+    {"mha prefill: NaN in a key of the diagonal tile's first half", MHA128_BATCH, {IN_K, NAN, 0, 40, 0, 2, 100}, 0},
+    {"mha prefill: NaN in the value of a chunk's last key", MHA128_BATCH, {IN_V, NAN, 1, 299, 0, 3, 0}, 0},
     {"split chunk: NaN in a value of the prefix", SPLIT_BATCH, {IN_V, NAN, 0, 1500, 0, 1, 1}, 4},
     {"split chunk: NaN in a key only the last row sees", SPLIT_BATCH, {IN_K, NAN, 0, 2999, 0, 1, 1}, 4},
     {"split chunk: -inf in a key", SPLIT_BATCH, {IN_K, -INFINITY, 0, 2500, 0, 0, 0}, 4},

@@ -789,8 +789,13 @@ __device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
         const prefill_item it = p.pitems[w];
         const int kv_head = heads_of(p, it).kv_head;
         bool checked = it.scan < 0;
-        for (int i = 0; i < it.scan_n && !checked; i++)
-            checked = __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
+        for (int i0 = 0; i0 < it.scan_n && !checked; i0 += 8) { /* (eight loads at once) */
+            int32_t any = 0;
+#pragma unroll
+            for (int i = i0; i < i0 + 8; i++)
+                if (i < it.scan_n) any |= __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head);
+            checked = any != 0;
+        }
         if (checked != (PASS == PASS_CHECKED)) atomicOr(skip + k / 32, 1u << (k % 32));
     }
 }
@@ -1127,6 +1132,9 @@ attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
  * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
  * of 8). */
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
+/* The keys its block reads at once (every row of lanes of every warp): the
+ * engine's smallest scan task. */
+int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype);
 
 /* The slot mapping of a plan over a device block table (table.cu): slots[t]
  * for the plan's num_tokens tokens from the table (rows of `stride`) and the

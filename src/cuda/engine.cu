@@ -70,12 +70,16 @@
  * speed (an H100: K/V bytes at copy speed against the FLOPs of the rows).
  * Measured (H200, bf16, 2048 against 4096, same run): 64 x 512 d128 (page
  * 128) 0.863 of the time, 32 x 512 d64 (page 128) 0.833, 4 chunks of 512
- * tokens on 4096 keys (page 64) 0.927 (BENCHMARKS.md). A request's keys go in tasks of SCAN_KEYS or
- * more, at most SCAN_TASKS_PER_REQ. */
+ * tokens on 4096 keys (page 64) 0.927 (BENCHMARKS.md). A request's keys
+ * go in at most SCAN_TASKS_PER_REQ tasks, each of at least the keys a scan
+ * block reads at once (ak_cuda_scan_task_keys: 64 at head dims 80-128 in
+ * 16 bits, 128 at 64). Measured (H200, bf16, page 128, against tasks of
+ * 256 keys or more): qwen2.5-7b 1 x 4096 0.977 of the time, 32/8 heads d64
+ * 32 x 512 0.968 (tasks of 128 keys), 16 x 1024 and 64 x 512 the same
+ * (BENCHMARKS.md). */
 #define SCAN_MIN_ROWS 2048
-#define SCAN_KEYS 256
 #define SCAN_TASKS_PER_REQ 64
-#define SCAN_CTAS_PER_SM 4
+#define SCAN_CTAS_PER_SM 4 /* (scan.cu's SCAN_BLOCKS_PER_SM: the blocks an SM holds) */
 
 /* Metadata of one plan, host or device. The device part is what the kernels
  * read; the head, the request arrays and the decode items are contiguous so
@@ -162,7 +166,7 @@ struct engine_state {
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
     int max_pitems;   /* items: every tile once a row, and the last round's padding */
     attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
-    int max_scans, scan_ctas;
+    int max_scans, scan_ctas, scan_keys; /* (scan_keys: a task's fewest keys) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
@@ -770,6 +774,7 @@ static ak_status engine_create_inner(engine_state *s)
         const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
         if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && scan_reqs > 0) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
+            s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
             s->scan_ctas = info.num_sms * SCAN_CTAS_PER_SM / cfg->num_kv_heads;
             if (s->scan_ctas < 1) s->scan_ctas = 1;
@@ -1104,7 +1109,7 @@ static int plan_scan(engine_state *s, plan_meta *m, int page_base, int q_len, in
     *count = 0;
     if (!s->scan_k.fn || (int64_t)q_len * group < SCAN_MIN_ROWS || kv_len <= lo) return -1;
     int step = (kv_len - lo + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ;
-    step = step < SCAN_KEYS ? SCAN_KEYS : step;
+    step = step < s->scan_keys ? s->scan_keys : step;
     const int n = (kv_len - lo + step - 1) / step;
     if (*num_scans + n > s->max_scans) return -1;
     const int first = *num_scans;

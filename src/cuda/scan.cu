@@ -13,17 +13,20 @@
  * gives one only to requests of SCAN_MIN_ROWS query rows or more).
  *
  * A task is the K and V rows of keys [k0, k1) of one KV head; a warp reads
- * SCAN_UNROLL keys at a time, its lanes over their 16-byte chunks.
+ * SCAN_UNROLL rows of lanes at a time, its lanes over the keys' 16-byte
+ * chunks.
  */
 #include "attn.cuh"
 
 #define SCAN_THREADS 256
+/* Blocks of the pass an SM holds (the launch bound caps the registers at
+ * 64 a thread for it; engine.cu sizes the grid by it) */
+#define SCAN_BLOCKS_PER_SM 4
 
-/* Keys a warp reads at once, and 16-byte chunks a lane reads of each: U
- * loads in flight per lane (a loop of one key a warp at a time was bound by
+/* Rows a lane reads at once: U loads in flight per lane, each of a 16-byte
+ * chunk of a K or a V row (a loop of one key a warp at a time was bound by
  * latency, ~4 KB per microsecond per block, far below copy speed). */
 #define SCAN_UNROLL 8
-#define SCAN_LANE_CHUNKS 1
 
 /* Whether an element of a 16-byte chunk of T is NaN or infinite (fp8
  * e4m3, uint8_t: NaN; it has no infinity). */
@@ -36,45 +39,49 @@ template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const u
     return nonfinite_fp8x4(x.x) | nonfinite_fp8x4(x.y) | nonfinite_fp8x4(x.z) | nonfinite_fp8x4(x.w);
 }
 
-template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_kernel(const attn_params p)
+/* A block a task at a time (its flag by the block's vote). A key's K and V
+ * chunks (per of them) lie side by side across a warp's lanes: 32 / per
+ * keys a row of lanes where per is at most 32 (two at head dim 64), else
+ * passes of 32 chunks; a warp reads U such rows at once, a lane holding one
+ * pointer a row (64 registers: SCAN_BLOCKS_PER_SM blocks an SM). A task
+ * of ak_cuda_scan_task_keys keys, the fewest the engine makes, is read by
+ * a block at once (64 keys at head dims 80-128 in 16 bits). Measured (H200, bf16, page 128, against tasks of 256 keys
+ * read 64 keys at a time, a lane holding a K and a V pointer a key, 81
+ * registers, 3 blocks an SM): BENCHMARKS.md */
+template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCKS_PER_SM) scan_kernel(const attn_params p)
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL, C = SCAN_LANE_CHUNKS;
+    constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL;
     const int n = p.head->counts[COUNT_SCAN];
     const int32_t *table = p.head->kv_table;
     constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
     const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
+    const int per = ck + cv, kl = per <= 32 ? 32 / per : 1; /* keys a row of lanes */
+    const int rows = kl * U * WARPS;                        /* keys a block reads at once */
     for (int w = blockIdx.x; w < n; w += gridDim.x) {
         const scan_task t = p.scans[w];
         uint32_t bad = 0;
-        for (int key0 = t.k0 + warp * U; key0 < t.k1; key0 += WARPS * U) {
-            const uint4 *k[U], *v[U];
+        for (int key0 = t.k0 + warp * kl * U; key0 < t.k1; key0 += rows) {
+            for (int c0 = 0; c0 < per; c0 += 32) {
+                /* this lane's chunk c of key key0 + u kl + lane / per (per <= 32), or of key0 + u */
+                const int c = per <= 32 ? lane % per : c0 + lane, sub = per <= 32 ? lane / per : 0;
+                const bool on = per <= 32 ? lane < kl * per : c < per;
+                const uint4 *src[U];
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                int slot;
-                const int key = min(key0 + u, t.k1 - 1); /* rows past the end: the last one again */
-                const int64_t block = kv_block_of(p, table, t.page_base, key, slot);
-                k[u] = (const uint4 *)((const T *)p.k_pool + block * p.k_block_stride + slot * p.k_stride_slot +
-                                       kv_head * p.k_stride_head);
-                v[u] = (const uint4 *)((const T *)p.v_pool + block * p.v_block_stride + slot * p.v_stride_slot +
-                                       kv_head * p.v_stride_head);
-            }
-            for (int c0 = 0; c0 < ck + cv; c0 += 32 * C) {
-                uint4 x[U][C];
+                for (int u = 0; u < U; u++) {
+                    int slot;
+                    const int key = min(key0 + u * kl + sub, t.k1 - 1); /* rows past the end: the last one again */
+                    const int64_t block = kv_block_of(p, table, t.page_base, key, slot);
+                    src[u] = c < ck ? (const uint4 *)((const T *)p.k_pool + block * p.k_block_stride +
+                                                      slot * p.k_stride_slot + kv_head * p.k_stride_head) + c
+                                    : (const uint4 *)((const T *)p.v_pool + block * p.v_block_stride +
+                                                      slot * p.v_stride_slot + kv_head * p.v_stride_head) + (c - ck);
+                }
+                uint4 x[U];
 #pragma unroll
-                for (int u = 0; u < U; u++)
+                for (int u = 0; u < U; u++) x[u] = on ? __ldg(src[u]) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-                    for (int j = 0; j < C; j++) {
-                        const int c = c0 + j * 32 + lane;
-                        x[u][j] = c < ck        ? __ldg(k[u] + c)
-                                  : c < ck + cv ? __ldg(v[u] + (c - ck))
-                                                : make_uint4(0, 0, 0, 0);
-                    }
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int j = 0; j < C; j++)
-                        bad |= nonfinite_chunk<T>(x[u][j]);
+                for (int u = 0; u < U; u++) bad |= nonfinite_chunk<T>(x[u]);
             }
         }
         bad = __syncthreads_or(bad != 0);
@@ -83,6 +90,13 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, 2) scan_ke
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
+}
+
+int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)
+{
+    const int epc = kv_dtype == AK_FP8_E4M3 ? 16 : 8; /* (elements a 16-byte chunk) */
+    const int per = dqk / epc + dvo / epc;
+    return (SCAN_THREADS / 32) * SCAN_UNROLL * (per <= 32 ? 32 / per : 1);
 }
 
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
