@@ -144,7 +144,7 @@ static const attn_case fixed_cases[] = {
      * key tile; chunks on a prefix whose keys end 1-64 into a tile;
      * non-causal short last tiles; 8 heads a group (16 tokens a row tile) */
     {"prefill mha d128 page 128 last tiles seen in part", 4, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 7,
-     {{64, 64}, {65, 65}, {192, 192}, {193, 193}, {40, 300}, {1, 129}, {250, 250}}},
+     {{64, 64}, {65, 65}, {192, 192}, {193, 193}, {40, 300}, {8, 129}, {250, 250}}},
     {"prefill non-causal d128 short last tiles", 8, 2, 128, 128, AK_F16, 0, 0, 0, -1, 0, 64, NHD, PAGED, 4,
      {{30, 30}, {100, 190}, {64, 64}, {7, 129}}},
     {"prefill gqa8 d96 last tiles seen in part", 16, 2, 96, 96, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 4,

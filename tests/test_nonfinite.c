@@ -192,6 +192,13 @@ static const nf_case cases[] = {
      {IN_V, INFINITY, 1, 280, 0, 0, 200}, 0},
     {"long d256 prefill: -inf in q", LONG_DIMS(256, 256), {IN_Q, -INFINITY, 0, 0, 500, 5, 160}, 0},
     {"long d192/128 prefill: NaN in a value every row sees", LONG_DIMS(192, 128), {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
+    /* the scan pass's lanes: a row of lanes short of 32 (d96: 24 chunks a
+     * key), a second pass of 32 (192/128: V dims 64-127 in lanes 0-7), a
+     * key at an odd offset of a task at d128 */
+    {"long d96 prefill: NaN in a value's last dim", LONG_DIMS(96, 96), {IN_V, NAN, 1, 77, 0, 0, 95}, 0},
+    {"long d192/128 prefill: NaN in a value's last dim", LONG_DIMS(192, 128), {IN_V, NAN, 1, 5, 0, 0, 127}, 0},
+    {"long d128 prefill: NaN in a key only the last rows see", LONG_DIMS(128, 128), {IN_K, NAN, 0, 201, 0, 0, 77},
+     0},
     {"long d192/128 prefill: -inf in a key of a new token, which only later rows see", LONG_DIMS(192, 128),
      {IN_K, -INFINITY, 1, 100, 0, 0, 150}, 0},
     /* -inf in K: on the unchecked path the key would just vanish (a finite row) */

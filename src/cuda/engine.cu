@@ -73,10 +73,12 @@
  * tokens on 4096 keys (page 64) 0.927 (BENCHMARKS.md). A request's keys
  * go in at most SCAN_TASKS_PER_REQ tasks, each of at least the keys a scan
  * block reads at once (ak_cuda_scan_task_keys: 64 at head dims 80-128 in
- * 16 bits, 128 at 64). Measured (H200, bf16, page 128, against tasks of
- * 256 keys or more): qwen2.5-7b 1 x 4096 0.977 of the time, 32/8 heads d64
- * 32 x 512 0.968 (tasks of 128 keys), 16 x 1024 and 64 x 512 the same
- * (BENCHMARKS.md). */
+ * 16 bits, 128 at 64): a few long requests fill more of the GPU. Measured
+ * (H200, bf16, page 128, the step against the scan kernel before
+ * (scan.cu) in tasks of 256 keys or more): qwen2.5-7b 1 x 4096 0.990 of the
+ * time, 32/8 heads d64 32 x 512 0.974, fp8 K/V 16 x 1024 0.989, 16 x 1024
+ * 1.002, d256 4 x 4096 1.005; the pass itself is slower at 16 x 1024 and
+ * 64 x 512, where its reads bind it (BENCHMARKS.md). */
 #define SCAN_MIN_ROWS 2048
 #define SCAN_TASKS_PER_REQ 64
 #define SCAN_CTAS_PER_SM 4 /* (scan.cu's SCAN_BLOCKS_PER_SM: the blocks an SM holds) */

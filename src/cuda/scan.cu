@@ -43,11 +43,15 @@ template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const u
  * chunks (per of them) lie side by side across a warp's lanes: 32 / per
  * keys a row of lanes where per is at most 32 (two at head dim 64), else
  * passes of 32 chunks; a warp reads U such rows at once, a lane holding one
- * pointer a row (64 registers: SCAN_BLOCKS_PER_SM blocks an SM). A task
- * of ak_cuda_scan_task_keys keys, the fewest the engine makes, is read by
- * a block at once (64 keys at head dims 80-128 in 16 bits). Measured (H200, bf16, page 128, against tasks of 256 keys
- * read 64 keys at a time, a lane holding a K and a V pointer a key, 81
- * registers, 3 blocks an SM): BENCHMARKS.md */
+ * pointer a row (56 registers, of the 64 the launch bound allows for
+ * SCAN_BLOCKS_PER_SM blocks an SM). A task of ak_cuda_scan_task_keys keys,
+ * the fewest the engine makes, is read by a block at once (64 keys at head
+ * dims 80-128 in 16 bits). Measured (H200, bf16, page 128, against the
+ * kernel before it: a K and a V pointer a key in each lane, 81 registers, 2
+ * blocks an SM, tasks of 256 keys or more): the pass 8.1-9.0 us against
+ * 11.4-12.4 at qwen2.5-7b 1 x 4096 (a few tasks), slower where its reads
+ * bind it (32/8 heads 16 x 1024 28.1-29.7 us against 25.3-27.1); the step
+ * in engine.cu's note on SCAN_TASKS_PER_REQ (BENCHMARKS.md) */
 template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCKS_PER_SM) scan_kernel(const attn_params p)
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
