@@ -39,6 +39,10 @@ template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const u
     return nonfinite_fp8x4(x.x) | nonfinite_fp8x4(x.y) | nonfinite_fp8x4(x.z) | nonfinite_fp8x4(x.w);
 }
 
+/* Keys a row of a warp's 32 lanes covers, a key's K and V being per
+ * 16-byte chunks: 32 / per where per is at most 32, else one (in passes). */
+__host__ __device__ __forceinline__ int scan_row_keys(int per) { return per <= 32 ? 32 / per : 1; }
+
 /* A block a task at a time (its flag by the block's vote). A key's K and V
  * chunks (per of them) lie side by side across a warp's lanes: 32 / per
  * keys a row of lanes where per is at most 32 (two at head dim 64), else
@@ -60,7 +64,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
     const int32_t *table = p.head->kv_table;
     constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
     const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
-    const int per = ck + cv, kl = per <= 32 ? 32 / per : 1; /* keys a row of lanes */
+    const int per = ck + cv, kl = scan_row_keys(per);
     const int rows = kl * U * WARPS;                        /* keys a block reads at once */
     for (int w = blockIdx.x; w < n; w += gridDim.x) {
         const scan_task t = p.scans[w];
@@ -100,7 +104,7 @@ int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)
 {
     const int epc = kv_dtype == AK_FP8_E4M3 ? 16 : 8; /* (elements a 16-byte chunk) */
     const int per = dqk / epc + dvo / epc;
-    return (SCAN_THREADS / 32) * SCAN_UNROLL * (per <= 32 ? 32 / per : 1);
+    return (SCAN_THREADS / 32) * SCAN_UNROLL * scan_row_keys(per);
 }
 
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
