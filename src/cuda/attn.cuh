@@ -1135,6 +1135,9 @@ attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
 /* The keys its block reads at once (every row of lanes of every warp): the
  * engine's smallest scan task. */
 int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype);
+/* The blocks of the pass an SM holds (its launch bound): the engine's grid
+ * is the SMs times these, shared among the KV heads. */
+int ak_cuda_scan_blocks_per_sm(void);
 
 /* The slot mapping of a plan over a device block table (table.cu): slots[t]
  * for the plan's num_tokens tokens from the table (rows of `stride`) and the

@@ -81,7 +81,6 @@
  * 64 x 512, where its reads bind it (BENCHMARKS.md). */
 #define SCAN_MIN_ROWS 2048
 #define SCAN_TASKS_PER_REQ 64
-#define SCAN_CTAS_PER_SM 4 /* (scan.cu's SCAN_BLOCKS_PER_SM: the blocks an SM holds) */
 
 /* Metadata of one plan, host or device. The device part is what the kernels
  * read; the head, the request arrays and the decode items are contiguous so
@@ -778,7 +777,7 @@ static ak_status engine_create_inner(engine_state *s)
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
-            s->scan_ctas = info.num_sms * SCAN_CTAS_PER_SM / cfg->num_kv_heads;
+            s->scan_ctas = info.num_sms * ak_cuda_scan_blocks_per_sm() / cfg->num_kv_heads;
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
         if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */

@@ -20,7 +20,8 @@
 
 #define SCAN_THREADS 256
 /* Blocks of the pass an SM holds (the launch bound caps the registers at
- * 64 a thread for it; engine.cu sizes the grid by it) */
+ * 64 a thread for it; the engine sizes the grid by it:
+ * ak_cuda_scan_blocks_per_sm) */
 #define SCAN_BLOCKS_PER_SM 4
 
 /* Rows a lane reads at once: U loads in flight per lane, each of a 16-byte
@@ -106,6 +107,8 @@ int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)
     const int per = dqk / epc + dvo / epc;
     return (SCAN_THREADS / 32) * SCAN_UNROLL * scan_row_keys(per);
 }
+
+int ak_cuda_scan_blocks_per_sm(void) { return SCAN_BLOCKS_PER_SM; }
 
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
 {
