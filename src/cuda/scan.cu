@@ -56,13 +56,13 @@ __host__ __device__ __forceinline__ int scan_row_keys(int per) { return per <= 3
  * blocks an SM, tasks of 256 keys or more): the pass 8.1-9.0 us against
  * 11.4-12.4 at qwen2.5-7b 1 x 4096 (a few tasks), slower where its reads
  * bind it (32/8 heads 16 x 1024 28.1-29.7 us against 25.3-27.1); the step
- * in engine.cu's note on SCAN_TASKS_PER_REQ (BENCHMARKS.md). There the
- * pass reads K and V at 62-68% of DRAM's peak (Nsight Compute, 32/8 heads
- * 16 x 1024, 64 x 512 and 1 x 16384, the NHD and HND layouts alike), near
- * what a copy reaches; each warp's next rows prefetched into L2 while its
- * loads were in flight (a prefetch a lane, or a bulk prefetch a row) made
- * the pass slower: 37-40 us against 29-30 at 16 x 1024, 70-76 against 47-48
- * at 64 x 512 (H200, BENCHMARKS.md) */
+ * in engine.cu's note on SCAN_TASKS_PER_REQ (BENCHMARKS.md). Where its
+ * reads bind it the pass reads K and V at 2.3-2.8 TB/s (32/8 heads 16 x
+ * 1024, 64 x 512, 1 x 16384; the HND layout as fast as NHD at 16 x 1024),
+ * 54-68% of the H200's copy speed. Prefetching each warp's next rows into
+ * L2 while its loads are in flight (a prefetch a lane, or a bulk prefetch
+ * a row) is slower: 37-40 us against 29-30 at 16 x 1024, 70-76 against
+ * 47-48 at 64 x 512 (H200, BENCHMARKS.md) */
 template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCKS_PER_SM) scan_kernel(const attn_params p)
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
