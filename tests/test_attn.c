@@ -85,6 +85,8 @@ static const attn_case fixed_cases[] = {
      {{260, 520}, {70, 70}}},
     {"prefill d256 mqa16 page 128 (scanned)", 16, 1, 256, 256, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2,
      {{300, 300}, {260, 900}}},
+    {"prefill d64 mqa16 page 128 (scanned)", 16, 1, 64, 64, AK_BF16, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2,
+     {{300, 300}, {260, 900}}},
     {"chunked prefill on a prefix", 4, 2, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 3,
      {{32, 200}, {100, 1030}, {5, 17}}},
     {"mixed prefill+decode", 8, 2, 64, 64, AK_F16, 0, 0, 1, -1, 0, 16, NHD, PAGED, 6,

@@ -126,10 +126,13 @@ static const graph_case graph_cases[] = {
      0, 0, 1},
     {"graph replay mla 576/512 h16 bf16 page 64 mixed device table", PAGED, 16, 1, 576, AK_BF16, 3, 1, -1, 64, NHD, 1,
      0, 0, 0, 1, 1},
-    /* DP 256 with a scan pass (64 heads a KV head: a chunk of MAX_CHUNK is
-     * 4096 rows): the clean requests' items in the clean kernel, the
-     * corrupted one's checked, planned only after the capture */
+    /* A scan pass (64 heads a KV head: a chunk of MAX_CHUNK is 4096 rows),
+     * at DP 256 the clean requests' items in the clean kernel, the
+     * corrupted one's checked; at d64 both in one kernel; planned only after
+     * the capture */
     {"graph replay scan mqa64 bf16 d256 clean and checked passes", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1,
+     0, 0, 0, 0, 0, 0, 1},
+    {"graph replay scan mqa64 bf16 d64 clean and checked passes", PAGED, 64, 1, 64, AK_BF16, 3, 1, -1, 16, NHD, 1,
      0, 0, 0, 0, 0, 0, 1},
 };
 

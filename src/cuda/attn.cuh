@@ -183,6 +183,10 @@ struct attn_params {
      * or those of its segment that tokens fill: prow_heads heads of each),
      * or 0: o from registers */
     int o_box;
+    /* prefill: the kernel is the scan pass's programmatic dependent (no
+     * decode between them, engine.cu's run): it waits for the pass before
+     * its items read the flags */
+    int wait_first;
 };
 
 #ifdef __CUDACC__
@@ -1135,9 +1139,6 @@ attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
 /* The keys its block reads at once (every row of lanes of every warp): the
  * engine's smallest scan task. */
 int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype);
-/* The blocks of the pass an SM holds (its launch bound): the engine's grid
- * is the SMs times these, shared among the KV heads. */
-int ak_cuda_scan_blocks_per_sm(void);
 
 /* The slot mapping of a plan over a device block table (table.cu): slots[t]
  * for the plan's num_tokens tokens from the table (rows of `stride`) and the

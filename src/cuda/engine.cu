@@ -777,7 +777,9 @@ static ak_status engine_create_inner(engine_state *s)
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
-            s->scan_ctas = info.num_sms * ak_cuda_scan_blocks_per_sm() / cfg->num_kv_heads;
+            int scan_per_sm = 0;
+            AK_TRY(ak_cuda_kernel_occupancy(&s->scan_k, &scan_per_sm));
+            s->scan_ctas = info.num_sms * scan_per_sm / cfg->num_kv_heads;
             if (s->scan_ctas < 1) s->scan_ctas = 1;
         }
         if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */
@@ -1643,20 +1645,24 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * the plan, so a captured graph serves any later plan) */
     if (prefill && s->pre_tma)
         ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->pre_k.rows, &kv_map);
-    /* The scan pass first, an ordinary launch. Decode is a programmatic
-     * dependent of whatever kernel is before it (the scan, or the layer
-     * before's merge, which lets it launch at once): its blocks read the
-     * plan's metadata while that kernel finishes, and wait for it before
-     * reading anything else. Prefill is decode's dependent, or an ordinary
-     * launch. */
+    /* The scan pass first. It and decode are programmatic dependents of
+     * whatever kernel is before them (the layer before's merge or prefill,
+     * which let them launch at once; the scan): their blocks read the plan's
+     * metadata while that kernel finishes, and wait for it before reading
+     * anything else. Prefill is decode's dependent; without decode, the
+     * scan's, waiting for it before its items read the flags (wait_first);
+     * else an ordinary launch. */
     if (scan)
-        AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, 0, cs, p));
+        AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, s->pdl, cs, p));
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
-    if (prefill)
+    if (prefill) {
+        p.wait_first = s->pdl && scan && !decode;
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas), s->pre_k.threads,
-                             s->pre_k.smem, s->pdl && decode, cs, p, s->pre_k.tma_map ? &kv_map : NULL));
+                             s->pre_k.smem, s->pdl && (decode || scan), cs, p, s->pre_k.tma_map ? &kv_map : NULL));
+        p.wait_first = 0; /* (the clean pass waits at its end, as the kernels after) */
+    }
     /* (pre_k's dependent: each waits for the kernel before it at its end, so
      * the merge after it follows both) */
     if (prefill && s->pre_clean_k.fn && (all || s->num_scans > 0))

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(prefill_traits<DQK, DVO, FP8>::THREADS, prefil
     KV *stages = (KV *)((char *)smem + tr::Q_BYTES);
     T *cvt_k = (T *)((char *)smem + tr::Q_BYTES + tr::STAGES * tr::STAGE_BYTES), *cvt_v = cvt_k + tr::TILE * DP;
 #if __CUDA_ARCH__ >= 900
+    if (p.wait_first) asm volatile("griddepcontrol.wait;" ::: "memory"); /* the scan pass's flags */
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
 #endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;

@@ -533,6 +533,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     }
     if (p.q_box > 0 && (1 << p.prow_seg_log2) < ROWS) zero_q_pads<ROWS, DP, tr::THREADS>(qs); /* (for q's boxes by segment) */
     __syncthreads();
+    if (p.wait_first) asm volatile("griddepcontrol.wait;" ::: "memory"); /* the scan pass's flags */
     asm volatile("griddepcontrol.launch_dependents;"); /* the merge may start launching */
     /* the clean pass of a plan with no scan tasks has nothing to do: its
      * blocks need not load the items they would skip (measured: 14 us at

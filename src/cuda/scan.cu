@@ -10,7 +10,11 @@
  * 9% of the wgmma prefill at d128, and every row tile of a request would
  * repeat a scan of the same K/V; the pass reads each input once, a few
  * percent of the reads of a prefill long enough to be given one (the engine
- * gives one only to requests of SCAN_MIN_ROWS query rows or more).
+ * gives one only to requests of SCAN_MIN_ROWS query rows or more). The
+ * wgmma prefill's producer warpgroup scanning each tile it copied, in
+ * shared memory, instead (no pass, no checked path) was 1.4-2.0x slower:
+ * its reads at the producer's 40 registers, beside the tensor cores' reads
+ * of the same memory (H200, BENCHMARKS.md).
  *
  * A task is the K and V rows of keys [k0, k1) of one KV head; a warp reads
  * SCAN_UNROLL rows of lanes at a time, its lanes over the keys' 16-byte
@@ -20,8 +24,7 @@
 
 #define SCAN_THREADS 256
 /* Blocks of the pass an SM holds (the launch bound caps the registers at
- * 64 a thread for it; the engine sizes the grid by it:
- * ak_cuda_scan_blocks_per_sm) */
+ * 64 a thread for it; the engine sizes the grid by the kernel's occupancy) */
 #define SCAN_BLOCKS_PER_SM 4
 
 /* Rows a lane reads at once: U loads in flight per lane, each of a 16-byte
@@ -44,7 +47,7 @@ template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const u
  * 16-byte chunks: 32 / per where per is at most 32, else one (in passes). */
 __host__ __device__ __forceinline__ int scan_row_keys(int per) { return per <= 32 ? 32 / per : 1; }
 
-/* A block a task at a time (its flag by the block's vote). A key's K and V
+/* A block a task at a time (its flag by its warps' votes). A key's K and V
  * chunks (per of them) lie side by side across a warp's lanes: 32 / per
  * keys a row of lanes where per is at most 32 (two at head dim 64), else
  * passes of 32 chunks; a warp reads U such rows at once, a lane holding one
@@ -73,6 +76,26 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
     const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
     const int per = ck + cv, kl = scan_row_keys(per);
     const int rows = kl * U * WARPS;                        /* keys a block reads at once */
+    /* A task's flag without a block barrier (a warp waited there for the
+     * block's slowest): the warps' votes meet in one of RING slots (task k
+     * of the block in slot k % RING: an OR, a count of the warps done and
+     * the generation of its tasks); the last warp of a task writes its flag
+     * and frees the slot, a warp up to RING tasks ahead of it waits for that.
+     * Measured (H200, the step with the pass and prefill launched as
+     * programmatic dependents, against both before; in brackets the launches
+     * alone, another call): 16 x 1024 0.977 (0.993), 64 x 512 0.992 (0.994),
+     * qwen2.5-7b 1 x 4096 0.971 (0.983), llama3-8b 0.974 (0.992),
+     * BENCHMARKS.md */
+    constexpr int RING = 4;
+    __shared__ uint32_t s_bad[RING], s_cnt[RING], s_gen[RING];
+    if (threadIdx.x < RING) s_bad[threadIdx.x] = s_cnt[threadIdx.x] = s_gen[threadIdx.x] = 0;
+    __syncthreads();
+#if __CUDA_ARCH__ >= 900
+    /* a programmatic dependent of the kernel before it (engine.cu): K/V
+     * (that kernel may write them) and the flags (it may read them) only
+     * once it is done */
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
     for (int w = blockIdx.x; w < n; w += gridDim.x) {
         const scan_task t = p.scans[w];
         uint32_t bad = 0;
@@ -99,8 +122,21 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
                 for (int u = 0; u < U; u++) bad |= nonfinite_chunk<T>(x[u]);
             }
         }
-        bad = __syncthreads_or(bad != 0);
-        if (threadIdx.x == 0) p.scan_flags[(int64_t)w * p.num_kv_heads + kv_head] = bad;
+        const int k = (w - blockIdx.x) / gridDim.x, slot = k % RING;
+        const bool wbad = __any_sync(0xffffffffu, bad != 0);
+        if (lane == 0) {
+            while (atomicAdd(&s_gen[slot], 0) != k / RING) { /* the slot's task RING before, done */
+            }
+            if (wbad) atomicOr(&s_bad[slot], 1u);
+            __threadfence_block();
+            if (atomicAdd(&s_cnt[slot], 1) == WARPS - 1) {
+                p.scan_flags[(int64_t)w * p.num_kv_heads + kv_head] = (int32_t)atomicExch(&s_bad[slot], 0u);
+                s_cnt[slot] = 0;
+                __threadfence_block();
+                atomicAdd(&s_gen[slot], 1);
+            }
+        }
+        __syncwarp();
     }
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
@@ -113,8 +149,6 @@ int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)
     const int per = dqk / epc + dvo / epc;
     return (SCAN_THREADS / 32) * SCAN_UNROLL * scan_row_keys(per);
 }
-
-int ak_cuda_scan_blocks_per_sm(void) { return SCAN_BLOCKS_PER_SM; }
 
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
 {
