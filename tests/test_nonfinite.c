@@ -207,9 +207,11 @@ static const nf_case cases[] = {
     {"long d192/128 prefill, a block's checked item then clean item: -inf in a key only later rows see",
      LONG_MIXED4(192, 128), {IN_K, -INFINITY, 0, 40, 0, 0, 191}, 0, 1},
     /* d64 (both paths in one kernel): tiles of 192 rows (12 tokens of 16
-     * heads), 22 items a request, so KV head 0's 33 blocks take the
-     * corrupted request's 22 and 11 clean ones in round 0, the other 11
-     * clean ones in round 1: blocks 0-10 run a checked item, then a clean one */
+     * heads), 22 items a request and KV head, 176 in all, dealt in two
+     * rounds of an H100's or H200's 132 blocks (plan_prefill: a round's
+     * items, heaviest first, to the least loaded blocks), so that some
+     * blocks (11, by a model of the planner) run one of the corrupted
+     * request's items (checked), then a clean one */
     {"long d64 prefill, a block's checked item then clean item: -inf in a key only later rows see",
      LONG_MIXED4(64, 64), {IN_K, -INFINITY, 0, 40, 0, 0, 63}, 0, 1},
     {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},

@@ -1645,13 +1645,15 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * the plan, so a captured graph serves any later plan) */
     if (prefill && s->pre_tma)
         ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->pre_k.rows, &kv_map);
-    /* The scan pass first. It and decode are programmatic dependents of
+    /* The scan pass first. Where dependent launches are on (s->pdl: the
+     * paged engine on sm_90) it and decode are programmatic dependents of
      * whatever kernel is before them (the layer before's merge or prefill,
      * which let them launch at once; the scan): their blocks read the plan's
      * metadata while that kernel finishes, and wait for it before reading
      * anything else. Prefill is decode's dependent; without decode, the
-     * scan's, waiting for it before its items read the flags (wait_first);
-     * else an ordinary launch. */
+     * scan's, waiting for it before its items read the flags (wait_first;
+     * never under capture, where decode is always launched); else an
+     * ordinary launch. */
     if (scan)
         AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, s->pdl, cs, p));
     if (decode)

@@ -47,7 +47,8 @@ template <> __device__ __forceinline__ uint32_t nonfinite_chunk<uint8_t>(const u
  * 16-byte chunks: 32 / per where per is at most 32, else one (in passes). */
 __host__ __device__ __forceinline__ int scan_row_keys(int per) { return per <= 32 ? 32 / per : 1; }
 
-/* A block a task at a time (its flag by its warps' votes). A key's K and V
+/* A block's warps a task at a time (up to the ring's four tasks apart, its
+ * flag by their votes). A key's K and V
  * chunks (per of them) lie side by side across a warp's lanes: 32 / per
  * keys a row of lanes where per is at most 32 (two at head dim 64), else
  * passes of 32 chunks; a warp reads U such rows at once, a lane holding one
@@ -83,7 +84,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
      * and frees the slot, a warp up to RING tasks ahead of it waits for that.
      * Measured (H200, the step with the pass and prefill launched as
      * programmatic dependents, against both before; in brackets the launches
-     * alone, another call): 16 x 1024 0.977 (0.993), 64 x 512 0.992 (0.994),
+     * alone, another run): 16 x 1024 0.977 (0.993), 64 x 512 0.992 (0.994),
      * qwen2.5-7b 1 x 4096 0.971 (0.983), llama3-8b 0.974 (0.992),
      * BENCHMARKS.md */
     constexpr int RING = 4;
