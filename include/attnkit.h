@@ -415,7 +415,31 @@ typedef struct ak_paged_kv {
     ak_kv_scale_kind scale_kind; /* fp8 only; AK_KV_SCALE_NONE otherwise */
     const float *k_scale;   /* [1] or [num_kv_heads] f32 on device, per scale_kind; NULL if none */
     const float *v_scale;   /* likewise */
+    /* The pools' finiteness marks (NULL: none), kept by ak_kv_update and read
+     * by run(), in the pools' memory: ak_kv_marks_words() uint32 words, word
+     * (b * num_kv_heads + h) * ((page_size + 31) / 32) + s / 32 holding bit
+     * s % 32 for slot s of block b and KV head h. ak_kv_update sets a slot's
+     * bit when the K or V row it stores there holds a NaN or an infinity
+     * (fp8: the NaN byte), and clears it otherwise. With marks, the CUDA
+     * backends learn which keys a long prefill request sees are finite from
+     * their bits instead of reading every K/V row (the NaN rule's scan pass:
+     * a few percent of a short prefill step, BENCHMARKS.md). The engine
+     * allocates them with its pools, zeroed (a slot never written is
+     * finite), and promises that every write of a row into these pools goes
+     * through ak_kv_update with this view's marks, and that whoever copies
+     * a block (a swap, a prefix copy) copies its words too; a row written
+     * any other way leaves its bit stale, and then the NaN rule may not hold
+     * for the rows that see it (nothing is read or written out of bounds).
+     * A set bit of a finite row only costs speed. The CPU backends do not
+     * read them (they check as they go), but ak_kv_update keeps them on
+     * either device. */
+    uint32_t *marks;
 } ak_paged_kv;
+
+/* The uint32 words of the finiteness marks (ak_paged_kv.marks) of a view's
+ * pools: num_blocks * num_kv_heads * ((page_size + 31) / 32); -1 when a size
+ * is not positive or the count overflows int64. */
+AK_API int64_t ak_kv_marks_words(int num_blocks, int num_kv_heads, int page_size);
 
 typedef struct ak_kv_cache_config {
     uint32_t struct_size;

@@ -92,6 +92,7 @@ static void kv_k_scale_null(inputs *in) { in->kv.k_scale = NULL; }
 static void kv_v_scale_null(inputs *in) { in->kv.v_scale = NULL; }
 static void kv_scale_kind_unknown(inputs *in) { in->kv.scale_kind = (ak_kv_scale_kind)7; }
 static void kv_scale_misaligned(inputs *in) { in->kv.k_scale = (const float *)((const char *)in->kv.k_scale + 1); }
+static void kv_marks_misaligned(inputs *in) { in->kv.marks = (uint32_t *)((char *)in->kv.k_data + 2); }
 static void kv_scale_without_kind(inputs *in) { in->kv.scale_kind = AK_KV_SCALE_NONE; }
 static void kv_scales_not_fp8(inputs *in)
 {
@@ -191,6 +192,10 @@ static const bad_case cases[] = {
      NULL, 1, 1},
     {"K-only view without cfg.mla", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->v_data", v_pool_missing, KV_PAGED, NULL, 0,
      0, 1},
+    {"finiteness marks not 4-byte aligned", AT_RUN, AK_ERR_INVALID_ARG, "args.kv->marks", kv_marks_misaligned,
+     KV_PAGED, NULL},
+    {"kv_update: finiteness marks not 4-byte aligned", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "kv->marks",
+     kv_marks_misaligned, KV_PAGED, NULL},
     {"kv_update without v on a view with V", AT_KV_UPDATE, AK_ERR_INVALID_ARG, "v is NULL", update_without_v,
      KV_PAGED, NULL, 0, 0, 1},
 };

@@ -81,6 +81,9 @@ typedef struct graph_case {
     int scan;          /* paged, mixed: the capture's chunks are short (SCAN_CAPTURE_Q), each later
                           step's MAX_CHUNK x the group >= 4096 rows (past the scan pass's threshold, 2048), one
                           request with -inf in K (SCAN_BAD_TOKEN) */
+    int marks;         /* paged: the views carry finiteness marks (ak_paged_kv.marks), zeroed with
+                          each step's fresh pools (finite) and kept by the captured kv_update, so
+                          the scan pass reads its bits (the -inf key's among them) */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -132,8 +135,14 @@ static const graph_case graph_cases[] = {
      * the capture */
     {"graph replay scan mqa64 bf16 d256 clean and checked passes", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1,
      0, 0, 0, 0, 0, 0, 1},
-    {"graph replay scan mqa64 bf16 d64 clean and checked passes", PAGED, 64, 1, 64, AK_BF16, 3, 1, -1, 16, NHD, 1,
+    {"graph replay scan mqa64 bf16 d64 clean and checked items", PAGED, 64, 1, 64, AK_BF16, 3, 1, -1, 16, NHD, 1,
      0, 0, 0, 0, 0, 0, 1},
+    /* the same with the pools' finiteness marks: the pass reads bits, the
+     * -inf key's set by the captured kv_update */
+    {"graph replay scan mqa64 bf16 d256 marks", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1, 0, 0, 0, 0, 0, 0, 1,
+     1},
+    {"graph replay scan mqa64 bf16 d128 marks page 128", PAGED, 64, 1, 128, AK_BF16, 3, 1, -1, 128, NHD, 1, 0, 0, 0,
+     0, 0, 0, 1, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -431,6 +440,9 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     float scales_h[LAYERS][2] = {{1.0f, 1.0f}};
     float *scales_d = NULL;
     if (gc->fp8) cudaMalloc((void **)&scales_d, sizeof(float) * 2 * LAYERS);
+    const int64_t mark_words = paged ? ak_kv_marks_words(num_blocks, Hk, P) : 0;
+    uint32_t *marks_d = NULL; /* [LAYERS][mark_words] */
+    if (gc->marks) cudaMalloc((void **)&marks_d, sizeof(uint32_t) * (size_t)(mark_words * LAYERS));
     if (paged && scn_cache_create(&cfg, LAYERS, num_blocks, &cache)) {
         t_fail(t, name, gc->name, "cache: %s", ak_last_error());
         ak_backend_destroy(b);
@@ -504,6 +516,8 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                     cudaMemcpy(scales_d + 2 * l, scales_h[l], sizeof(float) * 2, cudaMemcpyHostToDevice);
                 }
                 cudaMemcpy(view.k_data, before_k[l], pool_bytes, cudaMemcpyHostToDevice);
+                if (marks_d) /* (the fresh pools are finite: their marks all clear) */
+                    cudaMemset(marks_d + l * mark_words, 0, sizeof(uint32_t) * (size_t)mark_words);
                 if (!gc->mla) cudaMemcpy(view.v_data, before_v[l], pool_bytes, cudaMemcpyHostToDevice);
             }
             for (int i = 0; i < T * Hq * D; i++) ak_store_from_f32(qh, gc->dtype, i, scn_uniform(&rng));
@@ -565,6 +579,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
                         view.k_scale = scales_d + 2 * l;
                         view.v_scale = scales_d + 2 * l + 1;
                     }
+                    if (marks_d) view.marks = marks_d + l * mark_words;
                     if (!ak_backend_forward_includes_kv_update(b))
                         st = ak_kv_update(&view, &kt, gc->mla ? NULL : &vt, ak_backend_slot_mapping(b), T, stream);
                     a.kv = &view;
@@ -666,6 +681,7 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     free(l_ref);
     for (int l = 0; l < layers; l++) cudaFree(sinks_d[l]);
     cudaFree(scales_d);
+    cudaFree(marks_d);
     cudaFree(tables_d[0]);
     cudaFree(tables_d[1]);
     for (int i = 0; i < nbk; i++) ak_backend_destroy(bk[i]);

@@ -75,21 +75,16 @@ typedef struct nf_case {
 #define LONG_DIMS(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
 /* ... and blocks of the prefill grid with items of both kernels, each
  * kernel skipping the other's (the producer's mask). At DP 256 an item is a
- * tile of 128 rows (8 tokens of 16 heads) of a KV head; the items are dealt
- * in rounds of P, the grid's blocks a KV head (an H100 or H200: 132 SMs /
- * KV heads), block x taking item x of each round (plan_prefill), the
- * requests by their heaviest tile, then by index; no split (< 1024 keys).
- * LONG_MIXED, a clean item, then a checked one: 1 KV head, P 132; five
- * prompts of 256 tokens (4096 rows, 32 items each, equal heaviest tiles),
- * the corrupted one last: round 0 is requests 0-3's 128 items and 4 of
- * request 4's, round 1 request 4's other 28, in 28 blocks, at most 4 of
- * them with request 4 in round 0: 24 blocks or more run both (28 at P 132;
- * round 0 is all clean at any P up to 128).
- * LONG_MIXED4, a checked item, then a clean one: 4 KV heads, P 33; the
- * corrupted request first (264 tokens, 33 items; its heaviest tile sees 264
- * keys, the other's 256): round 0 is all of it, round 1 the clean
- * request's 32 items, so on KV head 0 (corrupted) 32 blocks run both (any
- * P up to 33). */
+ * tile of 128 rows (8 tokens of 16 heads) of a KV head; plan_prefill deals
+ * the items in rounds of the grid's blocks a KV head (132 SMs / KV heads on
+ * an H100 or H200), each round's items heaviest first to the least loaded
+ * blocks; no split (< 1024 keys). So a block's items come from several
+ * requests, and with one request corrupted, from both kernels:
+ * LONG_MIXED, one KV head, five prompts of 256 tokens (160 items, more than
+ * a round), the corrupted one last; LONG_MIXED4, four KV heads, the
+ * corrupted request first (264 tokens against 256: its tiles the heaviest)
+ * beside a clean one. The cases check the outputs alone, whichever blocks
+ * run both. */
 #define LONG_MIXED(qk, vo)                                                                                        \
     {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED,                                                  \
      5, {{256, 256}, {256, 256}, {256, 256}, {256, 256}, {256, 256}}}
@@ -312,6 +307,47 @@ static void corrupt(scene *sc, const corruption *b)
         write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, kvt, b->value);
 }
 
+/* The same corruption of K or V (not q, not a scale) written the way an
+ * engine with finiteness marks writes: the key's slot (every KV head's K and
+ * V rows, the bad element in one) read back and rewritten by ak_kv_update
+ * with the view's marks, which sets the slot's bit for the corrupted head.
+ * Returns 0 on success. */
+static int corrupt_by_update(scene *sc, const corruption *b)
+{
+    const attn_case *tc = &sc->tc;
+    const int P = tc->page_size, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk, Dvo = tc->head_dim_vo;
+    const int64_t blk = sc->b.block_table[b->req * sc->b.bt_stride + b->key / P];
+    const int s = b->key % P;
+    const int past = b->key >= sc->b.kv_lens[b->req];
+    const ak_dtype kvt = sc->cfg.kv_dtype;
+    const size_t esz = ak_dtype_size(kvt);
+    const ak_device dev = sc->cfg.device;
+    tbuf kb, vb, sb;
+    tbuf_alloc(&kb, dev, esz * (size_t)Hk * Dqk);
+    tbuf_alloc(&vb, dev, esz * (size_t)Hk * Dvo);
+    tbuf_alloc(&sb, dev, sizeof(int64_t));
+    for (int h = 0; h < Hk; h++) {
+        const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
+        dev_copy_from(dev, (char *)tbuf_host(&kb) + esz * h * Dqk, (const char *)sc->kv.k_data + esz * row * Dqk,
+                      esz * Dqk);
+        dev_copy_from(dev, (char *)tbuf_host(&vb) + esz * h * Dvo, (const char *)sc->kv.v_data + esz * row * Dvo,
+                      esz * Dvo);
+    }
+    if (b->where == IN_K || past) ak_store_from_f32(tbuf_host(&kb), kvt, (int64_t)b->head * Dqk + b->dim, b->value);
+    if (b->where == IN_V || past) ak_store_from_f32(tbuf_host(&vb), kvt, (int64_t)b->head * Dvo + b->dim, b->value);
+    *(int64_t *)tbuf_host(&sb) = blk * P + s;
+    tbuf_upload(&kb);
+    tbuf_upload(&vb);
+    tbuf_upload(&sb);
+    const ak_tensor kt = ak_tensor_3d(tbuf_data(&kb), kvt, 1, Hk, Dqk), vt = ak_tensor_3d(tbuf_data(&vb), kvt, 1, Hk, Dvo);
+    const ak_status st = ak_kv_update(&sc->kv, &kt, &vt, tbuf_data(&sb), 1, NULL);
+    dev_sync(dev);
+    tbuf_free(&kb);
+    tbuf_free(&vb);
+    tbuf_free(&sb);
+    return st != AK_OK;
+}
+
 /* ---- one case on one backend -------------------------------------------------- */
 
 /* Creates backend `name` for the scene with AK_NUM_THREADS = threads (0: as
@@ -371,11 +407,14 @@ static ak_status run_raw(const scene *sc, const char *name, int threads, float *
     return st;
 }
 
-/* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). */
-static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8)
+/* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). marks: the view
+ * carries finiteness marks (zeroed: the clean scene is finite), and a
+ * corruption of K or V goes through ak_kv_update (corrupt_by_update). */
+static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
-    snprintf(name, sizeof name, "nonfinite %s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "", nc->name);
+    snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
+             marks ? " marks" : "", nc->name);
     const int on_scale = nc->bad.where == IN_K_SCALE || nc->bad.where == IN_V_SCALE;
     if (!t_selected(t, name) || on_scale != (on_scale && kv_fp8)) return;
     attn_case tc = nc->shape;
@@ -395,10 +434,23 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     double *ref_o = malloc(sizeof(double) * (size_t)n_o), *ref_l = malloc(sizeof(double) * (size_t)n_l);
     float *o = malloc(sizeof(float) * (size_t)n_o), *l = malloc(sizeof(float) * (size_t)n_l);
     dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
-    corrupt(&sc, &nc->bad);
+    tbuf mb;
+    memset(&mb, 0, sizeof mb);
+    if (marks) {
+        const int64_t words = ak_kv_marks_words(sc.kv.num_blocks, sc.kv.num_kv_heads, sc.kv.page_size);
+        tbuf_alloc(&mb, t->device, sizeof(uint32_t) * (size_t)words);
+        memset(tbuf_host(&mb), 0, sizeof(uint32_t) * (size_t)words);
+        tbuf_upload(&mb);
+        sc.kv.marks = tbuf_data(&mb);
+    }
+    int updated = 1;
+    if (marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
+    else corrupt(&sc, &nc->bad);
     int guards = 1;
-    const ak_status st = run_raw(&sc, backend, nc->threads, o, l, &guards);
-    if (st == AK_ERR_UNSUPPORTED) {
+    const ak_status st = updated ? run_raw(&sc, backend, nc->threads, o, l, &guards) : AK_OK;
+    if (!updated) {
+        t_fail(t, backend, name, "ak_kv_update of the corrupted slot: %s", ak_last_error());
+    } else if (st == AK_ERR_UNSUPPORTED) {
         t_skip(t, backend, name, "unsupported");
     } else if (st != AK_OK) {
         t_fail(t, backend, name, "status %s: %s", ak_status_str(st), ak_last_error());
@@ -454,7 +506,135 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     free(ref_l);
     free(o);
     free(l);
+    if (marks) tbuf_free(&mb);
     scene_free(&sc);
+}
+
+/* ---- ak_kv_update's finiteness marks ------------------------------------------ */
+
+/* One write of the marks test: rows of src dtype (the pool's, or bf16 into
+ * fp8) with a head row stride of D + pad elements (pad 1: no 16-byte path);
+ * bad[i][h] says where a non-finite element goes (0: none). */
+typedef struct marks_cfg {
+    ak_dtype pool, src;
+    ak_kv_layout layout;
+    int pad;
+} marks_cfg;
+
+/* Writes n tokens at slots (distinct; one -1) and checks every word of the
+ * marks against want, updated here: a written slot's bit is whether its K or
+ * V row of that head went in non-finite, every other bit as it was. */
+static int marks_write(test_ctx *t, const marks_cfg *mc, ak_paged_kv *kv, tbuf *marks, uint32_t *want,
+                       const int64_t *slots, int n, int with_bad, uint64_t *rng, char *why, size_t cap)
+{
+    const int Hk = kv->num_kv_heads, W = (kv->page_size + 31) / 32;
+    const size_t esz = ak_dtype_size(mc->src);
+    const int dims[2] = {kv->head_dim_qk, kv->head_dim_vo};
+    tbuf rows[2], sb;
+    for (int r = 0; r < 2; r++) {
+        const int64_t st1 = dims[r] + mc->pad;
+        tbuf_alloc(&rows[r], t->device, esz * (size_t)(n * Hk * st1));
+        for (int64_t i = 0; i < n * Hk * st1; i++) ak_store_from_f32(tbuf_host(&rows[r]), mc->src, i, scn_uniform(rng));
+    }
+    tbuf_alloc(&sb, t->device, sizeof(int64_t) * (size_t)n);
+    memcpy(tbuf_host(&sb), slots, sizeof(int64_t) * (size_t)n);
+    static const float bad_values[3] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < Hk; h++) {
+            const int bad = with_bad && scn_rng_int(rng, 0, 9) < 4;
+            if (bad) { /* one element of the K or the V row */
+                const int r = scn_rng_int(rng, 0, 1), d = scn_rng_int(rng, 0, dims[r] - 1);
+                const int64_t st1 = dims[r] + mc->pad;
+                ak_store_from_f32(tbuf_host(&rows[r]), mc->src, ((int64_t)i * Hk + h) * st1 + d,
+                                  bad_values[scn_rng_int(rng, 0, 2)]);
+            }
+            if (slots[i] < 0) continue;
+            const int64_t b = slots[i] / kv->page_size, s = slots[i] % kv->page_size;
+            uint32_t *w = want + (b * Hk + h) * W + s / 32;
+            *w = bad ? *w | 1u << (s % 32) : *w & ~(1u << (s % 32));
+        }
+    for (int r = 0; r < 2; r++) tbuf_upload(&rows[r]);
+    tbuf_upload(&sb);
+    ak_tensor kt = ak_tensor_3d(tbuf_data(&rows[0]), mc->src, n, Hk, dims[0]);
+    ak_tensor vt = ak_tensor_3d(tbuf_data(&rows[1]), mc->src, n, Hk, dims[1]);
+    kt.stride[1] = dims[0] + mc->pad, kt.stride[0] = Hk * kt.stride[1];
+    vt.stride[1] = dims[1] + mc->pad, vt.stride[0] = Hk * vt.stride[1];
+    const ak_status st = ak_kv_update(kv, &kt, &vt, tbuf_data(&sb), n, NULL);
+    dev_sync(t->device);
+    tbuf_download(marks);
+    const int64_t words = ak_kv_marks_words(kv->num_blocks, Hk, kv->page_size);
+    int ok = st == AK_OK;
+    if (!ok) snprintf(why, cap, "ak_kv_update: %s", ak_last_error());
+    for (int64_t i = 0; i < words && ok; i++)
+        if (((uint32_t *)tbuf_host(marks))[i] != want[i]) {
+            snprintf(why, cap, "marks word %lld = %08x, want %08x", (long long)i, ((uint32_t *)tbuf_host(marks))[i],
+                     want[i]);
+            ok = 0;
+        }
+    for (int r = 0; r < 2; r++) tbuf_free(&rows[r]);
+    tbuf_free(&sb);
+    return ok;
+}
+
+/* ak_kv_update keeps the marks exactly on the device under test: pages of 40
+ * slots (a second word of 8), 3 heads of 64 / 32 dims, the marks poisoned
+ * with random bits first (bits of slots not written keep them); a write with
+ * NaN and infinities sets bits, the same slots rewritten finite clear them. */
+static void marks_cases(test_ctx *t)
+{
+    static const marks_cfg cfgs[] = {
+        {AK_BF16, AK_BF16, AK_LAYOUT_NHD, 0}, {AK_F16, AK_F16, AK_LAYOUT_HND, 0},
+        {AK_F32, AK_F32, AK_LAYOUT_NHD, 1},  /* 2-byte pieces of f32 rows */
+        {AK_F16, AK_F16, AK_LAYOUT_NHD, 1},  {AK_FP8_E4M3, AK_FP8_E4M3, AK_LAYOUT_NHD, 0},
+        {AK_FP8_E4M3, AK_FP8_E4M3, AK_LAYOUT_HND, 1}, /* 1-byte pieces */
+        {AK_FP8_E4M3, AK_BF16, AK_LAYOUT_NHD, 0},       /* quantized */
+    };
+    for (size_t c = 0; c < sizeof cfgs / sizeof *cfgs; c++) {
+        const marks_cfg *mc = &cfgs[c];
+        char name[128];
+        snprintf(name, sizeof name, "nonfinite kv_update marks: %s rows into %s %s, pad %d", ak_dtype_name(mc->src),
+                 ak_dtype_name(mc->pool), mc->layout == AK_LAYOUT_NHD ? "NHD" : "HND", mc->pad);
+        if (!t_selected(t, name)) continue;
+        uint64_t rng = t->seed ^ scn_name_hash(name);
+        enum { BLOCKS = 5, PAGE = 40, HK = 3, N = 24 };
+        ak_paged_kv kv;
+        memset(&kv, 0, sizeof kv);
+        kv.dtype = mc->pool;
+        kv.layout = mc->layout;
+        kv.device = t->device;
+        kv.num_blocks = BLOCKS;
+        kv.page_size = PAGE;
+        kv.num_kv_heads = HK;
+        kv.head_dim_qk = 64;
+        kv.head_dim_vo = 32;
+        tbuf kp, vp, mb;
+        const size_t esz = ak_dtype_size(mc->pool);
+        tbuf_alloc(&kp, t->device, esz * BLOCKS * PAGE * HK * 64);
+        tbuf_alloc(&vp, t->device, esz * BLOCKS * PAGE * HK * 32);
+        const int64_t words = ak_kv_marks_words(BLOCKS, HK, PAGE);
+        tbuf_alloc(&mb, t->device, sizeof(uint32_t) * (size_t)words);
+        uint32_t *want = malloc(sizeof(uint32_t) * (size_t)words);
+        for (int64_t i = 0; i < words; i++) want[i] = ((uint32_t *)tbuf_host(&mb))[i] = (uint32_t)scn_rng_next(&rng);
+        tbuf_upload(&mb);
+        kv.k_data = tbuf_data(&kp);
+        kv.v_data = tbuf_data(&vp);
+        kv.marks = tbuf_data(&mb);
+        int32_t perm[BLOCKS * PAGE];
+        for (int i = 0; i < BLOCKS * PAGE; i++) perm[i] = i;
+        scn_shuffle_i32(&rng, perm, BLOCKS * PAGE);
+        int64_t slots[N];
+        for (int i = 0; i < N; i++) slots[i] = i == 5 ? -1 : perm[i];
+        char why[160] = "";
+        const int ok = words == BLOCKS * HK * 2 &&
+                       marks_write(t, mc, &kv, &mb, want, slots, N, 1, &rng, why, sizeof why) &&
+                       marks_write(t, mc, &kv, &mb, want, slots, N, 0, &rng, why, sizeof why);
+        if (ok) t_pass(t, NULL, name, "ok");
+        else t_fail(t, NULL, name, "%s", why[0] ? why : "ak_kv_marks_words");
+        free(want);
+        tbuf_free(&kp);
+        tbuf_free(&vp);
+        tbuf_free(&mb);
+    }
 }
 
 /* ---- ak_merge_states ------------------------------------------------------------ */
@@ -539,8 +719,13 @@ void test_nonfinite(test_ctx *t)
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             if (cases[c].gpu_only && t->device.kind != AK_DEVICE_CUDA) continue;
-            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0);
-            run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1);
+            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0, 0);
+            run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1, 0);
+            /* the CUDA scan pass from the pools' finiteness marks (long
+             * requests: the cases that have the pass) */
+            if (t->device.kind == AK_DEVICE_CUDA && !strncmp(cases[c].name, "long", 4))
+                for (int f = 0; f < 2; f++) run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
         }
+    marks_cases(t);
     if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
 }

@@ -142,6 +142,7 @@ typedef struct options {
     int kv_dtype_set;
     int check, json, graph, sweep, kv_update;
     int invariant;      /* --invariant: cfg.batch_invariant */
+    int kv_marks;       /* --kv-marks: views with finiteness marks (ak_paged_kv.marks) */
     int non_causal;     /* --non-causal: every query sees every key (an encoder) */
     int device_table;   /* --device-table: plan with the block table in device memory */
     int floor;          /* --floor: CUDA, a note per row with the shape's floor (bench_floor.cu) */
@@ -186,6 +187,8 @@ static void usage(FILE *f)
         "  --heads QO/KV --head-dim D|QK/VO   override the preset's heads / head dims\n"
         "  --window W       override the preset's window_left (-1: full context)\n"
         "  --invariant      cfg.batch_invariant (fixed KV splits: its cost against the default)\n"
+        "  --kv-marks       paged views with finiteness marks (ak_paged_kv.marks): the NaN rule's\n"
+        "                   scan pass reads a bit a key instead of its K/V rows\n"
         "  --non-causal     cfg.causal = 0: every query token sees every key (an encoder)\n"
         "  --device-table   CUDA, paged: plan with the block table in device memory\n"
         "                   (batch.device_block_table, read in place; plan_us without the O(blocks) copy)\n"
@@ -413,6 +416,7 @@ static int parse_options(int argc, char **argv, options *o)
             else if (!strcmp(a, "--sweep")) o->sweep = 1;
             else if (!strcmp(a, "--kv-update")) o->kv_update = 1;
             else if (!strcmp(a, "--invariant")) o->invariant = 1;
+            else if (!strcmp(a, "--kv-marks")) o->kv_marks = 1;
             else if (!strcmp(a, "--device-table")) o->device_table = 1;
             else if (!strcmp(a, "--floor")) o->floor = 1;
             else if (!strcmp(a, "--non-causal")) o->non_causal = 1;
@@ -587,7 +591,8 @@ static void print_json(const options *o, const bench_scene *sc, const bd_ceiling
     printf(",\"batch\":%d,\"q_len\":%d,\"kv_len\":%d,\"num_prefills\":%d,\"page_size\":%d", sc->shape.batch,
            sc->shape.workload == BW_DECODE ? 1 : sc->shape.q_len, sc->shape.kv_len,
            sc->shape.workload == BW_MIXED ? sc->shape.num_prefills : 0, c->page_size);
-    printf(",\"layout\":\"%s\"", c->kv_layout == AK_LAYOUT_HND ? "hnd" : "nhd");
+    printf(",\"layout\":\"%s\",\"kv_marks\":%s", c->kv_layout == AK_LAYOUT_HND ? "hnd" : "nhd",
+           sc->kv_marks ? "true" : "false");
     printf(",\"num_qo_heads\":%d,\"num_kv_heads\":%d,\"head_dim\":%d,\"head_dim_vo\":%d", c->num_qo_heads,
            c->num_kv_heads, c->head_dim_qk, c->head_dim_vo);
     printf(",\"causal\":%s,\"window_left\":%d,\"sinks\":%s,\"batch_invariant\":%s", c->causal ? "true" : "false", c->window_left,
@@ -1144,6 +1149,7 @@ static int run_shape(bench_state *st, const bench_shape *shape, ak_device_kind k
         st->failures++;
         return SHAPE_DONE;
     }
+    sc.kv_marks = o->kv_marks;
 
     /* the backends to time */
     const char *names[MAX_BACKENDS];
@@ -1353,6 +1359,7 @@ static void compare_shape(bench_state *st, const bd_ctx *ctx, const bench_model 
         return;
     }
     sc.ragged_kv = 1;
+    sc.kv_marks = o->kv_marks;
 
     /* the backends first: their static buffers are allocated before the scene takes what memory is left */
     ak_backend *b[NUM_VARIANTS];

@@ -271,6 +271,7 @@ void scene_describe(const bench_scene *sc, char *buf, size_t cap)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", soft-cap %g", c->logits_soft_cap);
     if (c->use_sinks) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", sinks");
     if (c->batch_invariant) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", batch-invariant");
+    if (sc->kv_marks) snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ", kv marks");
     char dims[24];
     if (c->head_dim_qk == c->head_dim_vo) snprintf(dims, sizeof dims, "%d", c->head_dim_qk);
     else snprintf(dims, sizeof dims, "%d/%d", c->head_dim_qk, c->head_dim_vo);
@@ -496,11 +497,18 @@ int scene_alloc(bench_scene *sc, int layers_override, uint64_t seed)
         for (int h = 0; h < Hk; h++) sc->kv_scales_host[h] = 1.0f;
         if (bd_upload(ctx, sc->kv_scales, sc->kv_scales_host, sizeof(float) * (size_t)Hk)) return -1;
     }
+    const int64_t mark_words = ak_kv_marks_words(sc->b.num_blocks, Hk, c->page_size);
+    if (sc->kv_marks) {
+        const size_t bytes = sizeof(uint32_t) * (size_t)mark_words * (size_t)layers;
+        sc->marks = bd_malloc(ctx, bytes);
+        if (!sc->marks || bd_memset(ctx, sc->marks, 0, bytes)) return -1;
+    }
     for (int l = 0; l < layers; l++) {
         if (ak_kv_cache_layer(sc->cache, l, &sc->kv[l]) != AK_OK) {
             fprintf(stderr, "attnkit-bench: %s\n", ak_last_error());
             return -1;
         }
+        if (sc->marks) sc->kv[l].marks = sc->marks + (size_t)l * (size_t)mark_words;
         if (sc->kv_scales) {
             sc->kv[l].scale_kind = AK_KV_SCALE_PER_HEAD;
             sc->kv[l].k_scale = sc->kv_scales;
@@ -555,6 +563,7 @@ void scene_free(bench_scene *sc)
         bd_free(ctx, sc->v_rag);
         bd_free(ctx, sc->sinks);
         bd_free(ctx, sc->kv_scales);
+        bd_free(ctx, sc->marks);
     }
     free(sc->sinks_host);
     free(sc->kv_scales_host);

@@ -94,6 +94,11 @@ typedef struct bench_scene {
      * copy of k_new / v_new, so ragged runs rotate through cold memory as the
      * paged ones do */
     int ragged_kv;
+    /* kv_marks, set before scene_alloc: every layer's view carries
+     * finiteness marks (ak_paged_kv.marks), zeroed (the random pools are
+     * finite), so that run() reads them as an engine's do */
+    int kv_marks;
+    uint32_t *marks;      /* device: [num_layers][ak_kv_marks_words] */
     void *k_rag, *v_rag;  /* device: [num_layers][num_kv_tokens, Hk, D] */
     size_t k_rag_layer_bytes, v_rag_layer_bytes;
     float *sinks_host;    /* [Hq] sink logits (cfg.use_sinks), one set for every layer */

@@ -39,7 +39,7 @@ from ._tensor import parse_device as _parse_device, device_str as _device_str
 
 __all__ = ["Backend", "BackendNotFound", "Config", "Error", "InvalidArgument", "KVCache",
            "LimitExceeded", "Limits", "Unsupported", "View", "backends", "device_count", "explain",
-           "kv_update", "library_path", "mla_prefer_absorbed", "MLA_ABSORBED_MAX_Q_LEN", "version",
+           "kv_marks_words", "kv_update", "library_path", "mla_prefer_absorbed", "MLA_ABSORBED_MAX_Q_LEN", "version",
            "backend_from_handle"]
 
 _lib, library_path = _capi.load()
@@ -327,12 +327,14 @@ def _scales(k_scale, v_scale, num_kv_heads, device, has_v=True):
     return kind, ka.ptr or None, va.ptr or None, (ka, va)
 
 
-def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=None):
+def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=None, marks=None):
     """ak_paged_kv from two 4-D cache tensors; the layout says which of dims 1
     and 2 is the page. fp8 caches (torch.float8_e4m3fn) take their layer's
     scales (see _scales); the view's `keep` attribute holds them. v_cache
     None: a K-only view (MLA), whose values are the first head_dim_vo (None:
-    all) of each K row."""
+    all) of each K row. marks: the pools' finiteness marks (attnkit.h,
+    ak_paged_kv.marks), a contiguous int32 tensor of kv_marks_words()
+    elements on the cache's device, or None."""
     caches = (k_cache,) if v_cache is None else (k_cache, v_cache)
     for a in caches:
         if len(a.shape) != 4:
@@ -378,9 +380,33 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=
         kv.v_data = v_cache.ptr or None
         kv.head_dim_vo = v_cache.shape[3]
         kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
-    kv.scale_kind, kv.k_scale, kv.v_scale, kv.keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device,
-                                                             has_v=v_cache is not None)
+    kv.scale_kind, kv.k_scale, kv.v_scale, keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device,
+                                                          has_v=v_cache is not None)
+    ma = None
+    if marks is not None:
+        ma = _as_arg(marks, "marks")
+        words = kv_marks_words(kv.num_blocks, kv.num_kv_heads, kv.page_size)
+        if ma.dtype != "i32" or len(ma.shape) != 1 or ma.numel() != words or (words > 1 and ma.stride[0] != 1):
+            raise InvalidArgument(f"marks must be a contiguous 1-D int32 tensor of {words} elements "
+                                  f"(kv_marks_words), got {ma.dtype} shape {list(ma.shape)}")
+        _check_device((ma,), k_cache.device)
+        kv.marks = ma.ptr or None
+    kv.keep = (keep, ma)
     return kv
+
+
+def kv_marks_words(num_blocks, num_kv_heads, page_size):
+    """The 32-bit words of a cache's finiteness marks (attnkit.h,
+    ak_paged_kv.marks): num_blocks * num_kv_heads * ceil(page_size / 32).
+    Allocate them zeroed with the pools (torch.zeros(n, dtype=torch.int32)),
+    pass them to every kv_update and run of that cache, and write the cache
+    through kv_update alone: long prefills then skip reading K/V for the NaN
+    rule's check."""
+    n = _lib.ak_kv_marks_words(int(num_blocks), int(num_kv_heads), int(page_size))
+    if n < 0:
+        raise InvalidArgument(f"kv_marks_words({num_blocks}, {num_kv_heads}, {page_size}): sizes must be "
+                              "positive and the count an int64")
+    return n
 
 
 def _kv_update(kv, k, v, slot_ptr, num_tokens, device, stream):
@@ -390,7 +416,8 @@ def _kv_update(kv, k, v, slot_ptr, num_tokens, device, stream):
                              slot_ptr, num_tokens, _stream_handle(stream, device)))
 
 
-def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k_scale=None, v_scale=None):
+def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k_scale=None, v_scale=None,
+              marks=None):
     """Writes new K/V rows into a paged cache: token i's rows go to slot
     slot_mapping[i] (block * page_size + offset; -1 skips it).
     k: [num_tokens, num_kv_heads, head_dim_qk], v likewise, in the cache's dtype
@@ -399,12 +426,13 @@ def kv_update(k_cache, v_cache, k, v, slot_mapping, layout="NHD", stream=None, k
     num_kv_heads elements on the cache's device; None: scale 1).
     slot_mapping: int64, a list or host array for a CPU cache, a torch tensor on
     the cache's device. A K-only cache (MLA: the value is part of the K row)
-    takes v_cache None and v None."""
+    takes v_cache None and v None. marks: the cache's finiteness marks
+    (kv_marks_words), kept up to date for the slots written."""
     kc = _as_arg(k_cache, "k_cache")
     vc = _as_arg(v_cache, "v_cache") if v_cache is not None else None
     ka = _as_arg(k, "k")
     va = _as_arg(v, "v") if v is not None else None
-    kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"), k_scale, v_scale)
+    kv = _paged_kv(kc, vc, _enum_value(_LAYOUTS, layout, "layout"), k_scale, v_scale, marks=marks)
     _check_device((ka, va), kc.device)
     num_tokens = ka.shape[0] if ka.shape else 0
     sm = _slot_mapping_arg(slot_mapping, kc.device)
@@ -575,7 +603,8 @@ class Backend:
         # captured graph reads the last successful plan's): held from here
         self._device_table = device_table
 
-    def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None, sinks=None):
+    def run(self, q, k_cache, v_cache, o, lse=None, stream=None, k_scale=None, v_scale=None, sinks=None,
+            marks=None):
         """o (and lse, f32 [num_tokens, num_qo_heads]) = attention of q over the
         planned batch. Paged storage: k_cache / v_cache are the layer's 4-D
         pools; ragged: [sum kv_len, num_kv_heads, head_dim] tensors. fp8 K/V
@@ -584,10 +613,11 @@ class Backend:
         config's device (None: scale 1). sinks: with config.use_sinks, the
         layer's sink logits, f32 [num_qo_heads] on the config's device (each
         layer passes its own; None otherwise). config.mla: v_cache is None
-        (the value is the first head_dim_vo of each K row; fp8: k_scale alone)."""
-        self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale, sinks)(stream)
+        (the value is the first head_dim_vo of each K row; fp8: k_scale alone).
+        marks: the paged cache's finiteness marks (kv_marks_words), or None."""
+        self.prepare_run(q, k_cache, v_cache, o, lse, k_scale, v_scale, sinks, marks)(stream)
 
-    def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None, sinks=None):
+    def prepare_run(self, q, k_cache, v_cache, o, lse=None, k_scale=None, v_scale=None, sinks=None, marks=None):
         """run()'s argument conversion done once: returns call(stream=None),
         which only calls ak_backend_run (a few microseconds of Python, for
         timing loops and engines that reuse their buffers). The tensors must
@@ -609,7 +639,7 @@ class Backend:
             ts = sa.to_ak_tensor()
             args.sinks = ctypes.pointer(ts)
         if self._paged:
-            kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo)
+            kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo, marks)
             args.kv = ctypes.pointer(kv)
             scales = kv.keep
         else:
@@ -628,12 +658,13 @@ class Backend:
         call.keep = (qa, oa, la, sa, kc, vc, args, scales)  # the memory and the structs that point at it
         return call
 
-    def kv_update(self, k_cache, v_cache, k, v, stream=None, k_scale=None, v_scale=None):
+    def kv_update(self, k_cache, v_cache, k, v, stream=None, k_scale=None, v_scale=None, marks=None):
         """ak_kv_update with this backend's planned slot mapping (capturable in
         the same CUDA graph as run()); k has the planned number of tokens.
         Paged storage only: a ragged backend's K/V are the caller's tensors.
         An fp8 cache quantizes k and v with k_scale / v_scale (see run). A
-        K-only cache (config.mla) takes v_cache None and v None."""
+        K-only cache (config.mla) takes v_cache None and v None. marks: the
+        cache's finiteness marks (see run)."""
         if not self._paged:
             raise InvalidArgument("kv_update: config.kv_storage is 'ragged', whose K/V have no cache "
                                   "slots; write a paged cache with attnkit.kv_update(..., slot_mapping)")
@@ -642,7 +673,7 @@ class Backend:
         ka = _as_arg(k, "k")
         va = _as_arg(v, "v") if v is not None else None
         _check_device((kc, vc, ka, va), self._device)
-        kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo)
+        kv = _paged_kv(kc, vc, self._layout, k_scale, v_scale, self.config.head_dim_vo, marks)
         n = ka.shape[0] if ka.shape else 0
         if n != self.planned_tokens:
             raise InvalidArgument(f"k.shape[0] = {n}, expected the planned tokens "

@@ -156,6 +156,7 @@ class ak_paged_kv(ctypes.Structure):
         ("scale_kind", c_int),          # fp8: AK_KV_SCALE_*
         ("k_scale", c_void_p),  # float [1] or [num_kv_heads] on the device, or NULL
         ("v_scale", c_void_p),
+        ("marks", c_void_p),    # uint32 finiteness marks (ak_kv_marks_words), or NULL
     ]
 
 
@@ -239,6 +240,7 @@ def declare(lib):
     _proto(lib, "ak_run_args_init", None, P(ak_run_args))
     _proto(lib, "ak_kv_update", status, P(ak_paged_kv), P(ak_tensor), P(ak_tensor), c_void_p,
            c_int, c_void_p)
+    _proto(lib, "ak_kv_marks_words", c_int64, c_int, c_int, c_int)
     _proto(lib, "ak_graph_support_name", ctypes.c_char_p, c_int)
     _proto(lib, "ak_backend_create", status, P(ak_attn_config), P(ak_limits), ctypes.c_char_p,
            P(c_void_p))

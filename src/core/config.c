@@ -491,6 +491,9 @@ ak_status ak_paged_kv_validate(const ak_paged_kv *kv, const char *name)
                             "%s->head_dim_vo = %d is above head_dim_qk = %d, but v_data is NULL (a K-only view: "
                             "the value is the first head_dim_vo values of each K row)",
                             name, kv->head_dim_vo, kv->head_dim_qk);
+    if ((uintptr_t)kv->marks % sizeof(uint32_t))
+        return ak_set_error(AK_ERR_INVALID_ARG, "%s->marks = %p is not 4-byte aligned (uint32 words)", name,
+                            (void *)kv->marks);
     if (!has_v && kv->v_block_stride != 0)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->v_block_stride = %lld, but v_data is NULL (a K-only view has no "
                             "V pool: 0)", name, (long long)kv->v_block_stride);

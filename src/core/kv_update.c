@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "kv_addr.h"
 
+#include <math.h>
 #include <string.h>
 
 /* The dtype the rows of k and v may have: the pool's, or for an fp8 pool
@@ -55,6 +56,25 @@ static void write_row(char *dst, const char *src, ak_dtype src_dtype, const ak_p
     for (int d = 0; d < n; d++) ((uint8_t *)dst)[d] = ak_e4m3_quantize(ak_load_as_f32(src, src_dtype, d), scale);
 }
 
+int64_t ak_kv_marks_words(int num_blocks, int num_kv_heads, int page_size)
+{
+    int64_t words;
+    if (num_blocks <= 0 || num_kv_heads <= 0 || page_size <= 0 ||
+        __builtin_mul_overflow((int64_t)num_blocks * num_kv_heads, (int64_t)(page_size / 32 + (page_size % 32 != 0)),
+                               &words))
+        return -1;
+    return words;
+}
+
+/* Whether any of the n elements of a pool row (of the pool's dtype) is NaN
+ * or infinite (fp8: the NaN byte). */
+static int row_nonfinite(const char *row, ak_dtype dtype, int n)
+{
+    for (int d = 0; d < n; d++)
+        if (!isfinite(ak_load_as_f32(row, dtype, d))) return 1;
+    return 0;
+}
+
 ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
                        const int64_t *slot_mapping, int num_tokens, ak_stream stream)
 {
@@ -96,19 +116,26 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
 
     const size_t src_esz = ak_dtype_size(k->dtype), dst_esz = ak_dtype_size(kv->dtype);
     const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
+    const int64_t words = (kv->page_size + 31) / 32; /* marks a (block, head) */
     for (int i = 0; i < num_tokens; i++) {
         const int64_t slot = slot_mapping[i];
         if (slot < 0) continue;
         const int64_t block = slot / kv->page_size;
         const int off = (int)(slot % kv->page_size);
         for (int h = 0; h < kv->num_kv_heads; h++) {
-            write_row((char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz,
-                      (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz, k->dtype, kv,
+            char *kd = (char *)kv->k_data + ak_kv_offset(ka, block, off, h) * dst_esz;
+            char *vd = has_v ? (char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz : NULL;
+            write_row(kd, (const char *)k->data + (i * k->stride[0] + h * k->stride[1]) * src_esz, k->dtype, kv,
                       kv->k_scale, h, kv->head_dim_qk);
             if (has_v)
-                write_row((char *)kv->v_data + ak_kv_offset(va, block, off, h) * dst_esz,
-                          (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz, v->dtype, kv,
-                          kv->v_scale, h, kv->head_dim_vo);
+                write_row(vd, (const char *)v->data + (i * v->stride[0] + h * v->stride[1]) * src_esz, v->dtype,
+                          kv, kv->v_scale, h, kv->head_dim_vo);
+            if (kv->marks) { /* the slot's bit, by the rows as stored */
+                const int bad = row_nonfinite(kd, kv->dtype, kv->head_dim_qk) ||
+                                (has_v && row_nonfinite(vd, kv->dtype, kv->head_dim_vo));
+                uint32_t *w = kv->marks + (block * kv->num_kv_heads + h) * words + off / 32;
+                *w = bad ? *w | 1u << (off % 32) : *w & ~(1u << (off % 32));
+            }
         }
     }
     return AK_OK;

@@ -136,6 +136,8 @@ struct attn_params {
     const merge_task *tasks;      /* merge work list */
     const scan_task *scans;       /* scan-pass work list */
     int32_t *scan_flags;          /* [scan tasks][num_kv_heads] the scan pass's findings */
+    const uint32_t *kv_marks;     /* paged: the pools' finiteness marks (ak_paged_kv.marks), or NULL */
+    int mark_words;               /* their words a (block, head) */
     int num_blocks;         /* paged: blocks of the pools; a block id outside [0, num_blocks) is
                                clamped into them (kv_block_clamped); ragged: INT_MAX */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
@@ -1136,6 +1138,9 @@ attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
  * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
  * of 8). */
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
+/* The same tasks and flags from the pools' finiteness marks
+ * (attn_params.kv_marks), launched alike in place of it. */
+attn_kernel ak_cuda_scan_marks_kernel(void);
 /* The keys its block reads at once (every row of lanes of every warp): the
  * engine's smallest scan task. */
 int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype);

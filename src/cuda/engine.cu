@@ -167,6 +167,7 @@ struct engine_state {
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
     int max_pitems;   /* items: every tile once a row, and the last round's padding */
     attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
+    attn_kernel scan_marks_k; /* the same from the pools' finiteness marks, where the view has them */
     int max_scans, scan_ctas, scan_keys; /* (scan_keys: a task's fewest keys) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
@@ -775,6 +776,7 @@ static ak_status engine_create_inner(engine_state *s)
         const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
         if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && scan_reqs > 0) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
+            s->scan_marks_k = ak_cuda_scan_marks_kernel();
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
             int scan_per_sm = 0;
@@ -1570,6 +1572,8 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     p->kv_scale_kind = kv->scale_kind;
     p->k_scale = kv->k_scale;
     p->v_scale = kv->v_scale;
+    p->kv_marks = kv->marks;
+    p->mark_words = (kv->page_size + 31) / 32;
     p->num_blocks = kv->num_blocks;
     p->page_size = s->cfg.page_size;
     p->page_shift = (s->cfg.page_size & (s->cfg.page_size - 1)) == 0 ? __builtin_ctz(s->cfg.page_size) : -1;
@@ -1654,8 +1658,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * scan's, waiting for it before its items read the flags (wait_first;
      * never under capture, where decode is always launched); else an
      * ordinary launch. */
-    if (scan)
-        AK_TRY(launch_kernel(s->scan_k.fn, dim3(s->scan_ctas, c->num_kv_heads), s->scan_k.threads, 0, s->pdl, cs, p));
+    if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
+        const attn_kernel &k = p.kv_marks ? s->scan_marks_k : s->scan_k;
+        AK_TRY(launch_kernel(k.fn, dim3(s->scan_ctas, c->num_kv_heads), k.threads, 0, s->pdl, cs, p));
+    }
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));

@@ -128,9 +128,16 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
         if (lane == 0) {
             while (atomicAdd(&s_gen[slot], 0) != k / RING) { /* the slot's task RING before, done */
             }
+            /* (each fence orders the atomics before it, as seen by the
+             * other warps, before those after it: the slot's reset before
+             * this warp's vote, a vote before its count, the other warps'
+             * votes before the last one's read of them, the reset before the
+             * next generation) */
+            __threadfence_block();
             if (wbad) atomicOr(&s_bad[slot], 1u);
             __threadfence_block();
             if (atomicAdd(&s_cnt[slot], 1) == WARPS - 1) {
+                __threadfence_block();
                 p.scan_flags[(int64_t)w * p.num_kv_heads + kv_head] = (int32_t)atomicExch(&s_bad[slot], 0u);
                 s_cnt[slot] = 0;
                 __threadfence_block();
@@ -142,6 +149,40 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
 #endif
+}
+
+/* The pass where the pools carry finiteness marks (attnkit.h's
+ * ak_paged_kv.marks, kept by ak_kv_update): the same tasks and flags, from
+ * a bit a key instead of its K and V rows (1 bit against 512 bytes at d128
+ * in 16 bits). A thread a key of the task at a time. */
+__global__ void __launch_bounds__(SCAN_THREADS) scan_marks_kernel(const attn_params p)
+{
+    const int kv_head = blockIdx.y;
+    const int n = p.head->counts[COUNT_SCAN];
+    const int32_t *table = p.head->kv_table;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory"); /* (as scan_kernel: the marks may be the kernel before's) */
+#endif
+    for (int w = blockIdx.x; w < n; w += gridDim.x) {
+        const scan_task t = p.scans[w];
+        uint32_t bad = 0;
+        for (int key = t.k0 + (int)threadIdx.x; key < t.k1; key += SCAN_THREADS) {
+            int slot;
+            const int64_t block = kv_block_of(p, table, t.page_base, key, slot);
+            bad |= p.kv_marks[(block * p.num_kv_heads + kv_head) * p.mark_words + slot / 32] >> (slot % 32);
+        }
+        bad = __syncthreads_or(bad & 1u);
+        if (threadIdx.x == 0) p.scan_flags[(int64_t)w * p.num_kv_heads + kv_head] = bad != 0;
+    }
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+attn_kernel ak_cuda_scan_marks_kernel(void)
+{
+    const attn_kernel k = {scan_marks_kernel, SCAN_THREADS, 0, 0};
+    return k;
 }
 
 int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)

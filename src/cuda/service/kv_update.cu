@@ -28,7 +28,50 @@ struct kv_update_params {
     int src_bytes;                 /* of k and v's dtype (= elem_bytes unless quantizing) */
     int scale_kind;                /* fp8: ak_kv_scale_kind */
     const float *k_scale, *v_scale; /* fp8: [1] or [num_kv_heads], or NULL */
+    uint32_t *marks;               /* the finiteness marks (attnkit.h), or NULL */
+    int mark_words;                /* their words a (block, head): (page_size + 31) / 32 */
+    int dtype;                     /* the pool's (ak_dtype): what a non-finite element is */
 };
+
+/* Whether 32 bits of a row of dtype dt hold a NaN or an infinity: two f16 or
+ * bf16 elements, an f32, four fp8 bytes (the NaN byte, S.1111.111). */
+__device__ __forceinline__ bool word_bad(uint32_t x, int dt)
+{
+    switch (dt) {
+    case AK_F16: return (x & 0x7c00u) == 0x7c00u || (x & 0x7c000000u) == 0x7c000000u;
+    case AK_BF16: return (x & 0x7f80u) == 0x7f80u || (x & 0x7f800000u) == 0x7f800000u;
+    case AK_FP8_E4M3: return __vcmpeq4(x & 0x7f7f7f7fu, 0x7f7f7f7fu) != 0;
+    default: return (x & 0x7f800000u) == 0x7f800000u;
+    }
+}
+
+/* The same of piece i of a row copied in units of VEC (16, 2 or 1 bytes;
+ * the high bytes of a smaller piece are 0, never bad). A 2-byte piece of an
+ * f32 row: the odd ones hold the exponents (the upper half, a bf16's bits). */
+template <typename VEC> __device__ __forceinline__ bool piece_bad(VEC x, int dt, int i);
+template <> __device__ __forceinline__ bool piece_bad<uint4>(uint4 x, int dt, int)
+{
+    return word_bad(x.x, dt) || word_bad(x.y, dt) || word_bad(x.z, dt) || word_bad(x.w, dt);
+}
+template <> __device__ __forceinline__ bool piece_bad<uint16_t>(uint16_t x, int dt, int i)
+{
+    if (dt == AK_F32) return i % 2 && word_bad(x, AK_BF16);
+    return word_bad(x, dt);
+}
+template <> __device__ __forceinline__ bool piece_bad<uint8_t>(uint8_t x, int dt, int) { return word_bad(x, dt); }
+
+/* The marks of a token's slot: bit h of bad (shared memory, a word per 32
+ * heads) for each head h, once the block's warps have set them. */
+__device__ __forceinline__ void write_marks(const kv_update_params &p, const uint32_t *bad, int64_t block, int off)
+{
+    __syncthreads();
+    for (int h = threadIdx.x; h < p.num_kv_heads; h += blockDim.x) {
+        uint32_t *w = p.marks + (block * p.num_kv_heads + h) * p.mark_words + off / 32;
+        const uint32_t bit = 1u << (off % 32);
+        if ((bad[h / 32] >> (h % 32)) & 1u) atomicOr(w, bit);
+        else atomicAnd(w, ~bit);
+    }
+}
 
 /* Row `row` of a token's 2 * num_kv_heads rows (K rows, then V rows): where
  * it comes from and goes to, in elements of its own buffer. */
@@ -50,13 +93,19 @@ __device__ __forceinline__ kv_row row_at(const kv_update_params &p, int token, i
     return r;
 }
 
-/* Copies one row of `row_bytes` in units of VEC. */
+/* Copies one row of `row_bytes` in units of VEC; returns whether this
+ * lane's pieces hold a NaN or an infinity of dtype dt (-1: not asked). */
 template <typename VEC>
-__device__ __forceinline__ void copy_row(char *dst, const char *src, int row_bytes, int lane, int lanes)
+__device__ __forceinline__ bool copy_row(char *dst, const char *src, int row_bytes, int lane, int lanes, int dt)
 {
     const int n = row_bytes / (int)sizeof(VEC);
-    for (int i = lane; i < n; i += lanes)
-        reinterpret_cast<VEC *>(dst)[i] = reinterpret_cast<const VEC *>(src)[i];
+    bool bad = false;
+    for (int i = lane; i < n; i += lanes) {
+        const VEC x = reinterpret_cast<const VEC *>(src)[i];
+        reinterpret_cast<VEC *>(dst)[i] = x;
+        if (dt >= 0) bad |= piece_bad<VEC>(x, dt, i);
+    }
+    return bad;
 }
 
 template <typename VEC>
@@ -69,12 +118,18 @@ __global__ void kv_update_kernel(kv_update_params p)
     const int off = (int)(slot % p.page_size);
     /* one warp per (head, K or V) row */
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    extern __shared__ uint32_t bad[]; /* marks: a bit a head whose K or V row is not finite */
+    if (p.marks)
+        for (int i = threadIdx.x; i < (p.num_kv_heads + 31) / 32; i += blockDim.x) bad[i] = 0;
+    if (p.marks) __syncthreads();
     for (int row = warp; row < p.rows; row += warps) {
         const kv_row r = row_at(p, token, block, off, row);
         char *dst = (r.is_v ? p.v_pool : p.k_pool) + r.dst_el * p.elem_bytes;
         const char *src = (r.is_v ? p.v_src : p.k_src) + r.src_el * p.elem_bytes;
-        copy_row<VEC>(dst, src, r.dim * p.elem_bytes, lane, 32);
+        const bool b = copy_row<VEC>(dst, src, r.dim * p.elem_bytes, lane, 32, p.marks ? p.dtype : -1);
+        if (__any_sync(0xffffffffu, b) && lane == 0) atomicOr(&bad[r.head / 32], 1u << (r.head % 32));
     }
+    if (p.marks) write_marks(p, bad, block, off);
 }
 
 /* Element d of a source row of dtype SRC (AK_F32, AK_F16 or AK_BF16) as f32. */
@@ -96,13 +151,24 @@ __global__ void kv_quantize_kernel(kv_update_params p)
     const int64_t block = slot / p.page_size;
     const int off = (int)(slot % p.page_size);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    extern __shared__ uint32_t bad[]; /* (as in kv_update_kernel) */
+    if (p.marks)
+        for (int i = threadIdx.x; i < (p.num_kv_heads + 31) / 32; i += blockDim.x) bad[i] = 0;
+    if (p.marks) __syncthreads();
     for (int row = warp; row < p.rows; row += warps) {
         const kv_row r = row_at(p, token, block, off, row);
         const float scale = ak_kv_scale_at(p.scale_kind, r.is_v ? p.v_scale : p.k_scale, r.head);
         uint8_t *dst = reinterpret_cast<uint8_t *>(r.is_v ? p.v_pool : p.k_pool) + r.dst_el;
         const char *src = (r.is_v ? p.v_src : p.k_src) + r.src_el * p.src_bytes;
-        for (int d = lane; d < r.dim; d += 32) dst[d] = ak_e4m3_quantize(src_at<SRC>(src, d), scale);
+        bool b = false;
+        for (int d = lane; d < r.dim; d += 32) {
+            const uint8_t x = ak_e4m3_quantize(src_at<SRC>(src, d), scale);
+            dst[d] = x;
+            b |= (x & 0x7f) == 0x7f; /* (the NaN byte) */
+        }
+        if (__any_sync(0xffffffffu, b) && lane == 0 && p.marks) atomicOr(&bad[r.head / 32], 1u << (r.head % 32));
     }
+    if (p.marks) write_marks(p, bad, block, off);
 }
 
 static int aligned16(int64_t elems, int elem_bytes) { return (elems * elem_bytes) % 16 == 0; }
@@ -135,6 +201,11 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.scale_kind = (int)kv->scale_kind;
     p.k_scale = kv->k_scale;
     p.v_scale = kv->v_scale;
+    p.marks = kv->marks;
+    p.mark_words = (kv->page_size + 31) / 32;
+    p.dtype = (int)kv->dtype;
+    /* marks: a bit a head, in shared memory */
+    const size_t smem = kv->marks ? sizeof(uint32_t) * (size_t)((kv->num_kv_heads + 31) / 32) : 0;
 
     /* enough warps to cover the rows of a token, at most 8 */
     const int warps = p.rows < 8 ? p.rows : 8;
@@ -142,9 +213,9 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     if (k->dtype != kv->dtype) {
         /* the core allows f32 / f16 / bf16 rows into fp8 pools only */
         switch (k->dtype) {
-        case AK_F16: kv_quantize_kernel<AK_F16><<<num_tokens, warps * 32, 0, s>>>(p); break;
-        case AK_BF16: kv_quantize_kernel<AK_BF16><<<num_tokens, warps * 32, 0, s>>>(p); break;
-        default: kv_quantize_kernel<AK_F32><<<num_tokens, warps * 32, 0, s>>>(p); break;
+        case AK_F16: kv_quantize_kernel<AK_F16><<<num_tokens, warps * 32, smem, s>>>(p); break;
+        case AK_BF16: kv_quantize_kernel<AK_BF16><<<num_tokens, warps * 32, smem, s>>>(p); break;
+        default: kv_quantize_kernel<AK_F32><<<num_tokens, warps * 32, smem, s>>>(p); break;
         }
         AK_CUDA_CHECK_LAUNCH();
         return AK_OK;
@@ -159,11 +230,11 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
                       aligned16(p.v_tok_stride, eb) && aligned16(p.v_head_stride, eb) &&
                       aligned16(p.k_addr.block, eb) && aligned16(p.v_addr.block, eb);
     if (vec16)
-        kv_update_kernel<uint4><<<num_tokens, warps * 32, 0, s>>>(p);
+        kv_update_kernel<uint4><<<num_tokens, warps * 32, smem, s>>>(p);
     else if (eb >= 2)
-        kv_update_kernel<uint16_t><<<num_tokens, warps * 32, 0, s>>>(p);
+        kv_update_kernel<uint16_t><<<num_tokens, warps * 32, smem, s>>>(p);
     else
-        kv_update_kernel<uint8_t><<<num_tokens, warps * 32, 0, s>>>(p);
+        kv_update_kernel<uint8_t><<<num_tokens, warps * 32, smem, s>>>(p);
     AK_CUDA_CHECK_LAUNCH();
     return AK_OK;
 }
