@@ -197,6 +197,11 @@ class Engine:
         self.v_cache = [None if self.mla == "absorbed" else
                         torch.zeros(shape + (self.head_dim_vo,), dtype=self.dtype, device=self.device)
                         for _ in range(self.num_layers)]
+        # finiteness marks: every write of the cache is kv_update's (prefixes
+        # are shared, never copied), so long prefills read a bit a key for the
+        # NaN rule's check instead of the K/V rows (attnkit.kv_marks_words)
+        words = attnkit.kv_marks_words(num_blocks, self.num_kv_heads, page_size)
+        self.marks = [torch.zeros(words, dtype=torch.int32, device=self.device) for _ in range(self.num_layers)]
         self.alloc = attnkit.KVCache(num_blocks, page_size, self.num_kv_heads, self.head_dim,
                                      num_layers=0, dtype=self.dtype, device=str(self.device))
         self.prefix = PrefixCache(page_size)
@@ -415,14 +420,16 @@ class Engine:
                 start.record()
             else:
                 t0 = time.perf_counter()
+        # (a backend whose run writes the cache itself would not keep the marks)
+        marks = None if b.forward_includes_kv_update else self.marks[layer]
         if not b.forward_includes_kv_update:
-            b.kv_update(kc, vc, k, v)
+            b.kv_update(kc, vc, k, v, marks=marks)
         o = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))
         sinks = self.sinks.get(layer)
         if self.use_ragged:
             self.ragged[k_key].run(q, k.contiguous(), v.contiguous(), o, sinks=sinks)
         else:
-            b.run(q, kc, vc, o, sinks=sinks)
+            b.run(q, kc, vc, o, sinks=sinks, marks=marks)
         if timing:
             if self.device.type == "cuda":
                 end.record()
@@ -438,12 +445,12 @@ class Engine:
         k_key = (None, float(module.scaling))
         b = self.paged[k_key]
         kc = self.k_cache[layer]
-        b.kv_update(kc, None, rows, None)
+        b.kv_update(kc, None, rows, None, marks=self.marks[layer])
         o = q.new_empty((q.shape[0], q.shape[1], self.head_dim_vo))
         if self.use_ragged:
             self.ragged[k_key].run(q, rows.contiguous(), None, o)
         else:
-            b.run(q, kc, None, o)
+            b.run(q, kc, None, o, marks=self.marks[layer])
         return o
 
     def close(self):

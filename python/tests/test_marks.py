@@ -88,6 +88,16 @@ class TestMarks(unittest.TestCase):
                 outs.append(list(o))
         self.assertTrue(all(math.isfinite(x) for x in outs[0]))
         self.assertEqual(outs[0], outs[1])
+        # Backend.kv_update at the planned slot (the request's last key: block 1, slot L - 1)
+        with attnkit.Backend(cfg, lim, name="cpu_ref") as b:
+            b.plan([0, 1], [L], [[1]])
+            one = array.array("f", [0.25] * (HK * D))
+            bad = array.array("f", [0.25] * (HK * D))
+            bad[D + 2] = math.nan  # head 1's K row
+            b.kv_update(*self.cache, attnkit.View(bad, (1, HK, D)), attnkit.View(one, (1, HK, D)), marks=marks)
+            self.assertEqual((self.bit(PAGE + L - 1, 0), self.bit(PAGE + L - 1, 1)), (0, 1))
+            b.kv_update(*self.cache, attnkit.View(one, (1, HK, D)), attnkit.View(one, (1, HK, D)), marks=marks)
+            self.assertEqual((self.bit(PAGE + L - 1, 0), self.bit(PAGE + L - 1, 1)), (0, 0))
 
     def test_wrong_marks(self):
         k = attnkit.View(array.array("f", [0.5] * (HK * D)), (1, HK, D))
