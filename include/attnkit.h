@@ -82,7 +82,9 @@
  *     pool or several. Two writes of one slot, or a write of a slot that a
  *     run() reads at the same time, is a data race the caller must order (on
  *     CUDA, the stream orders them); so is freeing a block whose slots a
- *     running run() still reads.
+ *     running run() still reads. With finiteness marks (ak_paged_kv.marks)
+ *     two writes of one slot in one call are such a race too: the slot's
+ *     bit may come from one row and its bytes from the other.
  */
 #ifndef ATTNKIT_H
 #define ATTNKIT_H
@@ -109,10 +111,10 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* The version of the library linked or loaded, at run time: major * 10000 +
- * minor * 100 + patch (0.3.0 -> 300). The build-time version is the one
+ * minor * 100 + patch (0.4.0 -> 400). The build-time version is the one
  * find_package(attnkit) or pkg-config --modversion reports. */
 AK_API int ak_version(void);
-/* The same as text: "0.3.0". */
+/* The same as text: "0.4.0". */
 AK_API const char *ak_version_string(void);
 
 /* ------------------------------------------------------------------------ */
@@ -418,7 +420,9 @@ typedef struct ak_paged_kv {
     /* The pools' finiteness marks (NULL: none), kept by ak_kv_update and read
      * by run(), in the pools' memory: ak_kv_marks_words() uint32 words, word
      * (b * num_kv_heads + h) * ((page_size + 31) / 32) + s / 32 holding bit
-     * s % 32 for slot s of block b and KV head h. ak_kv_update sets a slot's
+     * s % 32 for slot s of block b and KV head h (a block's words are the
+     * num_kv_heads * ((page_size + 31) / 32) from word b times that, to copy
+     * with the block). ak_kv_update sets a slot's
      * bit when the K or V row it stores there holds a NaN or an infinity
      * (fp8: the NaN byte), and clears it otherwise. With marks, the CUDA
      * backends learn which keys a long prefill request sees are finite from
@@ -600,6 +604,9 @@ AK_API ak_status ak_batch_build_meta(const ak_batch *batch, const ak_attn_config
  * they are (quantized by the caller with the view's scales).
  * A K-only view (kv->v_data NULL, multi-head latent attention) takes v =
  * NULL and writes K alone; a view with a V pool requires v.
+ * A view with finiteness marks (ak_paged_kv.marks) has each written slot's
+ * bit set or cleared by the rows stored there; the bits of other slots
+ * (slot -1 included) stay as they were.
  * CPU: validates every slot first; on error nothing is written.
  * CUDA: asynchronous on `stream`, CUDA-graph capturable; slots outside the
  * cache are skipped by the kernel (device memory is never read back). */

@@ -330,8 +330,9 @@ static int corrupt_by_update(scene *sc, const corruption *b)
         const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
         dev_copy_from(dev, (char *)tbuf_host(&kb) + esz * h * Dqk, (const char *)sc->kv.k_data + esz * row * Dqk,
                       esz * Dqk);
-        dev_copy_from(dev, (char *)tbuf_host(&vb) + esz * h * Dvo, (const char *)sc->kv.v_data + esz * row * Dvo,
-                      esz * Dvo);
+        if (sc->kv.v_data) /* (MLA: no V pool, V is K's) */
+            dev_copy_from(dev, (char *)tbuf_host(&vb) + esz * h * Dvo,
+                          (const char *)sc->kv.v_data + esz * row * Dvo, esz * Dvo);
     }
     if (b->where == IN_K || past) ak_store_from_f32(tbuf_host(&kb), kvt, (int64_t)b->head * Dqk + b->dim, b->value);
     if (b->where == IN_V || past) ak_store_from_f32(tbuf_host(&vb), kvt, (int64_t)b->head * Dvo + b->dim, b->value);
@@ -340,7 +341,7 @@ static int corrupt_by_update(scene *sc, const corruption *b)
     tbuf_upload(&vb);
     tbuf_upload(&sb);
     const ak_tensor kt = ak_tensor_3d(tbuf_data(&kb), kvt, 1, Hk, Dqk), vt = ak_tensor_3d(tbuf_data(&vb), kvt, 1, Hk, Dvo);
-    const ak_status st = ak_kv_update(&sc->kv, &kt, &vt, tbuf_data(&sb), 1, NULL);
+    const ak_status st = ak_kv_update(&sc->kv, &kt, sc->kv.v_data ? &vt : NULL, tbuf_data(&sb), 1, NULL);
     dev_sync(dev);
     tbuf_free(&kb);
     tbuf_free(&vb);
@@ -512,6 +513,55 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
 
 /* ---- ak_kv_update's finiteness marks ------------------------------------------ */
 
+/* The CUDA scan pass reads the marks, not the rows: -inf written into a key
+ * past ak_kv_update (its bit left clear, against the contract) reaches the
+ * unchecked path, where a row whose q is positive at that dim gets a -inf
+ * logit and drops the key: a finite row. Reading the rows (the same case
+ * without marks, "long prefill: -inf in a key of the prefix") makes every
+ * row that sees the key NaN. */
+static void marks_read_case(test_ctx *t, const char *backend)
+{
+    const char *name = "nonfinite bf16 marks: the pass reads the bits (-inf written past kv_update, unseen)";
+    if (strcmp(backend, "cuda_paged") || !t_selected(t, name)) return;
+    attn_case tc = (attn_case)LONG_BATCH;
+    tc.name = name;
+    tc.dtype = AK_BF16;
+    const corruption bad = {IN_K, -INFINITY, 1, 100, 0, 0, 63};
+    uint64_t rng = t->seed ^ scn_name_hash(name);
+    scene sc;
+    if (scene_build(&sc, &tc, t->device, &rng)) {
+        t_fail(t, backend, name, "cannot build the scene");
+        scene_free(&sc);
+        return;
+    }
+    const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, Dvo = tc.head_dim_vo;
+    float *o = malloc(sizeof(float) * (size_t)T * Hq * Dvo), *l = malloc(sizeof(float) * (size_t)T * Hq);
+    const int64_t words = ak_kv_marks_words(sc.kv.num_blocks, sc.kv.num_kv_heads, sc.kv.page_size);
+    tbuf mb;
+    tbuf_alloc(&mb, t->device, sizeof(uint32_t) * (size_t)words);
+    memset(tbuf_host(&mb), 0, sizeof(uint32_t) * (size_t)words);
+    tbuf_upload(&mb);
+    sc.kv.marks = tbuf_data(&mb);
+    corrupt(&sc, &bad);
+    int guards = 1, hits = 0, finite = 0;
+    const ak_status st = run_raw(&sc, backend, 0, o, l, &guards);
+    for (int tok = 0; tok < T && st == AK_OK; tok++)
+        for (int h = 0; h < Hq; h++)
+            if (row_hit(&sc, &bad, tok, h)) {
+                hits++;
+                finite += isfinite(o[((int64_t)tok * Hq + h) * Dvo]) != 0;
+            }
+    if (st != AK_OK) t_fail(t, backend, name, "status %s: %s", ak_status_str(st), ak_last_error());
+    else if (!guards) t_fail(t, backend, name, "write outside o or lse (guard bytes changed)");
+    else if (finite == 0)
+        t_fail(t, backend, name, "all %d rows that see the key are NaN: the pass read the K/V rows, not the marks", hits);
+    else t_pass(t, backend, name, "%d of the %d rows that see the key finite (the unchecked path)", finite, hits);
+    free(o);
+    free(l);
+    tbuf_free(&mb);
+    scene_free(&sc);
+}
+
 /* One write of the marks test: rows of src dtype (the pool's, or bf16 into
  * fp8) with a head row stride of D + pad elements (pad 1: no 16-byte path);
  * bad[i][h] says where a non-finite element goes (0: none). */
@@ -519,6 +569,7 @@ typedef struct marks_cfg {
     ak_dtype pool, src;
     ak_kv_layout layout;
     int pad;
+    int konly; /* a K-only view (MLA): no V pool, no v */
 } marks_cfg;
 
 /* Writes n tokens at slots (distinct; one -1) and checks every word of the
@@ -543,7 +594,7 @@ static int marks_write(test_ctx *t, const marks_cfg *mc, ak_paged_kv *kv, tbuf *
         for (int h = 0; h < Hk; h++) {
             const int bad = with_bad && scn_rng_int(rng, 0, 9) < 4;
             if (bad) { /* one element of the K or the V row */
-                const int r = scn_rng_int(rng, 0, 1), d = scn_rng_int(rng, 0, dims[r] - 1);
+                const int r = mc->konly ? 0 : scn_rng_int(rng, 0, 1), d = scn_rng_int(rng, 0, dims[r] - 1);
                 const int64_t st1 = dims[r] + mc->pad;
                 ak_store_from_f32(tbuf_host(&rows[r]), mc->src, ((int64_t)i * Hk + h) * st1 + d,
                                   bad_values[scn_rng_int(rng, 0, 2)]);
@@ -559,7 +610,7 @@ static int marks_write(test_ctx *t, const marks_cfg *mc, ak_paged_kv *kv, tbuf *
     ak_tensor vt = ak_tensor_3d(tbuf_data(&rows[1]), mc->src, n, Hk, dims[1]);
     kt.stride[1] = dims[0] + mc->pad, kt.stride[0] = Hk * kt.stride[1];
     vt.stride[1] = dims[1] + mc->pad, vt.stride[0] = Hk * vt.stride[1];
-    const ak_status st = ak_kv_update(kv, &kt, &vt, tbuf_data(&sb), n, NULL);
+    const ak_status st = ak_kv_update(kv, &kt, mc->konly ? NULL : &vt, tbuf_data(&sb), n, NULL);
     dev_sync(t->device);
     tbuf_download(marks);
     const int64_t words = ak_kv_marks_words(kv->num_blocks, Hk, kv->page_size);
@@ -588,12 +639,16 @@ static void marks_cases(test_ctx *t)
         {AK_F16, AK_F16, AK_LAYOUT_NHD, 1},  {AK_FP8_E4M3, AK_FP8_E4M3, AK_LAYOUT_NHD, 0},
         {AK_FP8_E4M3, AK_FP8_E4M3, AK_LAYOUT_HND, 1}, /* 1-byte pieces */
         {AK_FP8_E4M3, AK_BF16, AK_LAYOUT_NHD, 0},       /* quantized */
+        {AK_FP8_E4M3, AK_F32, AK_LAYOUT_HND, 0},  {AK_FP8_E4M3, AK_F16, AK_LAYOUT_NHD, 1},
+        {AK_F32, AK_F32, AK_LAYOUT_HND, 0},       {AK_BF16, AK_BF16, AK_LAYOUT_NHD, 0, 1}, /* K-only (MLA) */
+        {AK_FP8_E4M3, AK_BF16, AK_LAYOUT_NHD, 0, 1},
     };
     for (size_t c = 0; c < sizeof cfgs / sizeof *cfgs; c++) {
         const marks_cfg *mc = &cfgs[c];
         char name[128];
-        snprintf(name, sizeof name, "nonfinite kv_update marks: %s rows into %s %s, pad %d", ak_dtype_name(mc->src),
-                 ak_dtype_name(mc->pool), mc->layout == AK_LAYOUT_NHD ? "NHD" : "HND", mc->pad);
+        snprintf(name, sizeof name, "nonfinite kv_update marks: %s rows into %s %s, pad %d%s", ak_dtype_name(mc->src),
+                 ak_dtype_name(mc->pool), mc->layout == AK_LAYOUT_NHD ? "NHD" : "HND", mc->pad,
+                 mc->konly ? ", K-only" : "");
         if (!t_selected(t, name)) continue;
         uint64_t rng = t->seed ^ scn_name_hash(name);
         enum { BLOCKS = 5, PAGE = 40, HK = 3, N = 24 };
@@ -617,7 +672,7 @@ static void marks_cases(test_ctx *t)
         for (int64_t i = 0; i < words; i++) want[i] = ((uint32_t *)tbuf_host(&mb))[i] = (uint32_t)scn_rng_next(&rng);
         tbuf_upload(&mb);
         kv.k_data = tbuf_data(&kp);
-        kv.v_data = tbuf_data(&vp);
+        kv.v_data = mc->konly ? NULL : tbuf_data(&vp);
         kv.marks = tbuf_data(&mb);
         int32_t perm[BLOCKS * PAGE];
         for (int i = 0; i < BLOCKS * PAGE; i++) perm[i] = i;
@@ -726,6 +781,7 @@ void test_nonfinite(test_ctx *t)
             if (t->device.kind == AK_DEVICE_CUDA && !strncmp(cases[c].name, "long", 4))
                 for (int f = 0; f < 2; f++) run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
         }
+    for (int i = 0; i < nb && t->device.kind == AK_DEVICE_CUDA; i++) marks_read_case(t, names[i]);
     marks_cases(t);
     if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
 }

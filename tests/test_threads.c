@@ -291,9 +291,93 @@ static void threads_allocator(test_ctx *t)
     ak_kv_cache_destroy(sh.cache);
 }
 
+/* 8 threads write disjoint slots of one view with finiteness marks, the
+ * slots of each 32-bit word shared among all of them (thread i: slot % 8 ==
+ * i), each its rows finite or not at random; at the end every slot's bit is
+ * its last row's (a word updated without atomics loses bits). */
+enum { MK_BLOCKS = 4, MK_PAGE = 64, MK_D = 8, MK_SLOTS = MK_BLOCKS * MK_PAGE, MK_ROUNDS = 200 };
+typedef struct marks_worker {
+    ak_paged_kv kv;
+    int id;
+    uint64_t seed;
+    int last[MK_SLOTS / NUM_WORKERS]; /* each of its slots' last row: 1 if not finite */
+    char why[160];
+} marks_worker;
+
+static void *run_marks_worker(void *arg)
+{
+    marks_worker *w = arg;
+    enum { N = MK_SLOTS / NUM_WORKERS };
+    float k[N][MK_D], v[N][MK_D];
+    int64_t slots[N];
+    for (int j = 0; j < N; j++) slots[j] = (int64_t)j * NUM_WORKERS + w->id;
+    for (int r = 0; r < MK_ROUNDS && !w->why[0]; r++) {
+        for (int j = 0; j < N; j++) {
+            for (int d = 0; d < MK_D; d++) k[j][d] = v[j][d] = scn_uniform(&w->seed);
+            w->last[j] = scn_rng_int(&w->seed, 0, 1);
+            if (w->last[j]) (scn_rng_int(&w->seed, 0, 1) ? k : v)[j][scn_rng_int(&w->seed, 0, MK_D - 1)] = INFINITY;
+        }
+        ak_tensor kt = ak_tensor_3d(k, AK_F32, N, 1, MK_D), vt = ak_tensor_3d(v, AK_F32, N, 1, MK_D);
+        if (ak_kv_update(&w->kv, &kt, &vt, slots, N, NULL) != AK_OK)
+            snprintf(w->why, sizeof w->why, "ak_kv_update: %s", ak_last_error());
+    }
+    return NULL;
+}
+
+static void threads_marks(test_ctx *t)
+{
+    const char *name = "threads: 8 threads keep one view's finiteness marks";
+    if (!t_selected(t, name)) return;
+    static float kp[MK_SLOTS * MK_D], vp[MK_SLOTS * MK_D];
+    static uint32_t marks[MK_BLOCKS * 2];
+    memset(marks, 0xff, sizeof marks);
+    ak_paged_kv kv;
+    memset(&kv, 0, sizeof kv);
+    kv.k_data = kp;
+    kv.v_data = vp;
+    kv.dtype = AK_F32;
+    kv.layout = AK_LAYOUT_NHD;
+    kv.device.kind = AK_DEVICE_CPU;
+    kv.num_blocks = MK_BLOCKS;
+    kv.page_size = MK_PAGE;
+    kv.num_kv_heads = 1;
+    kv.head_dim_qk = kv.head_dim_vo = MK_D;
+    kv.marks = marks;
+    static marks_worker w[NUM_WORKERS];
+    pthread_t th[NUM_WORKERS];
+    int started = 0;
+    for (int i = 0; i < NUM_WORKERS; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].kv = kv;
+        w[i].id = i;
+        w[i].seed = t->seed ^ scn_name_hash(name) ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+        if (pthread_create(&th[i], NULL, run_marks_worker, &w[i]) != 0) break;
+        started++;
+    }
+    int failed = started < NUM_WORKERS;
+    if (failed) t_fail(t, NULL, name, "started %d of %d threads", started, NUM_WORKERS);
+    for (int i = 0; i < started; i++) {
+        pthread_join(th[i], NULL);
+        if (w[i].why[0]) {
+            failed = 1;
+            t_fail(t, NULL, name, "thread %d: %s", i, w[i].why);
+        }
+    }
+    for (int s = 0; s < MK_SLOTS && !failed; s++) {
+        const int want = w[s % NUM_WORKERS].last[s / NUM_WORKERS];
+        const int got = (marks[(s / MK_PAGE) * 2 + (s % MK_PAGE) / 32] >> (s % 32)) & 1;
+        if (got != want) {
+            failed = 1;
+            t_fail(t, NULL, name, "slot %d's bit is %d, its last row %s", s, got, want ? "not finite" : "finite");
+        }
+    }
+    if (!failed) t_pass(t, NULL, name, "%d rounds of %d threads", MK_ROUNDS, NUM_WORKERS);
+}
+
 void test_threads(test_ctx *t)
 {
     if (t->device.kind != AK_DEVICE_CPU) return; /* the CPU backends and the host allocator */
     threads_backends(t);
     threads_allocator(t);
+    threads_marks(t);
 }

@@ -769,6 +769,7 @@ int ref_build(bench_ref *ref, const bench_scene *sc)
     /* layer 0's pools on the host */
     ak_paged_kv kv = sc->kv[0];
     if (ctx->dev.kind != AK_DEVICE_CPU) {
+        kv.marks = NULL; /* (the device's: the host copy has none) */
         const size_t esz = ak_dtype_size(c->kv_dtype);
         const size_t kb = esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dqk;
         const size_t vb = c->mla ? 1 : esz * (size_t)sc->b.num_blocks * c->page_size * c->num_kv_heads * Dvo;

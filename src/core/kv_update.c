@@ -134,7 +134,9 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
                 const int bad = row_nonfinite(kd, kv->dtype, kv->head_dim_qk) ||
                                 (has_v && row_nonfinite(vd, kv->dtype, kv->head_dim_vo));
                 uint32_t *w = kv->marks + (block * kv->num_kv_heads + h) * words + off / 32;
-                *w = bad ? *w | 1u << (off % 32) : *w & ~(1u << (off % 32));
+                /* (atomic: calls that write other slots of the word may run at once) */
+                if (bad) __atomic_fetch_or(w, 1u << (off % 32), __ATOMIC_RELAXED);
+                else __atomic_fetch_and(w, ~(1u << (off % 32)), __ATOMIC_RELAXED);
             }
         }
     }

@@ -7,7 +7,10 @@
  * plain model of the scatter says; any other must fail and change nothing.
  * The pools are exactly as large as the view says (or a small stand-in when
  * the view is invalid) and sit between guard bytes; ASan watches the reads
- * of k, v and slot_mapping.
+ * of k, v and slot_mapping. Half the views carry finiteness marks (exactly
+ * ak_kv_marks_words() words between guards, now and then misaligned: an
+ * error), whose every bit must end as the model's: a written slot's from
+ * the rows stored there, any other as it was.
  */
 #include "fuzz_common.h"
 
@@ -119,6 +122,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < vp.bytes; i++) ((unsigned char *)kv.v_data)[i] = (unsigned char)rnd_next(&rng);
     if (k_only) kv.v_data = NULL;
     else if (fz_rare(&f, 32)) kv.v_data = NULL, view_ok = 0;
+    gbuf mp;
+    memset(&mp, 0, sizeof mp);
+    const int with_marks = fz_rare(&f, 2);
+    const int64_t words = with_marks && view_ok ? ak_kv_marks_words(kv.num_blocks, kv.num_kv_heads, kv.page_size) : 4;
+    const int64_t mark_w = view_ok ? (kv.page_size + 31) / 32 : 1; /* a (block, head)'s words */
+    if (with_marks) {
+        kv.marks = gbuf_alloc(&mp, sizeof(uint32_t) * (size_t)words);
+        for (size_t i = 0; i < mp.bytes; i++) ((unsigned char *)kv.marks)[i] = (unsigned char)rnd_next(&rng);
+        if (fz_rare(&f, 16)) kv.marks = (uint32_t *)((char *)kv.marks + 2), view_ok = 0; /* misaligned */
+    }
 
     /* the new rows and their slots */
     const int tokens = (int)fz_int(&f, 0, MAX_TOKENS);
@@ -143,6 +156,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(v_before, vp.raw, v_all);
     memcpy(k_want, kp.raw, k_all);
     memcpy(v_want, vp.raw, v_all);
+    const size_t m_all = with_marks ? mp.bytes + 2 * FZ_GUARD : 1;
+    unsigned char *m_before = malloc(m_all), *m_want = malloc(m_all);
+    if (with_marks) memcpy(m_before, mp.raw, m_all), memcpy(m_want, mp.raw, m_all);
     for (int i = 0; valid && i < tokens; i++) {
         if (slots[i] < 0) continue;
         const int64_t block = slots[i] / kv.page_size, s = slots[i] % kv.page_size;
@@ -155,6 +171,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!k_only)
                 memcpy(v_want + FZ_GUARD + vbase * (int64_t)esz,
                        (char *)v.mem + (i * v.t.stride[0] + h * v.t.stride[1]) * (int64_t)esz, esz * (size_t)kv.head_dim_vo);
+            if (!with_marks) continue;
+            /* the slot's bit, from the rows now stored there (a later token
+             * of the same slot overwrites both) */
+            int bad = 0;
+            for (int d = 0; d < kv.head_dim_qk; d++)
+                bad |= !isfinite(ak_load_as_f32(k_want + FZ_GUARD + kbase * (int64_t)esz, kv.dtype, d));
+            for (int d = 0; d < kv.head_dim_vo && !k_only; d++)
+                bad |= !isfinite(ak_load_as_f32(v_want + FZ_GUARD + vbase * (int64_t)esz, kv.dtype, d));
+            uint32_t *w = (uint32_t *)(m_want + FZ_GUARD) + (block * heads + h) * mark_w + s / 32;
+            *w = bad ? *w | 1u << (s % 32) : *w & ~(1u << (s % 32));
         }
     }
 
@@ -169,6 +195,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
              "the K pool or its guards differ from the model (status %s)", ak_status_str(st));
     FZ_CHECK(!memcmp(vp.raw, st == AK_OK ? v_want : v_before, v_all) && gbuf_guards_ok(&vp),
              "the V pool or its guards differ from the model (status %s)", ak_status_str(st));
+    FZ_CHECK(!with_marks || (!memcmp(mp.raw, st == AK_OK ? m_want : m_before, m_all) && gbuf_guards_ok(&mp)),
+             "the marks or their guards differ from the model (status %s)", ak_status_str(st));
+    if (with_marks) gbuf_free(&mp);
+    free(m_before);
+    free(m_want);
     gbuf_free(&kp);
     gbuf_free(&vp);
     free(k_before);
