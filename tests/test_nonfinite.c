@@ -408,6 +408,28 @@ static ak_status run_raw(const scene *sc, const char *name, int threads, float *
     return st;
 }
 
+/* The case's scene for t's device (seeded by its name), or 0 after a
+ * failure is reported. */
+static int build_case_scene(test_ctx *t, const char *backend, const char *name, const attn_case *tc, scene *sc)
+{
+    uint64_t rng = t->seed ^ scn_name_hash(name);
+    if (!scene_build(sc, tc, t->device, &rng)) return 1;
+    t_fail(t, backend, name, "cannot build the scene");
+    scene_free(sc);
+    return 0;
+}
+
+/* Zeroed finiteness marks for the scene's view (its clean pools are finite),
+ * in mb (tbuf_free it after). */
+static void give_zero_marks(test_ctx *t, scene *sc, tbuf *mb)
+{
+    const int64_t words = ak_kv_marks_words(sc->kv.num_blocks, sc->kv.num_kv_heads, sc->kv.page_size);
+    tbuf_alloc(mb, t->device, sizeof(uint32_t) * (size_t)words);
+    memset(tbuf_host(mb), 0, sizeof(uint32_t) * (size_t)words);
+    tbuf_upload(mb);
+    sc->kv.marks = tbuf_data(mb);
+}
+
 /* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). marks: the view
  * carries finiteness marks (zeroed: the clean scene is finite), and a
  * corruption of K or V goes through ak_kv_update (corrupt_by_update). */
@@ -423,13 +445,8 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     tc.dtype = dtype;
     tc.kv_fp8 = kv_fp8;
     tc.kv_scale = kv_fp8 ? AK_KV_SCALE_PER_HEAD : AK_KV_SCALE_NONE;
-    uint64_t rng = t->seed ^ scn_name_hash(name);
     scene sc;
-    if (scene_build(&sc, &tc, t->device, &rng)) {
-        t_fail(t, backend, name, "cannot build the scene");
-        scene_free(&sc);
-        return;
-    }
+    if (!build_case_scene(t, backend, name, &tc, &sc)) return;
     const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, Dvo = tc.head_dim_vo;
     const int64_t n_o = (int64_t)T * Hq * Dvo, n_l = (int64_t)T * Hq;
     double *ref_o = malloc(sizeof(double) * (size_t)n_o), *ref_l = malloc(sizeof(double) * (size_t)n_l);
@@ -437,13 +454,7 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
     tbuf mb;
     memset(&mb, 0, sizeof mb);
-    if (marks) {
-        const int64_t words = ak_kv_marks_words(sc.kv.num_blocks, sc.kv.num_kv_heads, sc.kv.page_size);
-        tbuf_alloc(&mb, t->device, sizeof(uint32_t) * (size_t)words);
-        memset(tbuf_host(&mb), 0, sizeof(uint32_t) * (size_t)words);
-        tbuf_upload(&mb);
-        sc.kv.marks = tbuf_data(&mb);
-    }
+    if (marks) give_zero_marks(t, &sc, &mb);
     int updated = 1;
     if (marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
     else corrupt(&sc, &nc->bad);
@@ -527,21 +538,12 @@ static void marks_read_case(test_ctx *t, const char *backend)
     tc.name = name;
     tc.dtype = AK_BF16;
     const corruption bad = {IN_K, -INFINITY, 1, 100, 0, 0, 63};
-    uint64_t rng = t->seed ^ scn_name_hash(name);
     scene sc;
-    if (scene_build(&sc, &tc, t->device, &rng)) {
-        t_fail(t, backend, name, "cannot build the scene");
-        scene_free(&sc);
-        return;
-    }
+    if (!build_case_scene(t, backend, name, &tc, &sc)) return;
     const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, Dvo = tc.head_dim_vo;
     float *o = malloc(sizeof(float) * (size_t)T * Hq * Dvo), *l = malloc(sizeof(float) * (size_t)T * Hq);
-    const int64_t words = ak_kv_marks_words(sc.kv.num_blocks, sc.kv.num_kv_heads, sc.kv.page_size);
     tbuf mb;
-    tbuf_alloc(&mb, t->device, sizeof(uint32_t) * (size_t)words);
-    memset(tbuf_host(&mb), 0, sizeof(uint32_t) * (size_t)words);
-    tbuf_upload(&mb);
-    sc.kv.marks = tbuf_data(&mb);
+    give_zero_marks(t, &sc, &mb);
     corrupt(&sc, &bad);
     int guards = 1, hits = 0, finite = 0;
     const ak_status st = run_raw(&sc, backend, 0, o, l, &guards);
