@@ -111,10 +111,10 @@ extern "C" {
 /* ------------------------------------------------------------------------ */
 
 /* The version of the library linked or loaded, at run time: major * 10000 +
- * minor * 100 + patch (0.4.0 -> 400). The build-time version is the one
+ * minor * 100 + patch (0.5.0 -> 500). The build-time version is the one
  * find_package(attnkit) or pkg-config --modversion reports. */
 AK_API int ak_version(void);
-/* The same as text: "0.4.0". */
+/* The same as text: "0.5.0". */
 AK_API const char *ak_version_string(void);
 
 /* ------------------------------------------------------------------------ */
@@ -460,9 +460,12 @@ typedef struct ak_kv_cache_config {
     int mla;          /* 1: K pools only, rows of head_dim_qk (multi-head latent attention:
                          the value is the first head_dim_vo of each row, head_dim_vo <=
                          head_dim_qk); ak_kv_cache_layer gives K-only views (v_data NULL) */
+    int marks;        /* 1: each layer also gets finiteness marks (ak_paged_kv.marks, zeroed
+                         at create), which ak_kv_cache_layer's views carry: the engine then
+                         writes the pools only through ak_kv_update with those views */
 } ak_kv_cache_config;
 
-/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU, not MLA.
+/* Defaults: 1 layer, 1024 blocks of 16 tokens, 8 heads of 128, f16, NHD, CPU, not MLA, no marks.
  * dtype AK_FP8_E4M3 makes fp8 pools (1 byte an element); the cache holds no
  * scales (see ak_paged_kv). */
 AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);

@@ -206,6 +206,61 @@ static void core_kv_update(test_ctx *t)
     ak_kv_cache_destroy(c);
 }
 
+/* cfg.marks: each layer's view carries its own zeroed marks, which
+ * ak_kv_update keeps; no marks without it; a value past 0 or 1 refused. */
+static void core_cache_marks(test_ctx *t)
+{
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_layers = 2;
+    kc.num_blocks = 3;
+    kc.page_size = 40; /* two words a (block, head) */
+    kc.num_kv_heads = 2;
+    kc.head_dim_qk = kc.head_dim_vo = 8;
+    kc.dtype = AK_F32;
+    ak_kv_cache *c = NULL;
+    ak_paged_kv kv[2];
+    kc.marks = 2;
+    ak_status st = ak_kv_cache_create(&kc, &c);
+    CHECK(t, "cache marks 2 refused", st == AK_ERR_INVALID_ARG && !c && strstr(ak_last_error(), "cfg.marks"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
+    kc.marks = 0;
+    st = ak_kv_cache_create(&kc, &c);
+    if (st == AK_OK) st = ak_kv_cache_layer(c, 1, &kv[0]);
+    CHECK(t, "cache without marks: views without", st == AK_OK && kv[0].marks == NULL, "status %s",
+          ak_status_str(st));
+    ak_kv_cache_destroy(c);
+    c = NULL;
+    kc.marks = 1;
+    st = ak_kv_cache_create(&kc, &c);
+    for (int l = 0; l < 2 && st == AK_OK; l++) st = ak_kv_cache_layer(c, l, &kv[l]);
+    const int64_t words = ak_kv_marks_words(3, 2, 40);
+    int zero = st == AK_OK && kv[0].marks && kv[1].marks && kv[0].marks != kv[1].marks && words == 12;
+    for (int l = 0; l < 2 && zero; l++)
+        for (int64_t i = 0; i < words; i++) zero &= kv[l].marks[i] == 0;
+    CHECK(t, "cache marks: each layer's own, zeroed", zero, "status %s, words %lld", ak_status_str(st),
+          (long long)words);
+    if (!zero) {
+        ak_kv_cache_destroy(c);
+        return;
+    }
+    /* a NaN in head 1's V at block 2 slot 37 (word 2 x 2 x 2 + 1 x 2 + 1 = 11,
+     * bit 5), in layer 1 only; then a finite rewrite clears it */
+    float k[2][8], v[2][8];
+    for (int i = 0; i < 16; i++) ((float *)k)[i] = ((float *)v)[i] = 0.25f * (float)i;
+    v[1][3] = NAN;
+    const int64_t slot = 2 * 40 + 37;
+    ak_tensor kt = ak_tensor_3d(k, AK_F32, 1, 2, 8), vt = ak_tensor_3d(v, AK_F32, 1, 2, 8);
+    st = ak_kv_update(&kv[1], &kt, &vt, &slot, 1, NULL);
+    int set = st == AK_OK && kv[1].marks[11] == 1u << 5 && kv[0].marks[11] == 0;
+    for (int64_t i = 0; i < 11; i++) set &= kv[1].marks[i] == 0;
+    v[1][3] = 1.0f;
+    if (set) st = ak_kv_update(&kv[1], &kt, &vt, &slot, 1, NULL);
+    CHECK(t, "cache marks kept by kv_update", set && st == AK_OK && kv[1].marks[11] == 0, "status %s, word 11 %#x",
+          ak_status_str(st), kv[1].marks[11]);
+    ak_kv_cache_destroy(c);
+}
+
 static void core_merge(test_ctx *t)
 {
     /* 3 states over 2 tokens x 2 heads x 5 dims; one state empty (-inf) for
@@ -486,6 +541,7 @@ void test_core(test_ctx *t)
     core_allocator(t);
     core_meta(t);
     core_kv_update(t);
+    core_cache_marks(t);
     core_merge(t);
     core_selector(t);
 }

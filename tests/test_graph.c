@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L /* setenv */
 /*
  * test_graph.c - plan-then-replay under CUDA graphs. For each CUDA backend
  * that declares graph support: capture kv_update + run for every layer of a
@@ -84,6 +85,8 @@ typedef struct graph_case {
     int marks;         /* paged: the views carry finiteness marks (ak_paged_kv.marks), zeroed with
                           each step's fresh pools (finite) and kept by the captured kv_update, so
                           the scan pass reads its bits (the -inf key's among them) */
+    int scan_short;    /* AK_CUDA_SCAN_SHORT=1 at create: the shorter chunks (the capture's, a replay's
+                          SCAN_SHORT_Q) get scan tasks too, which a run with marks scans */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -143,6 +146,12 @@ static const graph_case graph_cases[] = {
      1},
     {"graph replay scan mqa64 bf16 d128 marks page 128", PAGED, 64, 1, 128, AK_BF16, 3, 1, -1, 128, NHD, 1, 0, 0, 0,
      0, 0, 0, 1, 1},
+    /* ... and every chunk's tasks in the plan: the capture's short chunks
+     * scanned from the marks too, and at DP 256 in the clean kernel */
+    {"graph replay scan mqa64 bf16 d256 marks, short chunks scanned", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1,
+     0, 0, 0, 0, 0, 0, 1, 1, 1},
+    {"graph replay scan mqa64 bf16 d128 marks page 128, short chunks scanned", PAGED, 64, 1, 128, AK_BF16, 3, 1, -1,
+     128, NHD, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -695,8 +704,11 @@ void test_graphs(test_ctx *t)
     const int nb = t_backends(t, names, 16);
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
-            if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, graph_cases[c].storage))
+            if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, graph_cases[c].storage)) {
+                if (graph_cases[c].scan_short) setenv("AK_CUDA_SCAN_SHORT", "1", 1);
                 run_graph_case(t, names[i], &graph_cases[c]);
+                if (graph_cases[c].scan_short) unsetenv("AK_CUDA_SCAN_SHORT");
+            }
 }
 #else
 void test_graphs(test_ctx *t) { (void)t; }

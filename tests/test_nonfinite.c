@@ -430,14 +430,33 @@ static void give_zero_marks(test_ctx *t, scene *sc, tbuf *mb)
     sc->kv.marks = tbuf_data(mb);
 }
 
+/* Runs fn(t, backend, arg) with AK_CUDA_SCAN_SHORT set to value (NULL:
+ * unset), then restores it: the CUDA engine then gives the shorter
+ * requests scan tasks in every plan (1), which a run reads from the
+ * pools' marks, or in none (0). */
+static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
+{
+    const char *old = getenv("AK_CUDA_SCAN_SHORT");
+    char saved[16] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    if (value) setenv("AK_CUDA_SCAN_SHORT", value, 1);
+    else unsetenv("AK_CUDA_SCAN_SHORT");
+    fn(arg);
+    if (old) setenv("AK_CUDA_SCAN_SHORT", saved, 1);
+    else unsetenv("AK_CUDA_SCAN_SHORT");
+}
+
 /* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). marks: the view
  * carries finiteness marks (zeroed: the clean scene is finite), and a
- * corruption of K or V goes through ak_kv_update (corrupt_by_update). */
+ * corruption of K or V goes through ak_kv_update (corrupt_by_update); marks
+ * 2: the same with the shorter requests' scan tasks in the plan
+ * (AK_CUDA_SCAN_SHORT=1, set by the caller), so that the pass scans every
+ * request from the marks. */
 static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
     snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
-             marks ? " marks" : "", nc->name);
+             marks == 2 ? " marks short" : marks ? " marks" : "", nc->name);
     const int on_scale = nc->bad.where == IN_K_SCALE || nc->bad.where == IN_V_SCALE;
     if (!t_selected(t, name) || on_scale != (on_scale && kv_fp8)) return;
     attn_case tc = nc->shape;
@@ -522,6 +541,29 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     scene_free(&sc);
 }
 
+/* A case whose prefill requests are all under the scan pass's threshold for
+ * K/V rows (run with their tasks forced: "marks short") */
+static int short_prefill_case(const char *name)
+{
+    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "mha prefill"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (!strncmp(name, prefixes[i], strlen(prefixes[i]))) return 1;
+    return 0;
+}
+
+typedef struct nf_run {
+    test_ctx *t;
+    const char *backend;
+    const nf_case *nc;
+    int kv_fp8;
+} nf_run;
+
+static void run_nf_marks_short(void *arg)
+{
+    const nf_run *r = arg;
+    run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 2);
+}
+
 /* ---- ak_kv_update's finiteness marks ------------------------------------------ */
 
 /* The CUDA scan pass reads the marks, not the rows: -inf written into a key
@@ -529,21 +571,38 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
  * unchecked path, where a row whose q is positive at that dim gets a -inf
  * logit and drops the key: a finite row. Reading the rows (the same case
  * without marks, "long prefill: -inf in a key of the prefix") makes every
- * row that sees the key NaN. */
-static void marks_read_case(test_ctx *t, const char *backend)
+ * row that sees the key NaN. The short variants: requests under the pass's
+ * threshold for K/V rows, with their tasks in the plan
+ * (AK_CUDA_SCAN_SHORT=1, set by the caller): read from the marks the same
+ * way; without marks (no_marks) never scanned, so every row that sees the
+ * key is NaN (checked). */
+typedef struct read_case {
+    test_ctx *t;
+    const char *backend;
+    int shorter, no_marks;
+} read_case;
+
+static void marks_read_case(void *arg)
 {
-    const char *name = "nonfinite bf16 marks: the pass reads the bits (-inf written past kv_update, unseen)";
+    const read_case *rc = arg;
+    test_ctx *t = rc->t;
+    const char *backend = rc->backend;
+    char name[160];
+    snprintf(name, sizeof name, "nonfinite bf16 marks: the pass reads the bits%s (-inf written past kv_update, %s)",
+             rc->shorter ? ", short requests" : "", rc->no_marks ? "no marks: checked" : "unseen");
     if (strcmp(backend, "cuda_paged") || !t_selected(t, name)) return;
-    attn_case tc = (attn_case)LONG_BATCH;
+    /* short: 2 x 100 tokens x 16 heads, 1600 rows a request */
+    attn_case tc = rc->shorter ? (attn_case)MQA16(-1, 2, {{100, 100}, {100, 400}}) : (attn_case)LONG_BATCH;
     tc.name = name;
     tc.dtype = AK_BF16;
-    const corruption bad = {IN_K, -INFINITY, 1, 100, 0, 0, 63};
+    const corruption bad = {IN_K, -INFINITY, 1, rc->shorter ? 350 : 100, 0, 0, 63};
     scene sc;
     if (!build_case_scene(t, backend, name, &tc, &sc)) return;
     const int T = sc.b.num_tokens, Hq = tc.num_qo_heads, Dvo = tc.head_dim_vo;
     float *o = malloc(sizeof(float) * (size_t)T * Hq * Dvo), *l = malloc(sizeof(float) * (size_t)T * Hq);
     tbuf mb;
-    give_zero_marks(t, &sc, &mb);
+    memset(&mb, 0, sizeof mb);
+    if (!rc->no_marks) give_zero_marks(t, &sc, &mb);
     corrupt(&sc, &bad);
     int guards = 1, hits = 0, finite = 0;
     const ak_status st = run_raw(&sc, backend, 0, o, l, &guards);
@@ -555,12 +614,17 @@ static void marks_read_case(test_ctx *t, const char *backend)
             }
     if (st != AK_OK) t_fail(t, backend, name, "status %s: %s", ak_status_str(st), ak_last_error());
     else if (!guards) t_fail(t, backend, name, "write outside o or lse (guard bytes changed)");
+    else if (hits == 0) t_fail(t, backend, name, "no row sees the key (the case's shape)");
+    else if (rc->no_marks && finite > 0)
+        t_fail(t, backend, name, "%d of the %d rows that see the key finite: a task no pass scanned ran unchecked",
+               finite, hits);
+    else if (rc->no_marks) t_pass(t, backend, name, "all %d rows that see the key NaN (the checked path)", hits);
     else if (finite == 0)
         t_fail(t, backend, name, "all %d rows that see the key are NaN: the pass read the K/V rows, not the marks", hits);
     else t_pass(t, backend, name, "%d of the %d rows that see the key finite (the unchecked path)", finite, hits);
     free(o);
     free(l);
-    tbuf_free(&mb);
+    if (!rc->no_marks) tbuf_free(&mb);
     scene_free(&sc);
 }
 
@@ -779,11 +843,21 @@ void test_nonfinite(test_ctx *t)
             for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0, 0);
             run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1, 0);
             /* the CUDA scan pass from the pools' finiteness marks (long
-             * requests: the cases that have the pass) */
+             * requests: the cases that have the pass); the shorter
+             * requests' prefill with their tasks in every plan */
             if (t->device.kind == AK_DEVICE_CUDA && !strncmp(cases[c].name, "long", 4))
                 for (int f = 0; f < 2; f++) run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
+            if (t->device.kind == AK_DEVICE_CUDA && short_prefill_case(cases[c].name))
+                for (int f = 0; f < 2; f++) {
+                    nf_run r = {t, names[i], &cases[c], f};
+                    with_scan_short("1", run_nf_marks_short, &r);
+                }
         }
-    for (int i = 0; i < nb && t->device.kind == AK_DEVICE_CUDA; i++) marks_read_case(t, names[i]);
+    for (int i = 0; i < nb && t->device.kind == AK_DEVICE_CUDA; i++)
+        for (int v = 0; v < 3; v++) {
+            read_case rc = {t, names[i], v > 0, v == 2};
+            with_scan_short(v > 0 ? "1" : NULL, marks_read_case, &rc);
+        }
     marks_cases(t);
     if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
 }

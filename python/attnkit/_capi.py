@@ -173,6 +173,7 @@ class ak_kv_cache_config(ctypes.Structure):
         ("layout", c_int),
         ("device", ak_device),
         ("mla", c_int),
+        ("marks", c_int),
     ]
 
 

@@ -128,6 +128,25 @@ ak_status ak_dev_malloc(ak_device dev, size_t bytes, void **out)
     return ak_set_error(AK_ERR_NO_DEVICE, "device.kind = %d is not available in this build", dev.kind);
 }
 
+ak_status ak_dev_calloc(ak_device dev, size_t bytes, void **out)
+{
+    AK_TRY(ak_dev_malloc(dev, bytes, out));
+    if (dev.kind == AK_DEVICE_CPU) {
+        memset(*out, 0, bytes);
+        return AK_OK;
+    }
+#ifdef AK_HAVE_CUDA
+    const ak_status st = ak_cuda_zero(dev.index, *out, bytes);
+    if (st != AK_OK) {
+        ak_dev_free(dev, *out);
+        *out = NULL;
+    }
+    return st;
+#else
+    return AK_OK; /* (unreachable: ak_dev_malloc refused the device) */
+#endif
+}
+
 void ak_dev_free(ak_device dev, void *p)
 {
     if (!p) return;

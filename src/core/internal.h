@@ -107,12 +107,14 @@ void ak_meta_free_host(ak_batch_meta *meta);
 
 /* Allocates / frees memory on dev (host malloc for the CPU). */
 ak_status ak_dev_malloc(ak_device dev, size_t bytes, void **out);
+ak_status ak_dev_calloc(ak_device dev, size_t bytes, void **out); /* zeroed (CUDA: done on return) */
 void ak_dev_free(ak_device dev, void *p);
 
 #ifdef AK_HAVE_CUDA
 int ak_cuda_device_count(void);
 ak_status ak_cuda_get_info(int index, ak_device_info *info);
 ak_status ak_cuda_malloc(int index, size_t bytes, void **out);
+ak_status ak_cuda_zero(int index, void *p, size_t bytes); /* synchronous */
 void ak_cuda_free(int index, void *p);
 ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
                             const int64_t *slot_mapping, int num_tokens, ak_stream stream);

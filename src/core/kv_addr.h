@@ -62,4 +62,14 @@ AK_HD float ak_kv_scale_at(int kind, const float *scale, int h)
     return kind == AK_KV_SCALE_PER_HEAD ? scale[h] : kind == AK_KV_SCALE_PER_LAYER ? scale[0] : 1.0f;
 }
 
+/* Finiteness marks (attnkit.h, ak_paged_kv.marks): a bit a slot, the
+ * words of each (block, KV head) together, a block's heads in turn. The
+ * words of one (block, head), and the word holding slot's bit (bit
+ * slot % 32 of it). */
+AK_HD int64_t ak_kv_mark_words_per_head(int page_size) { return page_size / 32 + (page_size % 32 != 0); }
+AK_HD int64_t ak_kv_mark_word(int64_t block, int num_kv_heads, int head, int page_size, int slot)
+{
+    return (block * num_kv_heads + head) * ak_kv_mark_words_per_head(page_size) + slot / 32;
+}
+
 #endif /* AK_KV_ADDR_H */

@@ -19,6 +19,7 @@ struct ak_kv_cache {
     ak_kv_cache_config cfg;
     void **k_pools;     /* [num_layers] each [num_blocks, block elements] */
     void **v_pools;     /* [num_layers]; NULLs for an MLA cache */
+    uint32_t **marks;   /* [num_layers] finiteness marks (cfg.marks), or NULLs */
     int32_t *refcount;  /* [num_blocks]; 0 = free */
     int32_t *free_ids;  /* [num_blocks] stack of free block ids */
     int num_free;
@@ -66,6 +67,8 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
     if (c->layout != AK_LAYOUT_NHD && c->layout != AK_LAYOUT_HND)
         return ak_set_error(AK_ERR_INVALID_ARG, "cfg.layout = %d is not a layout", c->layout);
     if (c->mla != 0 && c->mla != 1) return ak_set_error(AK_ERR_INVALID_ARG, "cfg.mla = %d must be 0 or 1", c->mla);
+    if (c->marks != 0 && c->marks != 1)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.marks = %d must be 0 or 1", c->marks);
     if (c->mla && c->head_dim_vo > c->head_dim_qk)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "cfg.head_dim_vo = %d is above cfg.head_dim_qk = %d: with cfg.mla = 1 the value is the "
@@ -107,18 +110,22 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
     /* num_layers 0: the allocator alone (the engine owns its pools) */
     c->k_pools = calloc((size_t)cfg->num_layers + 1, sizeof(void *));
     c->v_pools = calloc((size_t)cfg->num_layers + 1, sizeof(void *));
+    c->marks = calloc((size_t)cfg->num_layers + 1, sizeof(uint32_t *));
     c->refcount = calloc((size_t)cfg->num_blocks, sizeof(int32_t));
     c->free_ids = malloc(sizeof(int32_t) * (size_t)cfg->num_blocks);
-    if (!c->k_pools || !c->v_pools || !c->refcount || !c->free_ids) {
+    if (!c->k_pools || !c->v_pools || !c->marks || !c->refcount || !c->free_ids) {
         ak_kv_cache_destroy(c);
         return ak_set_error(AK_ERR_OUT_OF_MEMORY, "cannot allocate %d blocks of bookkeeping",
                             cfg->num_blocks);
     }
     const size_t esz = ak_dtype_size(cfg->dtype);
     const size_t rows = (size_t)cfg->num_blocks * cfg->page_size * cfg->num_kv_heads;
+    /* (fewer words than rows: no overflow where the pools' bytes have none) */
+    const size_t words = (size_t)ak_kv_marks_words(cfg->num_blocks, cfg->num_kv_heads, cfg->page_size);
     for (int l = 0; l < cfg->num_layers; l++) {
         ak_status s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_qk * esz, &c->k_pools[l]);
         if (s == AK_OK && !cfg->mla) s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_vo * esz, &c->v_pools[l]);
+        if (s == AK_OK && cfg->marks) s = ak_dev_calloc(cfg->device, words * sizeof(uint32_t), (void **)&c->marks[l]);
         if (s != AK_OK) {
             ak_kv_cache_destroy(c);
             return s;
@@ -136,8 +143,10 @@ void ak_kv_cache_destroy(ak_kv_cache *c)
     if (!c) return;
     for (int l = 0; c->k_pools && l < c->cfg.num_layers; l++) ak_dev_free(c->cfg.device, c->k_pools[l]);
     for (int l = 0; c->v_pools && l < c->cfg.num_layers; l++) ak_dev_free(c->cfg.device, c->v_pools[l]);
+    for (int l = 0; c->marks && l < c->cfg.num_layers; l++) ak_dev_free(c->cfg.device, c->marks[l]);
     free(c->k_pools);
     free(c->v_pools);
+    free(c->marks);
     free(c->refcount);
     free(c->free_ids);
     if (c->lock_made) pthread_mutex_destroy(&c->lock);
@@ -166,6 +175,7 @@ ak_status ak_kv_cache_layer(const ak_kv_cache *c, int layer, ak_paged_kv *view)
     view->num_kv_heads = c->cfg.num_kv_heads;
     view->head_dim_qk = c->cfg.head_dim_qk;
     view->head_dim_vo = c->cfg.head_dim_vo;
+    view->marks = c->marks[layer]; /* NULL without cfg.marks */
     return AK_OK;
 }
 

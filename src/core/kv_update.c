@@ -60,8 +60,7 @@ int64_t ak_kv_marks_words(int num_blocks, int num_kv_heads, int page_size)
 {
     int64_t words;
     if (num_blocks <= 0 || num_kv_heads <= 0 || page_size <= 0 ||
-        __builtin_mul_overflow((int64_t)num_blocks * num_kv_heads, (int64_t)(page_size / 32 + (page_size % 32 != 0)),
-                               &words))
+        __builtin_mul_overflow((int64_t)num_blocks * num_kv_heads, ak_kv_mark_words_per_head(page_size), &words))
         return -1;
     return words;
 }
@@ -116,7 +115,6 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
 
     const size_t src_esz = ak_dtype_size(k->dtype), dst_esz = ak_dtype_size(kv->dtype);
     const ak_kv_strides ka = ak_paged_k_strides(kv), va = ak_paged_v_strides(kv);
-    const int64_t words = (kv->page_size + 31) / 32; /* marks a (block, head) */
     for (int i = 0; i < num_tokens; i++) {
         const int64_t slot = slot_mapping[i];
         if (slot < 0) continue;
@@ -133,7 +131,7 @@ ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tenso
             if (kv->marks) { /* the slot's bit, by the rows as stored */
                 const int bad = row_nonfinite(kd, kv->dtype, kv->head_dim_qk) ||
                                 (has_v && row_nonfinite(vd, kv->dtype, kv->head_dim_vo));
-                uint32_t *w = kv->marks + (block * kv->num_kv_heads + h) * words + off / 32;
+                uint32_t *w = kv->marks + ak_kv_mark_word(block, kv->num_kv_heads, h, kv->page_size, off);
                 /* (atomic: calls that write other slots of the word may run at once) */
                 if (bad) __atomic_fetch_or(w, 1u << (off % 32), __ATOMIC_RELAXED);
                 else __atomic_fetch_and(w, ~(1u << (off % 32)), __ATOMIC_RELAXED);

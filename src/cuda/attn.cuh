@@ -64,7 +64,8 @@ struct __align__(16) prefill_item {
     int kv_begin, kv_end, out;
     /* the NaN rule (below): scan_n flags from scan_flags[scan] of the scan
      * pass cover every key of the request (any flag set: the checked path);
-     * scan < 0: always the checked path */
+     * scan < 0, or a task this run does not scan (scanned_tasks): the
+     * checked path */
     int scan, scan_n;
     int row; /* the KV head and row tile (above) */
     int unused[2];
@@ -113,7 +114,12 @@ struct __align__(16) plan_head {
     /* 1: some decode item holds several tokens (decode_item.ntok > 1), which
      * mla_wgmma.cu serves on a path of its own (the others pay nothing) */
     int32_t mla_packed;
-    int32_t unused[3];
+    /* The scan tasks (counts[COUNT_SCAN]) begin with scan_long of long
+     * requests (engine.cu's SCAN_MIN_ROWS), which every run scans; the
+     * rest, the shorter requests', only a run with the pools' finiteness
+     * marks does (scanned_tasks) */
+    int32_t scan_long;
+    int32_t unused[2];
 };
 
 /* Everything the kernels read, by value. Strides in elements. */
@@ -136,8 +142,8 @@ struct attn_params {
     const merge_task *tasks;      /* merge work list */
     const scan_task *scans;       /* scan-pass work list */
     int32_t *scan_flags;          /* [scan tasks][num_kv_heads] the scan pass's findings */
-    const uint32_t *kv_marks;     /* paged: the pools' finiteness marks (ak_paged_kv.marks), or NULL */
-    int mark_words;               /* their words a (block, head) */
+    const uint32_t *kv_marks;     /* paged: the pools' finiteness marks (ak_paged_kv.marks, kv_addr.h),
+                                     or NULL */
     int num_blocks;         /* paged: blocks of the pools; a block id outside [0, num_blocks) is
                                clamped into them (kv_block_clamped); ragged: INT_MAX */
     int num_qo_heads, num_kv_heads, group; /* group = num_qo_heads / num_kv_heads */
@@ -725,7 +731,8 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
  * clean (K and V all finite: its flags, item_checked) runs unchecked, but
  * for its q rows (q_rows_bad, once an item): with finite inputs only an f32
  * overflow can make a value non-finite, and the rule leaves that open. Every other item (a request the pass found a NaN or
- * infinity in, or one too short to be worth a pass: prefill_item.scan < 0),
+ * infinity in, or one too short to be worth a pass: prefill_item.scan < 0,
+ * or whose tasks this run does not scan: scanned_tasks),
  * and every decode item, runs checked. A row is made NaN by adding a NaN to
  * its softmax sum d (finish_row then gives NaN o and lse, and a split part's
  * NaN lse makes the merge NaN):
@@ -755,11 +762,20 @@ template <bool B> struct bool_c {
     static constexpr bool value = B;
 };
 
-/* Whether a prefill item runs checked: any flag of its request's scan tasks
- * set (every warp reads them, lane i flags i, i + 32, ...: the block agrees). */
+/* The scan tasks this run's pass scans: every one with the pools' marks,
+ * else the long requests' (plan_head.scan_long); the items of the others
+ * run checked. */
+__device__ __forceinline__ int scanned_tasks(const attn_params &p)
+{
+    return p.kv_marks ? p.head->counts[COUNT_SCAN] : p.head->scan_long;
+}
+
+/* Whether a prefill item runs checked: no task of its request scanned, or
+ * any flag of them set (every warp reads them, lane i flags i, i + 32, ...:
+ * the block agrees). */
 __device__ __forceinline__ bool item_checked(const attn_params &p, const prefill_item &it, int kv_head)
 {
-    if (it.scan < 0) return true;
+    if (it.scan < 0 || it.scan >= scanned_tasks(p)) return true;
     bool bad = false;
     for (int i = threadIdx.x % 32; i < it.scan_n; i += 32)
         bad |= __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head) != 0;
@@ -779,7 +795,7 @@ template <int PASS>
 __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_t *skip, int k)
 {
     if (PASS == PASS_ALL) return true;
-    if (p.head->counts[COUNT_SCAN] == 0 || k >= PASS_MASK_ITEMS) return PASS == PASS_CHECKED;
+    if (scanned_tasks(p) == 0 || k >= PASS_MASK_ITEMS) return PASS == PASS_CHECKED;
     return !((skip[k / 32] >> (k % 32)) & 1u);
 }
 
@@ -794,7 +810,7 @@ __device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
         if (w >= num_items) break;
         const prefill_item it = p.pitems[w];
         const int kv_head = heads_of(p, it).kv_head;
-        bool checked = it.scan < 0;
+        bool checked = it.scan < 0 || it.scan >= scanned_tasks(p);
         for (int i0 = 0; i0 < it.scan_n && !checked; i0 += 8) { /* (eight loads at once) */
             int32_t any = 0;
 #pragma unroll

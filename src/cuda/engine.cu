@@ -81,6 +81,20 @@
  * 64 x 512, where its reads bind it (BENCHMARKS.md). */
 #define SCAN_MIN_ROWS 2048
 #define SCAN_TASKS_PER_REQ 64
+/* With the pools' finiteness marks (ak_paged_kv.marks) the pass reads a bit
+ * a key, about 5 us whatever the keys (H200, BENCHMARKS.md), so the shorter
+ * requests are worth it too, together: each plan gives them tasks of their
+ * own, after the long requests' (plan_head.scan_long), when their work (2 x
+ * (head_dim_qk + head_dim_vo) FLOP a query row and key it sees, summed)
+ * reaches SCAN_SHORT_MIN_FLOP; only a run with marks scans them, one without
+ * runs their items checked as before. AK_CUDA_SCAN_SHORT=1 gives them tasks
+ * in every plan, 0 in none (to compare, or to test the path on small
+ * batches). */
+#ifndef SCAN_SHORT_MIN_FLOP
+#define SCAN_SHORT_MIN_FLOP 0.0
+#endif
+/* The requests a plan can give scan tasks (then SCAN_TASKS_PER_REQ each at most) */
+#define MAX_SCAN_REQS 65536
 
 /* Metadata of one plan, host or device. The device part is what the kernels
  * read; the head, the request arrays and the decode items are contiguous so
@@ -167,8 +181,9 @@ struct engine_state {
     int max_ptiles;   /* tiles of a plan (before they are dealt a row each) */
     int max_pitems;   /* items: every tile once a row, and the last round's padding */
     attn_kernel scan_k;  /* the NaN rule's scan pass (fn NULL: every prefill item runs checked) */
-    attn_kernel scan_marks_k; /* the same from the pools' finiteness marks, where the view has them */
     int max_scans, scan_ctas, scan_keys; /* (scan_keys: a task's fewest keys) */
+    int scan_short; /* the shorter requests' tasks: -1 by their work (SCAN_SHORT_MIN_FLOP), 0 never, 1 always
+                       (AK_CUDA_SCAN_SHORT) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
@@ -189,6 +204,7 @@ struct engine_state {
     decode_unit *units;   /* [max_units] host scratch of plan() */
     /* the current plan */
     int num_items, num_pitems, num_tasks, num_scans;
+    int num_long_scans; /* the first num_scans a run without marks scans (plan_head.scan_long) */
     int slot_hw; /* device slot_mapping entries past it are -1 */
     const int32_t *plan_table;    /* the device block table of the plan being made (NULL: none) */
     const int32_t *checked_table; /* the last device block table whose memory plan() checked */
@@ -771,14 +787,16 @@ static ak_status engine_create_inner(engine_state *s)
             s->max_tasks += (P + tail_tiles) * s->ptok;
         }
         /* the NaN rule's scan pass, for kernels with an unchecked path (or
-         * pass: wgmma at DP 256; the portable and d512 ones always check)
-         * and requests that can have SCAN_MIN_ROWS rows */
-        const int64_t scan_reqs = (int64_t)lim->max_tokens * group / SCAN_MIN_ROWS;
-        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && scan_reqs > 0) {
+         * pass: wgmma at DP 256; the portable and d512 ones always check):
+         * tasks for every request (plan_prefill: a run without marks scans
+         * only those of SCAN_MIN_ROWS rows or more) */
+        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
-            s->scan_marks_k = ak_cuda_scan_marks_kernel();
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
-            s->max_scans = (int)((scan_reqs < lim->max_reqs ? scan_reqs : lim->max_reqs) * SCAN_TASKS_PER_REQ);
+            AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
+            /* (requests past that capacity, which no engine reaches, run checked) */
+            const int64_t reqs = lim->max_reqs < lim->max_tokens ? lim->max_reqs : lim->max_tokens;
+            s->max_scans = (int)(reqs < MAX_SCAN_REQS ? reqs : MAX_SCAN_REQS) * SCAN_TASKS_PER_REQ;
             int scan_per_sm = 0;
             AK_TRY(ak_cuda_kernel_occupancy(&s->scan_k, &scan_per_sm));
             s->scan_ctas = info.num_sms * scan_per_sm / cfg->num_kv_heads;
@@ -1104,26 +1122,40 @@ static int by_request_desc(const void *a, const void *b)
  * (when splitting) the merge tasks of split tiles; returns the item count
  * (padding included). Partial slots of prefill splits start after the decode
  * ones (max_partials). */
-/* The scan tasks of a request of q_len query tokens whose keys [lo, kv_len)
- * some token sees: appended to m->scans when the request is long enough and
- * they fit; returns the first task's index, or -1 (its items run checked). */
-static int plan_scan(engine_state *s, plan_meta *m, int page_base, int q_len, int lo, int kv_len, int *num_scans,
-                     int *count)
+/* The scan tasks of a request's keys [lo, kv_len) (those some query token
+ * sees), in steps of *step keys: how many. */
+static int scan_tasks_of(const engine_state *s, int lo, int kv_len, int *step)
 {
-    const int group = s->cfg.num_qo_heads / s->cfg.num_kv_heads;
+    if (kv_len <= lo) return 0;
+    int k = (kv_len - lo + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ;
+    *step = k < s->scan_keys ? s->scan_keys : k;
+    return (kv_len - lo + *step - 1) / *step;
+}
+
+/* The scan tasks of a request whose K/V rows start at page_base and whose
+ * keys [lo, kv_len) some token sees, at m->scans[*at] on when they fit
+ * below s->max_scans (*at moves past them); returns the first task's index
+ * and their count in *count, or -1 (then its items run checked). */
+static int plan_scan(const engine_state *s, plan_meta *m, int page_base, int lo, int kv_len, int *at, int *count)
+{
+    int step = 0;
+    const int n = scan_tasks_of(s, lo, kv_len, &step);
     *count = 0;
-    if (!s->scan_k.fn || (int64_t)q_len * group < SCAN_MIN_ROWS || kv_len <= lo) return -1;
-    int step = (kv_len - lo + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ;
-    step = step < s->scan_keys ? s->scan_keys : step;
-    const int n = (kv_len - lo + step - 1) / step;
-    if (*num_scans + n > s->max_scans) return -1;
-    const int first = *num_scans;
+    if (n == 0 || *at + n > s->max_scans) return -1;
+    const int first = *at;
     for (int k = lo; k < kv_len; k += step) {
         const scan_task t = {page_base, k, kv_len - k < step ? kv_len : k + step, 0};
-        m->scans[(*num_scans)++] = t;
+        m->scans[(*at)++] = t;
     }
     *count = n;
     return first;
+}
+
+/* Whether a request of q_len query tokens is long enough for a pass over
+ * its K/V rows (SCAN_MIN_ROWS) */
+static bool scan_long(const engine_state *s, int q_len)
+{
+    return (int64_t)q_len * (s->cfg.num_qo_heads / s->cfg.num_kv_heads) >= SCAN_MIN_ROWS;
 }
 
 /* Sorts key[0, n) ascending where the keys compare by their bits from
@@ -1188,19 +1220,45 @@ static void split_tile(engine_state *s, plan_meta *m, int i, int chunk, int *n, 
 }
 
 static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch_meta *bm, plan_meta *m,
-                              int *num_tasks, int *num_pitems, int *num_scans)
+                              int *num_tasks, int *num_pitems, int *num_scans, int *num_long_scans)
 {
     const ak_attn_config *c = &s->cfg;
     const int P = s->prefill_ctas, nt = s->ptok, rows = c->num_kv_heads * s->prow_tiles;
     int n = 0;
     int64_t total = 0;
+    /* The scan tasks (SCAN_SHORT_MIN_FLOP): the long requests' first, then
+     * the short ones' where their work is worth it */
+    int long_at = 0, short_at = 0;
+    bool scan_short = false;
+    if (s->scan_k.fn) {
+        double work = 0.0;
+        const double row_flop = 2.0 * (c->head_dim_qk + c->head_dim_vo) * c->num_qo_heads;
+        for (int r = 0; r < b->num_reqs; r++) {
+            const int q_len = bm->qo_indptr[r + 1] - bm->qo_indptr[r];
+            if (q_len < s->min_prefill_q) continue;
+            const int kv_len = b->kv_lens[r], prefix = kv_len - q_len, lo = ak_visible_lo(prefix, c->window_left);
+            int step = 0;
+            const int k = scan_tasks_of(s, lo, kv_len, &step);
+            if (scan_long(s, q_len)) long_at += long_at + k <= s->max_scans ? k : 0; /* (as plan_scan below) */
+            else /* the keys its tokens see: the prefix's, and causal the half of its own */
+                work += row_flop * q_len * (c->causal ? (prefix - lo) + 0.5 * (q_len + 1) : (double)(kv_len - lo));
+        }
+        /* (ragged K/V have no marks) */
+        scan_short = !s->ragged && (s->scan_short >= 0 ? s->scan_short == 1 : work > 0.0 && work >= SCAN_SHORT_MIN_FLOP);
+        short_at = long_at;
+        *num_long_scans = long_at;
+        long_at = 0;
+    }
     for (int r = 0; r < b->num_reqs; r++) {
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
         if (q_len < s->min_prefill_q) continue;
         const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
-        int scan_n = 0;
-        const int scan = plan_scan(s, m, page_base_of(s, b, bm, r), q_len, ak_visible_lo(prefix, c->window_left), kv_len,
-                                   num_scans, &scan_n);
+        int scan_n = 0, scan = -1;
+        const int lo_seen = ak_visible_lo(prefix, c->window_left);
+        if (s->scan_k.fn && scan_long(s, q_len))
+            scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &long_at, &scan_n);
+        else if (scan_short)
+            scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &short_at, &scan_n);
         const int first = n;
         int req_max = 0;
         for (int j = 0; j < q_len; j += nt) {
@@ -1229,6 +1287,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         }
         for (int i = first; i < n; i++) s->tiles[i].req_max = req_max;
     }
+    *num_scans = scan_short ? short_at : *num_long_scans;
     if (n == 0) {
         *num_pitems = 0;
         return AK_OK;
@@ -1428,24 +1487,25 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     engine_state *s = (engine_state *)state;
     staging *st = &s->stg[s->next_stg]; /* bm's arrays: ak_cuda_engine_meta_buffers */
     const int R = b->num_reqs;
-    int num_tasks = 0, num_pitems = 0, num_scans = 0;
+    int num_tasks = 0, num_pitems = 0, num_scans = 0, num_long_scans = 0;
     /* a device block table: read in place, no block list (the core built none) */
     s->plan_table = !s->ragged && !bm->kv_indices && R > 0 ? b->device_block_table : NULL;
     if (s->plan_table) AK_TRY(check_table_memory(s, s->plan_table));
     const int num_items = s->split ? plan_decode(s, b, bm, &st->m, &num_tasks) : 0;
     /* a decode instance of cuda_paged never gets here with q_len > 1
      * (ak_batch_build_meta refuses such a batch) */
-    if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems, &num_scans));
+    if (s->prefill) AK_TRY(plan_prefill(s, b, bm, &st->m, &num_tasks, &num_pitems, &num_scans, &num_long_scans));
     plan_head *h = st->m.head;
     h->counts[COUNT_DECODE] = num_items;
     h->counts[COUNT_PREFILL] = num_pitems;
     h->counts[COUNT_MERGE] = num_tasks;
     h->counts[COUNT_SCAN] = num_scans;
+    h->scan_long = num_long_scans;
     h->kv_table = s->ragged ? NULL : s->plan_table ? s->plan_table : s->d.kv_indices;
     h->merge_narrow = num_tasks < s->narrow_tasks;
     h->table_early = !s->plan_table;
     h->mla_packed = s->split && s->plan_packed;
-    h->unused[0] = h->unused[1] = h->unused[2] = 0;
+    h->unused[0] = h->unused[1] = 0;
     if (s->plan_table) {
         memcpy(st->m.req_qo, bm->qo_indptr, sizeof(int32_t) * ((size_t)R + 1));
         memcpy(st->m.req_kv, b->kv_lens, sizeof(int32_t) * (size_t)R);
@@ -1492,6 +1552,7 @@ ak_status ak_cuda_engine_plan(void *state, const ak_batch *b, const ak_batch_met
     s->num_pitems = num_pitems;
     s->num_tasks = num_tasks;
     s->num_scans = num_scans;
+    s->num_long_scans = num_long_scans;
     return AK_OK;
 }
 
@@ -1573,7 +1634,6 @@ static ak_status set_kv_addressing(const engine_state *s, const ak_run_args *a, 
     p->k_scale = kv->k_scale;
     p->v_scale = kv->v_scale;
     p->kv_marks = kv->marks;
-    p->mark_words = (kv->page_size + 31) / 32;
     p->num_blocks = kv->num_blocks;
     p->page_size = s->cfg.page_size;
     p->page_shift = (s->cfg.page_size & (s->cfg.page_size - 1)) == 0 ? __builtin_ctz(s->cfg.page_size) : -1;
@@ -1643,7 +1703,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
-    const int scan = s->scan_k.fn && (all || s->num_scans > 0);
+    /* (a run without marks scans the long requests alone: plan_prefill) */
+    const int scans = p.kv_marks ? s->num_scans : s->num_long_scans;
+    const int scan = s->scan_k.fn && (all || scans > 0);
     /* (a few microseconds of host time: only where the prefill kernel runs;
      * the maps depend on the pools and on q's address and strides, never on
      * the plan, so a captured graph serves any later plan) */
@@ -1659,7 +1721,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * never under capture, where decode is always launched); else an
      * ordinary launch. */
     if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
-        const attn_kernel &k = p.kv_marks ? s->scan_marks_k : s->scan_k;
+        const attn_kernel k = p.kv_marks ? ak_cuda_scan_marks_kernel() : s->scan_k;
         AK_TRY(launch_kernel(k.fn, dim3(s->scan_ctas, c->num_kv_heads), k.threads, 0, s->pdl, cs, p));
     }
     if (decode)
@@ -1673,7 +1735,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     }
     /* (pre_k's dependent: each waits for the kernel before it at its end, so
      * the merge after it follows both) */
-    if (prefill && s->pre_clean_k.fn && (all || s->num_scans > 0))
+    if (prefill && s->pre_clean_k.fn && (all || scans > 0))
         AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas),
                              s->pre_clean_k.threads, s->pre_clean_k.smem, s->pdl, cs, p,
                              s->pre_clean_k.tma_map ? &kv_map : NULL));

@@ -207,7 +207,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
 
-    if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) mbar_wait(mask_full, 0); /* the mask is written */
+    if (PASS != PASS_ALL && scanned_tasks(p) > 0) mbar_wait(mask_full, 0); /* the mask is written */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
         const prefill_item it = p.pitems[w];
@@ -538,7 +538,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* the clean pass of a plan with no scan tasks has nothing to do: its
      * blocks need not load the items they would skip (measured: 14 us at
      * deepseek-v3-prefill 16 x 1024, BENCHMARKS.md) */
-    if (PASS == PASS_CLEAN && p.head->counts[COUNT_SCAN] == 0) {
+    if (PASS == PASS_CLEAN && scanned_tasks(p) == 0) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
         return;
     }

@@ -239,7 +239,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
-    if (PASS != PASS_ALL && p.head->counts[COUNT_SCAN] > 0) {
+    if (PASS != PASS_ALL && scanned_tasks(p) > 0) {
         pass_mask<PASS, tr::PRODUCERS>(p, skip);
         mbar_arrive(mask_full);
         mbar_wait(mask_full, 0);

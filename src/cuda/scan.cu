@@ -10,7 +10,9 @@
  * 9% of the wgmma prefill at d128, and every row tile of a request would
  * repeat a scan of the same K/V; the pass reads each input once, a few
  * percent of the reads of a prefill long enough to be given one (the engine
- * gives one only to requests of SCAN_MIN_ROWS query rows or more). The
+ * gives one only to requests of SCAN_MIN_ROWS query rows or more; where
+ * the pools carry finiteness marks, a bit a key, to the shorter ones too:
+ * engine.cu's SCAN_SHORT_MIN_FLOP). The
  * wgmma prefill's producer warpgroup scanning each tile it copied, in
  * shared memory, instead (no pass, no checked path) was 1.4-2.0x slower:
  * its reads at the producer's 40 registers, beside the tensor cores' reads
@@ -71,7 +73,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL;
-    const int n = p.head->counts[COUNT_SCAN];
+    const int n = scanned_tasks(p);
     const int32_t *table = p.head->kv_table;
     constexpr int EPC = 16 / sizeof(T); /* elements a 16-byte chunk */
     const int ck = p.head_dim_qk / EPC, cv = p.head_dim_vo / EPC; /* 16-byte chunks of a K and a V row */
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(SCAN_THREADS) scan_marks_kernel(const attn_par
 {
     const int kv_head = blockIdx.y, lane = threadIdx.x % 32;
     constexpr int WARPS = SCAN_THREADS / 32;
-    const int n = p.head->counts[COUNT_SCAN];
+    const int n = scanned_tasks(p);
     const int32_t *table = p.head->kv_table;
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory"); /* (as scan_kernel: the marks may be the kernel before's) */
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(SCAN_THREADS) scan_marks_kernel(const attn_par
         for (int key = t.k0 + lane; key < t.k1; key += 32) {
             int slot;
             const int64_t block = kv_block_of(p, table, t.page_base, key, slot);
-            bad |= p.kv_marks[(block * p.num_kv_heads + kv_head) * p.mark_words + slot / 32] >> (slot % 32);
+            bad |= p.kv_marks[ak_kv_mark_word(block, p.num_kv_heads, kv_head, p.page_size, slot)] >> (slot % 32);
         }
         bad = __any_sync(0xffffffffu, bad & 1u);
         if (lane == 0) p.scan_flags[(int64_t)w * p.num_kv_heads + kv_head] = bad != 0;

@@ -28,8 +28,7 @@ struct kv_update_params {
     int src_bytes;                 /* of k and v's dtype (= elem_bytes unless quantizing) */
     int scale_kind;                /* fp8: ak_kv_scale_kind */
     const float *k_scale, *v_scale; /* fp8: [1] or [num_kv_heads], or NULL */
-    uint32_t *marks;               /* the finiteness marks (attnkit.h), or NULL */
-    int mark_words;                /* their words a (block, head): (page_size + 31) / 32 */
+    uint32_t *marks;               /* the finiteness marks (attnkit.h, kv_addr.h), or NULL */
     int dtype;                     /* the pool's (ak_dtype): what a non-finite element is */
 };
 
@@ -80,7 +79,7 @@ __device__ __forceinline__ void for_rows(const kv_update_params &p, int64_t bloc
         if (p.rows > p.num_kv_heads) b |= row_fn(p.num_kv_heads + h);
         b = __any_sync(0xffffffffu, b);
         if (lane == 0) {
-            uint32_t *w = p.marks + (block * p.num_kv_heads + h) * p.mark_words + off / 32;
+            uint32_t *w = p.marks + ak_kv_mark_word(block, p.num_kv_heads, h, p.page_size, off);
             const uint32_t bit = 1u << (off % 32);
             if (b) atomicOr(w, bit);
             else atomicAnd(w, ~bit);
@@ -205,7 +204,6 @@ extern "C" ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k
     p.k_scale = kv->k_scale;
     p.v_scale = kv->v_scale;
     p.marks = kv->marks;
-    p.mark_words = (kv->page_size + 31) / 32;
     p.dtype = (int)kv->dtype;
     /* enough warps to cover the rows of a token (with marks, its heads), at most 8 */
     const int units = kv->marks ? p.num_kv_heads : p.rows;

@@ -49,6 +49,21 @@ extern "C" ak_status ak_cuda_malloc(int index, size_t bytes, void **out)
     return AK_OK;
 }
 
+extern "C" ak_status ak_cuda_zero(int index, void *p, size_t bytes)
+{
+    int prev = 0;
+    AK_CUDA_TRY(cudaGetDevice(&prev));
+    AK_CUDA_TRY(cudaSetDevice(index));
+    cudaError_t e = cudaMemset(p, 0, bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    cudaSetDevice(prev);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return ak_set_error(AK_ERR_CUDA, "cudaMemset(%zu bytes) on device %d: %s", bytes, index, cudaGetErrorString(e));
+    }
+    return AK_OK;
+}
+
 extern "C" void ak_cuda_free(int index, void *p)
 {
     (void)index;
