@@ -50,7 +50,8 @@ enum { LAYERS = 3, STEPS = 10, MAX_KV = 3000, MAX_CHUNK = 64 };
 enum { RG_LAYERS = 2, RG_STEPS = 8, RG_MAX_Q = 96, RG_MAX_KV = 200 };
 /* Scan cases: the capture and three replays (cpu_ref's time); the
  * capture's chunk length; a replay's chunk under the scan pass's threshold
- * (x 64 heads: 1984 rows, under 2048: no scan task, checked); the token of
+ * (x 64 heads: 1984 rows, under 2048: not scanned from K/V rows, checked;
+ * from marks where its tasks are in the plan: scan_short); the token of
  * a replay's corrupted request whose key is -inf (the request's rows from it
  * on see it; that request's chunk is MAX_CHUNK). */
 enum { SCAN_STEPS = 4, SCAN_CAPTURE_Q = 8, SCAN_SHORT_Q = 31, SCAN_BAD_TOKEN = 37 };
@@ -169,7 +170,7 @@ static void step_lengths(uint64_t *rng, int s, const graph_case *gc, int32_t *q_
         if (gc->scan) {
             /* the capture: short chunks; then chunks of MAX_CHUNK on short
              * prefixes (4096 rows, scanned), at even steps one of
-             * SCAN_SHORT_Q (under the threshold: no scan task, checked) */
+             * SCAN_SHORT_Q (under the threshold for K/V rows) */
             q_lens[r] = s == 0 ? SCAN_CAPTURE_Q : s % 2 == 0 && r == s / 2 % n ? SCAN_SHORT_Q : MAX_CHUNK;
             kv_lens[r] = q_lens[r] + scn_rng_int(rng, 0, s == 0 ? 300 : 64);
             continue;
@@ -705,9 +706,13 @@ void test_graphs(test_ctx *t)
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
             if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, graph_cases[c].storage)) {
+                const char *old = getenv("AK_CUDA_SCAN_SHORT");
+                char saved[16] = "";
+                if (old) snprintf(saved, sizeof saved, "%s", old);
                 if (graph_cases[c].scan_short) setenv("AK_CUDA_SCAN_SHORT", "1", 1);
                 run_graph_case(t, names[i], &graph_cases[c]);
-                if (graph_cases[c].scan_short) unsetenv("AK_CUDA_SCAN_SHORT");
+                if (old) setenv("AK_CUDA_SCAN_SHORT", saved, 1);
+                else unsetenv("AK_CUDA_SCAN_SHORT");
             }
 }
 #else

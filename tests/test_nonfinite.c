@@ -545,7 +545,8 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
  * K/V rows (run with their tasks forced: "marks short") */
 static int short_prefill_case(const char *name)
 {
-    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "mha prefill"};
+    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "mha prefill", "d256 prefill",
+                                           "d192/128 prefill", "d80 ", "d64 ", "split chunk"};
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
         if (!strncmp(name, prefixes[i], strlen(prefixes[i]))) return 1;
     return 0;
@@ -758,6 +759,77 @@ static void marks_cases(test_ctx *t)
     }
 }
 
+/* A CUDA ak_kv_cache made with cfg.marks: each layer's view carries its own
+ * zeroed words (ak_dev_calloc on the device), kept by ak_kv_update. */
+static void cache_marks_case(test_ctx *t)
+{
+    const char *name = "nonfinite kv_update marks: a CUDA cache's own marks (cfg.marks)";
+    if (t->device.kind != AK_DEVICE_CUDA || !t_selected(t, name)) return;
+    enum { BLOCKS = 6, PAGE = 48, HK = 2, D = 16 };
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.num_layers = 2;
+    kc.num_blocks = BLOCKS;
+    kc.page_size = PAGE;
+    kc.num_kv_heads = HK;
+    kc.head_dim_qk = kc.head_dim_vo = D;
+    kc.dtype = AK_BF16;
+    kc.device = t->device;
+    kc.marks = 1;
+    ak_kv_cache *c = NULL;
+    ak_paged_kv kv[2];
+    ak_status st = ak_kv_cache_create(&kc, &c);
+    for (int l = 0; l < 2 && st == AK_OK; l++) st = ak_kv_cache_layer(c, l, &kv[l]);
+    const int64_t words = ak_kv_marks_words(BLOCKS, HK, PAGE); /* 24 */
+    uint32_t got[2][BLOCKS * HK * 2];
+    char why[160] = "";
+    if (st != AK_OK) snprintf(why, sizeof why, "status %s: %s", ak_status_str(st), ak_last_error());
+    else if (!kv[0].marks || !kv[1].marks || kv[0].marks == kv[1].marks || words != BLOCKS * HK * 2)
+        snprintf(why, sizeof why, "the views' marks %p %p, %lld words", (void *)kv[0].marks, (void *)kv[1].marks,
+                 (long long)words);
+    for (int l = 0; l < 2 && !why[0]; l++) {
+        dev_copy_from(t->device, got[l], kv[l].marks, sizeof got[l]);
+        for (int64_t i = 0; i < words && !why[0]; i++)
+            if (got[l][i]) snprintf(why, sizeof why, "layer %d word %lld = %#x at create, want 0", l, (long long)i, got[l][i]);
+    }
+    /* an infinity in head 0's K at block 4 slot 40 (word (4 x 2 + 0) x 2 +
+     * 1 = 17, bit 8) of layer 0 */
+    tbuf kb, vb, sb;
+    tbuf_alloc(&kb, t->device, sizeof(uint16_t) * HK * D);
+    tbuf_alloc(&vb, t->device, sizeof(uint16_t) * HK * D);
+    tbuf_alloc(&sb, t->device, sizeof(int64_t));
+    for (int i = 0; i < HK * D; i++) {
+        ((uint16_t *)tbuf_host(&kb))[i] = ak_f32_to_bf16(0.5f);
+        ((uint16_t *)tbuf_host(&vb))[i] = ak_f32_to_bf16(-0.5f);
+    }
+    ((uint16_t *)tbuf_host(&kb))[7] = ak_f32_to_bf16(INFINITY);
+    *(int64_t *)tbuf_host(&sb) = 4 * PAGE + 40;
+    tbuf_upload(&kb);
+    tbuf_upload(&vb);
+    tbuf_upload(&sb);
+    const ak_tensor kt = ak_tensor_3d(tbuf_data(&kb), AK_BF16, 1, HK, D), vt = ak_tensor_3d(tbuf_data(&vb), AK_BF16, 1, HK, D);
+    if (!why[0]) {
+        st = ak_kv_update(&kv[0], &kt, &vt, tbuf_data(&sb), 1, NULL);
+        dev_sync(t->device);
+        if (st != AK_OK) snprintf(why, sizeof why, "ak_kv_update: %s", ak_last_error());
+    }
+    for (int l = 0; l < 2 && !why[0]; l++) {
+        dev_copy_from(t->device, got[l], kv[l].marks, sizeof got[l]);
+        for (int64_t i = 0; i < words && !why[0]; i++) {
+            const uint32_t want = l == 0 && i == 17 ? 1u << 8 : 0;
+            if (got[l][i] != want)
+                snprintf(why, sizeof why, "layer %d word %lld = %#x after the write, want %#x", l, (long long)i,
+                         got[l][i], want);
+        }
+    }
+    if (why[0]) t_fail(t, NULL, name, "%s", why);
+    else t_pass(t, NULL, name, "ok");
+    tbuf_free(&kb);
+    tbuf_free(&vb);
+    tbuf_free(&sb);
+    ak_kv_cache_destroy(c);
+}
+
 /* ---- ak_merge_states ------------------------------------------------------------ */
 
 /* 4 states of 2 heads x 8 dims, one token; the bad element goes to state
@@ -859,5 +931,6 @@ void test_nonfinite(test_ctx *t)
             with_scan_short(v > 0 ? "1" : NULL, marks_read_case, &rc);
         }
     marks_cases(t);
+    cache_marks_case(t);
     if (t->device.kind == AK_DEVICE_CPU) merge_cases(t);
 }

@@ -114,7 +114,7 @@ void ak_dev_free(ak_device dev, void *p);
 int ak_cuda_device_count(void);
 ak_status ak_cuda_get_info(int index, ak_device_info *info);
 ak_status ak_cuda_malloc(int index, size_t bytes, void **out);
-ak_status ak_cuda_zero(int index, void *p, size_t bytes); /* synchronous */
+ak_status ak_cuda_zero(int index, void *p, size_t bytes); /* done on return (this thread's stream) */
 void ak_cuda_free(int index, void *p);
 ak_status ak_cuda_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const ak_tensor *v,
                             const int64_t *slot_mapping, int num_tokens, ak_stream stream);

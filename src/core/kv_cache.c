@@ -82,6 +82,9 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
     for (int i = 0; i < 4; i++) over |= __builtin_mul_overflow(bytes, (size_t)dims[i], &bytes);
     const int pools = c->mla ? 1 : 2;
     over |= __builtin_mul_overflow(bytes, (size_t)c->num_layers * pools, &all);
+    size_t mark_bytes; /* (cfg.marks: each layer's words) */
+    const int64_t words = ak_kv_marks_words(c->num_blocks, c->num_kv_heads, c->page_size);
+    over |= words < 0 || __builtin_mul_overflow((size_t)words, sizeof(uint32_t) * (size_t)c->num_layers, &mark_bytes);
     if (over)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "cfg: num_layers %d x %d pools of num_blocks %d x page_size %d x num_kv_heads %d x "
@@ -120,7 +123,7 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
     }
     const size_t esz = ak_dtype_size(cfg->dtype);
     const size_t rows = (size_t)cfg->num_blocks * cfg->page_size * cfg->num_kv_heads;
-    /* (fewer words than rows: no overflow where the pools' bytes have none) */
+    /* (validate_cfg: the words' bytes are a size_t) */
     const size_t words = (size_t)ak_kv_marks_words(cfg->num_blocks, cfg->num_kv_heads, cfg->page_size);
     for (int l = 0; l < cfg->num_layers; l++) {
         ak_status s = ak_dev_malloc(cfg->device, rows * cfg->head_dim_qk * esz, &c->k_pools[l]);

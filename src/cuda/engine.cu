@@ -184,6 +184,7 @@ struct engine_state {
     int max_scans, scan_ctas, scan_keys; /* (scan_keys: a task's fewest keys) */
     int scan_short; /* the shorter requests' tasks: -1 by their work (SCAN_SHORT_MIN_FLOP), 0 never, 1 always
                        (AK_CUDA_SCAN_SHORT) */
+    int scan_rows;  /* 1: a request can have SCAN_MIN_ROWS rows (else only a run with marks has scan work) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
@@ -794,9 +795,11 @@ static ak_status engine_create_inner(engine_state *s)
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
+            /* a run without marks has work for the pass only where a
+             * request can have SCAN_MIN_ROWS rows */
+            s->scan_rows = (int64_t)lim->max_tokens * group >= SCAN_MIN_ROWS;
             /* (requests past that capacity, which no engine reaches, run checked) */
-            const int64_t reqs = lim->max_reqs < lim->max_tokens ? lim->max_reqs : lim->max_tokens;
-            s->max_scans = (int)(reqs < MAX_SCAN_REQS ? reqs : MAX_SCAN_REQS) * SCAN_TASKS_PER_REQ;
+            s->max_scans = (multi < MAX_SCAN_REQS ? multi : MAX_SCAN_REQS) * SCAN_TASKS_PER_REQ;
             int scan_per_sm = 0;
             AK_TRY(ak_cuda_kernel_occupancy(&s->scan_k, &scan_per_sm));
             s->scan_ctas = info.num_sms * scan_per_sm / cfg->num_kv_heads;
@@ -1153,7 +1156,7 @@ static int plan_scan(const engine_state *s, plan_meta *m, int page_base, int lo,
 
 /* Whether a request of q_len query tokens is long enough for a pass over
  * its K/V rows (SCAN_MIN_ROWS) */
-static bool scan_long(const engine_state *s, int q_len)
+static bool rows_worth_scan(const engine_state *s, int q_len)
 {
     return (int64_t)q_len * (s->cfg.num_qo_heads / s->cfg.num_kv_heads) >= SCAN_MIN_ROWS;
 }
@@ -1230,7 +1233,9 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
      * the short ones' where their work is worth it */
     int long_at = 0, short_at = 0;
     bool scan_short = false;
+    *num_long_scans = 0;
     if (s->scan_k.fn) {
+        int long_total = 0;
         double work = 0.0;
         const double row_flop = 2.0 * (c->head_dim_qk + c->head_dim_vo) * c->num_qo_heads;
         for (int r = 0; r < b->num_reqs; r++) {
@@ -1239,15 +1244,13 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             const int kv_len = b->kv_lens[r], prefix = kv_len - q_len, lo = ak_visible_lo(prefix, c->window_left);
             int step = 0;
             const int k = scan_tasks_of(s, lo, kv_len, &step);
-            if (scan_long(s, q_len)) long_at += long_at + k <= s->max_scans ? k : 0; /* (as plan_scan below) */
+            if (rows_worth_scan(s, q_len)) long_total += long_total + k <= s->max_scans ? k : 0; /* (as plan_scan) */
             else /* the keys its tokens see: the prefix's, and causal the half of its own */
                 work += row_flop * q_len * (c->causal ? (prefix - lo) + 0.5 * (q_len + 1) : (double)(kv_len - lo));
         }
         /* (ragged K/V have no marks) */
         scan_short = !s->ragged && (s->scan_short >= 0 ? s->scan_short == 1 : work > 0.0 && work >= SCAN_SHORT_MIN_FLOP);
-        short_at = long_at;
-        *num_long_scans = long_at;
-        long_at = 0;
+        short_at = *num_long_scans = long_total;
     }
     for (int r = 0; r < b->num_reqs; r++) {
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
@@ -1255,7 +1258,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         const int kv_len = b->kv_lens[r], prefix = kv_len - q_len;
         int scan_n = 0, scan = -1;
         const int lo_seen = ak_visible_lo(prefix, c->window_left);
-        if (s->scan_k.fn && scan_long(s, q_len))
+        if (s->scan_k.fn && rows_worth_scan(s, q_len))
             scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &long_at, &scan_n);
         else if (scan_short)
             scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &short_at, &scan_n);
@@ -1703,9 +1706,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
-    /* (a run without marks scans the long requests alone: plan_prefill) */
+    /* (a run without marks scans the long requests alone: plan_prefill;
+     * where there can be none, a captured one launches no pass either) */
     const int scans = p.kv_marks ? s->num_scans : s->num_long_scans;
-    const int scan = s->scan_k.fn && (all || scans > 0);
+    const int scan = s->scan_k.fn && (p.kv_marks || s->scan_rows) && (all || scans > 0);
     /* (a few microseconds of host time: only where the prefill kernel runs;
      * the maps depend on the pools and on q's address and strides, never on
      * the plan, so a captured graph serves any later plan) */
@@ -1735,7 +1739,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     }
     /* (pre_k's dependent: each waits for the kernel before it at its end, so
      * the merge after it follows both) */
-    if (prefill && s->pre_clean_k.fn && (all || scans > 0))
+    if (prefill && s->pre_clean_k.fn && scan)
         AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas),
                              s->pre_clean_k.threads, s->pre_clean_k.smem, s->pdl, cs, p,
                              s->pre_clean_k.tma_map ? &kv_map : NULL));

@@ -54,8 +54,10 @@ extern "C" ak_status ak_cuda_zero(int index, void *p, size_t bytes)
     int prev = 0;
     AK_CUDA_TRY(cudaGetDevice(&prev));
     AK_CUDA_TRY(cudaSetDevice(index));
-    cudaError_t e = cudaMemset(p, 0, bytes);
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    /* (on this thread's own stream, waited for: no wait on the device's
+     * other streams, which may be capturing) */
+    cudaError_t e = cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamPerThread);
     cudaSetDevice(prev);
     if (e != cudaSuccess) {
         cudaGetLastError();
