@@ -30,8 +30,8 @@
  *     never dropped like a masked key (-inf) nor made the row's only weight
  *     (+inf). A logit or sum of finite inputs that overflows f32 is outside
  *     the rule: cpu_ref computes in fp64, cpu treats it as not finite, and
- *     the CUDA backends do on some paths only (a long prefill whose inputs
- *     are all finite runs without per-logit checks).
+ *     the CUDA backends do on some paths only (a prefill whose K and V are
+ *     found finite by the scan pass runs without per-logit checks).
  *   - Keys a row does not see (causal mask, window, past kv_len, other
  *     requests, unused cache slots) never affect it, whatever they hold.
  *   - ak_merge_states: a NaN or +inf lse, or a NaN or infinity in the v of a
@@ -425,10 +425,12 @@ typedef struct ak_paged_kv {
      * with the block). ak_kv_update sets a slot's
      * bit when the K or V row it stores there holds a NaN or an infinity
      * (fp8: the NaN byte), and clears it otherwise. With marks, the CUDA
-     * backends learn which keys a long prefill request sees are finite from
+     * backends learn which keys a prefill request sees are finite from
      * their bits instead of reading every K/V row (the NaN rule's scan pass:
      * a 16 x 1024 prefill step took 0.95 of its time, 64 x 512 0.93, on an
-     * H200; BENCHMARKS.md). The engine
+     * H200), and so scan shorter requests too, which are not worth a pass
+     * over their rows (64 x 256 took 0.75 of its time, 4 x 256 0.81;
+     * BENCHMARKS.md). The engine
      * allocates them with its pools, zeroed (a slot never written is
      * finite), and promises that every write of a row into these pools goes
      * through ak_kv_update with this view's marks, and that whoever copies
@@ -473,7 +475,8 @@ AK_API void ak_kv_cache_config_init(ak_kv_cache_config *cfg /* OUT */);
 typedef struct ak_kv_cache ak_kv_cache;
 
 /* Allocates num_layers K and V pools of num_blocks blocks each. The memory is
- * not initialised. With num_layers 0 it allocates no pools: the block
+ * not initialised; with cfg.marks each layer's finiteness marks are, zeroed
+ * (on CUDA, done before it returns). With num_layers 0 it allocates no pools: the block
  * allocator alone, whose ids index pools the engine made itself (say, torch
  * tensors [num_blocks, page_size, num_kv_heads, head_dim]). A config whose
  * pools would not fit a size_t is an error. */

@@ -63,7 +63,7 @@
 #define BALANCE_ROUNDS 4
 /* Merge thread blocks per SM (one per query head and task). */
 #define MERGE_CTAS_PER_SM 8
-/* The scan pass (scan.cu) serves prefill requests of at least SCAN_MIN_ROWS
+/* The scan pass over K/V rows (scan.cu) serves prefill requests of at least SCAN_MIN_ROWS
  * query rows (q_len x group): the checks it saves cost about 9% of a
  * compute-bound prefill and more of a short one (the V scan of every
  * item's diagonal tile), its reads about 240 / rows of a causal one at full
@@ -89,10 +89,12 @@
  * reaches SCAN_SHORT_MIN_FLOP; only a run with marks scans them, one without
  * runs their items checked as before. AK_CUDA_SCAN_SHORT=1 gives them tasks
  * in every plan, 0 in none (to compare, or to test the path on small
- * batches). */
-#ifndef SCAN_SHORT_MIN_FLOP
-#define SCAN_SHORT_MIN_FLOP 0.0
-#endif
+ * batches). Measured (H200, bf16, 32/8 heads d128 unless named, with marks,
+ * their tasks against none): 4 x 256 (2.1 GFLOP) 0.813 of the time, 64 x
+ * 256 0.747, 128 x 128 0.719, phi3-mini (32/32 heads, d96) 16 x 1024 0.820,
+ * qwen2.5-7b 16 x 256 0.765, 4 chunks of 256 on 4096 keys 0.855, gpt-oss-20b
+ * (window 128) 8 x 256 1.011 (BENCHMARKS.md). */
+#define SCAN_SHORT_MIN_FLOP 2e9
 /* The requests a plan can give scan tasks (then SCAN_TASKS_PER_REQ each at most) */
 #define MAX_SCAN_REQS 65536
 
