@@ -83,17 +83,20 @@
 #define SCAN_TASKS_PER_REQ 64
 /* With the pools' finiteness marks (ak_paged_kv.marks) the pass reads a bit
  * a key, about 5 us whatever the keys (H200, BENCHMARKS.md), so the shorter
- * requests are worth it too, together: each plan gives them tasks of their
- * own, after the long requests' (plan_head.scan_long), when their work (2 x
- * (head_dim_qk + head_dim_vo) FLOP a query row and key it sees, summed)
- * reaches SCAN_SHORT_MIN_FLOP; only a run with marks scans them, one without
- * runs their items checked as before. AK_CUDA_SCAN_SHORT=1 gives them tasks
- * in every plan, 0 in none (to compare, or to test the path on small
- * batches). Measured (H200, bf16, 32/8 heads d128 unless named, with marks,
- * their tasks against none): 4 x 256 (2.1 GFLOP) 0.813 of the time, 64 x
- * 256 0.747, 128 x 128 0.719, phi3-mini (32/32 heads, d96) 16 x 1024 0.820,
- * qwen2.5-7b 16 x 256 0.765, 4 chunks of 256 on 4096 keys 0.855, gpt-oss-20b
- * (window 128) 8 x 256 1.011 (BENCHMARKS.md). */
+ * requests are worth it too: each plan gives them tasks of their own, after
+ * the long requests' (plan_head.scan_long); only a run with marks scans
+ * them, one without runs their items checked as before. In a step with
+ * decodes, whose kernel the pass goes before, only when the shorter
+ * requests' work (2 x (head_dim_qk + head_dim_vo) FLOP a query row and key
+ * it sees, summed) reaches SCAN_SHORT_MIN_FLOP. AK_CUDA_SCAN_SHORT=1 gives
+ * them tasks in every plan, 0 in none (to compare, or to test the path on
+ * small batches). Measured (H200, bf16, 32/8 heads d128 unless named, with
+ * marks, their tasks against none): 1 x 32 0.784 of the time, 1 x 128
+ * 0.889, 4 x 256 0.813, 64 x 256 0.747, 128 x 128 0.719, phi3-mini (32/32
+ * heads, d96) 16 x 1024 0.820, 4 chunks of 256 on 4096 keys 0.855, 32 x 4
+ * verified tokens on 4096 keys 0.902; beside 62 decodes, 2 chunks of 16 on
+ * 2048 keys (1.1 GFLOP) 1.008, of 64 (4.3 GFLOP) 1.000, of 256 0.991-0.995;
+ * gpt-oss-20b (window 128) 8 x 256 1.002-1.011 (BENCHMARKS.md). */
 #define SCAN_SHORT_MIN_FLOP 2e9
 /* The requests a plan can give scan tasks (then SCAN_TASKS_PER_REQ each at most) */
 #define MAX_SCAN_REQS 65536
@@ -1237,11 +1240,12 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     bool scan_short = false;
     *num_long_scans = 0;
     if (s->scan_k.fn) {
-        int long_total = 0;
+        int long_total = 0, decodes = 0;
         double work = 0.0;
         const double row_flop = 2.0 * (c->head_dim_qk + c->head_dim_vo) * c->num_qo_heads;
         for (int r = 0; r < b->num_reqs; r++) {
             const int q_len = bm->qo_indptr[r + 1] - bm->qo_indptr[r];
+            decodes += q_len > 0 && q_len < s->min_prefill_q;
             if (q_len < s->min_prefill_q) continue;
             const int kv_len = b->kv_lens[r], prefix = kv_len - q_len, lo = ak_visible_lo(prefix, c->window_left);
             int step = 0;
@@ -1251,7 +1255,8 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
                 work += row_flop * q_len * (c->causal ? (prefix - lo) + 0.5 * (q_len + 1) : (double)(kv_len - lo));
         }
         /* (ragged K/V have no marks) */
-        scan_short = !s->ragged && (s->scan_short >= 0 ? s->scan_short == 1 : work > 0.0 && work >= SCAN_SHORT_MIN_FLOP);
+        const double min_work = decodes > 0 ? SCAN_SHORT_MIN_FLOP : 0.0;
+        scan_short = !s->ragged && (s->scan_short >= 0 ? s->scan_short == 1 : work > 0.0 && work >= min_work);
         short_at = *num_long_scans = long_total;
     }
     for (int r = 0; r < b->num_reqs; r++) {
