@@ -1135,9 +1135,10 @@ static int by_request_desc(const void *a, const void *b)
 static int scan_tasks_of(const engine_state *s, int lo, int kv_len, int *step)
 {
     if (kv_len <= lo) return 0;
-    int k = (kv_len - lo + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ;
+    const int64_t keys = (int64_t)kv_len - lo; /* (int64: up to AK_MAX_LEN plus a step) */
+    const int k = (int)((keys + SCAN_TASKS_PER_REQ - 1) / SCAN_TASKS_PER_REQ);
     *step = k < s->scan_keys ? s->scan_keys : k;
-    return (kv_len - lo + *step - 1) / *step;
+    return (int)((keys + *step - 1) / *step);
 }
 
 /* The scan tasks of a request whose K/V rows start at page_base and whose
@@ -1151,7 +1152,8 @@ static int plan_scan(const engine_state *s, plan_meta *m, int page_base, int lo,
     *count = 0;
     if (n == 0 || *at + n > s->max_scans) return -1;
     const int first = *at;
-    for (int k = lo; k < kv_len; k += step) {
+    for (int x = 0; x < n; x++) { /* (by count: lo + n x step may pass INT_MAX) */
+        const int k = lo + x * step;
         const scan_task t = {page_base, k, kv_len - k < step ? kv_len : k + step, 0};
         m->scans[(*at)++] = t;
     }
