@@ -196,6 +196,17 @@ static const attn_case fixed_cases[] = {
     /* pages of half a 128-key tile (two TMA boxes a tile, each on its page) */
     {"prefill page 64 d128 gqa4 bf16 on prefixes", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
      {{64, 2000}, {300, 300}, {7, 135}}},
+    /* pages of 16n keys below 64 (a TMA box a page: up to eight a tile's
+     * column block, each on its page): 32, 48 (boxes of 16 that are not
+     * a power-of-two page), 80, and d256 on pages of 16 (32 boxes a tile) */
+    {"prefill page 32 d128 gqa4 bf16 on prefixes", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 32, NHD, PAGED, 3,
+     {{64, 2000}, {300, 300}, {7, 135}}},
+    {"prefill page 48 d96 hnd f16 on prefixes", 8, 2, 96, 96, AK_F16, 0, 0, 1, -1, 0, 48, HND, PAGED, 3,
+     {{200, 1200}, {129, 129}, {5, 400}}},
+    {"prefill page 80 192/128 bf16 long prefix", 8, 2, 192, 128, AK_BF16, 0, 0, 1, -1, 0, 80, NHD, PAGED, 2,
+     {{64, 3000}, {140, 140}}},
+    {"prefill page 16 d256 hnd bf16 window 200", 8, 2, 256, 256, AK_BF16, 0, 0, 1, 200, 0, 16, HND, PAGED, 2,
+     {{300, 300}, {100, 900}}},
     {"ragged prefill", 4, 2, 64, 64, AK_F32, 0, 0, 1, -1, 0, 0, NHD, RAGGED, 3, {{17, 17}, {113, 113}, {1, 1}}},
     {"ragged cross attention", 4, 2, 128, 128, AK_BF16, 0, 0, 0, -1, 0, 0, NHD, RAGGED, 3,
      {{30, 77}, {5, 1}, {2, 0}}},

@@ -151,12 +151,12 @@ template <int STAGES> struct ws_barriers {
 
 /* A whole tile of K or V (map; D of its columns real, in D / 64 rounded up
  * column blocks, the columns past D zero-filled by the map's bounds) by
- * TMA into dst, completing on full: thread 0 of the PRODUCERS issues a box
- * a column block and a part of the tile (`boxes` parts, 1 or 2, of
- * KEYS / boxes rows: paged, each on one page) and arrives with their bytes,
- * the others arrive, so that the barrier's count is the same as for
- * cp.async. at[j]: paged, part j's first slot in block block[j]; ragged,
- * its first row. */
+ * TMA into dst, completing on full, in boxes of a tile or half of one
+ * (p.kv_box 128 or 64): thread 0 of the PRODUCERS issues a box a column
+ * block and a part of the tile (`boxes` parts, 1 or 2, of KEYS / boxes
+ * rows: paged, each on one page) and arrives with their bytes, the others
+ * arrive, so that the barrier's count is the same as for cp.async. at[j]:
+ * paged, part j's first slot in block block[j]; ragged, its first row. */
 template <int D, int KEYS, int PRODUCERS, int ADDR, typename T>
 __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int32_t (&block)[2], const int (&at)[2],
                                               int boxes, int kv_head, T *dst, uint64_t *full)
@@ -176,6 +176,54 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
     } else {
         mbar_arrive(full);
     }
+}
+
+/* Pages of 16 or 32 keys (p.kv_box, paged): a tile is 4 or 8 boxes a
+ * column block, each on its page. The box of a key tile [t0, t0 + KEYS)
+ * that this producer thread issues, if any: box j by lane j / 4 of
+ * producer warp j % 4, its block looked up before the stage's wait (the
+ * load under it); K's and V's copies share it. Measured (H200, page 16,
+ * d128, against cp.async): one thread issuing every box, a lookup before
+ * each, 1.31-1.51x the time; lane 0 of each of four warps, 0.60-0.72x of
+ * that; the lanes of one warp, 1.06-1.21x four warps' (BENCHMARKS.md). */
+#define PAGE_BOX_WARPS 4
+struct page_box {
+    bool mine;     /* this thread issues box j */
+    int j, slot;   /* its first slot */
+    int32_t block; /* and its block */
+};
+
+template <int PRODUCERS, int KEYS>
+__device__ __forceinline__ page_box page_box_of(const attn_params &p, const int32_t *table, int page_base, int t0)
+{
+    const int warp = threadIdx.x % PRODUCERS / 32;
+    page_box b;
+    b.j = warp + PAGE_BOX_WARPS * (threadIdx.x % 32);
+    b.mine = warp < PAGE_BOX_WARPS && b.j < KEYS / p.kv_box;
+    b.slot = 0;
+    b.block = b.mine ? (int32_t)kv_block_of<0>(p, table, page_base, t0 + b.j * p.kv_box, b.slot) : 0;
+    return b;
+}
+
+/* The tile by its page boxes (page_box_of): lane 0 of each issuing warp
+ * arrives with its warp's bytes before any lane of the warp issues; every
+ * other thread arrives (the barrier's count as for cp.async); each thread
+ * with a box issues it, a column block at a time. */
+template <int D, int KEYS, int PRODUCERS, typename T>
+__device__ __forceinline__ void tma_page_copy(const attn_params &p, const CUtensorMap *map, const page_box &b,
+                                              int kv_head, T *dst, uint64_t *full)
+{
+    static_assert(PRODUCERS >= 32 * PAGE_BOX_WARPS, "a warp a box");
+    constexpr int NCB = (D + 63) / 64;
+    const int warp = threadIdx.x % PRODUCERS / 32, boxes = KEYS / p.kv_box;
+    const int n = warp < PAGE_BOX_WARPS ? (boxes - warp + PAGE_BOX_WARPS - 1) / PAGE_BOX_WARPS : 0; /* the warp's */
+    if (threadIdx.x % 32 == 0 && n > 0) mbar_arrive_expect_tx(full, (uint32_t)(n * p.kv_box * NCB * 128));
+    else mbar_arrive(full);
+    __syncwarp();
+    if (!b.mine) return;
+#pragma unroll
+    for (int c = 0; c < NCB; c++)
+        tma_load_4d(dst + c * (KEYS * 64) + b.j * p.kv_box * 64, map, c * 64, b.slot, kv_head, b.block, full);
 }
 
 /* A whole row tile of q by TMA into qs, completing on full: `boxes` of
@@ -224,9 +272,9 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * consumers free only when the previous item is done with it (after its
  * last S; after its epilogue where that stages o there): the copy of that
  * tile runs under the end of the previous item. TMA: the kernel takes the
- * pools' maps (kv_maps), whose boxes are a tile or half of one
- * (p.kv_box); a tile they can copy (whole, below kv_end, paged on pages of
- * whole boxes) goes by TMA, any other by cp.async.
+ * pools' maps (kv_maps), whose boxes are a tile, half of one or a page of
+ * 16 or 32 keys (p.kv_box); a tile they can copy (whole, below kv_end,
+ * paged on pages of whole boxes) goes by TMA, any other by cp.async.
  * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
  * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
  * arrivals), where there are scan tasks, then takes its own items alone. */
@@ -260,8 +308,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             T *ks = stages + st * 2 * KEYS * DP;
             /* TMA: a whole tile below kv_end, in boxes of p.kv_box rows (a
              * tile, or half of one), paged each on one page (a page holds
-             * whole boxes: ak_cuda_prefill_tma_maps) */
-            if (TMA && p.kv_box > 0 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
+             * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
+             * (16 or 32 rows) */
+            if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
                 const int boxes = KEYS / p.kv_box;
                 int32_t block[2] = {0, 0};
                 int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
@@ -274,6 +323,15 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                 if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
                 tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
                                                   &bar.v_full[st]);
+                g++;
+                return;
+            }
+            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && t0 % p.kv_box == 0 && t0 + KEYS <= it.kv_end) {
+                const page_box b = page_box_of<tr::PRODUCERS, KEYS>(p, table, it.page_base, t0);
+                if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+                tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
+                if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+                tma_page_copy<DVO, KEYS, tr::PRODUCERS, T>(p, &maps->v, b, kv_head, ks + KEYS * DP, &bar.v_full[st]);
                 g++;
                 return;
             }
