@@ -2,6 +2,7 @@
  * harness.c - results, random inputs, guarded buffers on either device, the
  * test scene and the dense oracle. See harness.h.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "harness.h"
 
 #include "dtype.h"
@@ -61,6 +62,18 @@ int t_selected(const test_ctx *t, const char *name)
 }
 
 int t_storage_selected(const test_ctx *t, ak_kv_storage s) { return t->storage < 0 || (int)s == t->storage; }
+
+void t_with_env(const char *var, const char *value, void (*fn)(void *), void *arg)
+{
+    const char *old = getenv(var);
+    char saved[64] = "";
+    if (old) snprintf(saved, sizeof saved, "%s", old);
+    if (value) setenv(var, value, 1);
+    else unsetenv(var);
+    fn(arg);
+    if (old) setenv(var, saved, 1);
+    else unsetenv(var);
+}
 
 int t_backends(const test_ctx *t, const char **names, int cap)
 {

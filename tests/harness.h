@@ -44,6 +44,11 @@ int t_selected(const test_ctx *t, const char *name);
 /* 0 when --storage excludes cases on K/V storage s. */
 int t_storage_selected(const test_ctx *t, ak_kv_storage s);
 
+/* Runs fn(arg) with the environment variable var set to value (NULL:
+ * unset), then restores var as it was: for the engines' switches read at
+ * create (AK_CUDA_SCAN_SHORT, ...). */
+void t_with_env(const char *var, const char *value, void (*fn)(void *), void *arg);
+
 /* Backends of the device under test (in registry order). */
 int t_backends(const test_ctx *t, const char **names, int cap);
 

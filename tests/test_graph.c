@@ -698,6 +698,18 @@ static void run_graph_case(test_ctx *t, const char *name, const graph_case *gc)
     ak_kv_cache_destroy(cache);
 }
 
+typedef struct graph_run {
+    test_ctx *t;
+    const char *backend;
+    const graph_case *gc;
+} graph_run;
+
+static void run_graph(void *arg)
+{
+    const graph_run *r = arg;
+    run_graph_case(r->t, r->backend, r->gc);
+}
+
 void test_graphs(test_ctx *t)
 {
     if (t->device.kind != AK_DEVICE_CUDA) return;
@@ -706,13 +718,9 @@ void test_graphs(test_ctx *t)
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
             if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, graph_cases[c].storage)) {
-                const char *old = getenv("AK_CUDA_SCAN_SHORT");
-                char saved[16] = "";
-                if (old) snprintf(saved, sizeof saved, "%s", old);
-                if (graph_cases[c].scan_short) setenv("AK_CUDA_SCAN_SHORT", "1", 1);
-                run_graph_case(t, names[i], &graph_cases[c]);
-                if (old) setenv("AK_CUDA_SCAN_SHORT", saved, 1);
-                else unsetenv("AK_CUDA_SCAN_SHORT");
+                graph_run r = {t, names[i], &graph_cases[c]};
+                if (graph_cases[c].scan_short) t_with_env("AK_CUDA_SCAN_SHORT", "1", run_graph, &r);
+                else run_graph(&r);
             }
 }
 #else

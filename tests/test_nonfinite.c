@@ -430,20 +430,12 @@ static void give_zero_marks(test_ctx *t, scene *sc, tbuf *mb)
     sc->kv.marks = tbuf_data(mb);
 }
 
-/* Runs fn(t, backend, arg) with AK_CUDA_SCAN_SHORT set to value (NULL:
- * unset), then restores it: the CUDA engine then gives the shorter
- * requests scan tasks in every plan (1), which a run reads from the
- * pools' marks, or in none (0). */
+/* Runs fn(arg) with AK_CUDA_SCAN_SHORT set to value (NULL: unset): the
+ * CUDA engine then gives the shorter requests scan tasks in every plan
+ * (1), which a run reads from the pools' marks, or in none (0). */
 static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
 {
-    const char *old = getenv("AK_CUDA_SCAN_SHORT");
-    char saved[16] = "";
-    if (old) snprintf(saved, sizeof saved, "%s", old);
-    if (value) setenv("AK_CUDA_SCAN_SHORT", value, 1);
-    else unsetenv("AK_CUDA_SCAN_SHORT");
-    fn(arg);
-    if (old) setenv("AK_CUDA_SCAN_SHORT", saved, 1);
-    else unsetenv("AK_CUDA_SCAN_SHORT");
+    t_with_env("AK_CUDA_SCAN_SHORT", value, fn, arg);
 }
 
 /* dtype: q, o and K/V, or q and o with fp8 K/V (kv_fp8). marks: the view
