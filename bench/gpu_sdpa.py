@@ -12,8 +12,9 @@ head_dim] tensors, GQA through enable_gqa), then runs
 in the same script run, and prints TFLOP/s of each and attnkit's ratio to each.
 attnkit reads K/V through its paged cache (page size P, 16 unless
 --page-size says, blocks shuffled); the peers read contiguous tensors. Pages
-of a multiple of 64 keys let the prefill copy whole key tiles by TMA;
-smaller ones copy with cp.async. FLOPs are counted alike on both sides:
+of a multiple of 16 keys let the prefill copy key tiles by TMA (pages of 64n
+keys in boxes of a tile or half of one, others a box of 32 or 16 rows at a
+time); other sizes copy with cp.async. FLOPs are counted alike on both sides:
 4 * head_dim * num_qo_heads * (keys each query token sees), summed.
 
 Needs torch with CUDA; nothing else.

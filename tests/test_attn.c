@@ -196,9 +196,10 @@ static const attn_case fixed_cases[] = {
     /* pages of half a 128-key tile (two TMA boxes a tile, each on its page) */
     {"prefill page 64 d128 gqa4 bf16 on prefixes", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 64, NHD, PAGED, 3,
      {{64, 2000}, {300, 300}, {7, 135}}},
-    /* pages of 16n keys below 64 (a TMA box a page: up to eight a tile's
-     * column block, each on its page): 32, 48 (boxes of 16 that are not
-     * a power-of-two page), 80, and d256 on pages of 16 (32 boxes a tile) */
+    /* pages of 16n keys that hold no half tile (TMA boxes of 32 or 16
+     * rows, 4 or 8 a tile's column block, each within a page): 32, 48
+     * (three boxes of 16 a page), 80, and d256 on pages of 16 (32 boxes a
+     * tile) */
     {"prefill page 32 d128 gqa4 bf16 on prefixes", 16, 4, 128, 128, AK_BF16, 0, 0, 1, -1, 0, 32, NHD, PAGED, 3,
      {{64, 2000}, {300, 300}, {7, 135}}},
     {"prefill page 48 d96 hnd f16 on prefixes", 8, 2, 96, 96, AK_F16, 0, 0, 1, -1, 0, 48, HND, PAGED, 3,

@@ -179,8 +179,8 @@ struct attn_params {
     int k_tma;
     /* prefill (prefill_wgmma.cu): the rows of a TMA box of K and V in the
      * second parameter's maps, a key tile (the kernel's KEYS), half of one,
-     * or (paged) a page of 16 or 32 keys: a page holds whole boxes; or 0:
-     * every copy by cp.async */
+     * or (paged, pages of 16n keys) 32 or 16: a page holds whole boxes; or
+     * 0: every copy by cp.async */
     int kv_box;
     /* prefill (prefill_wgmma.cu): the tokens of a TMA box of q in the second
      * parameter's q map (prow_heads heads of each: the whole row tile, or
@@ -1089,10 +1089,11 @@ attn_kernel ak_cuda_mla_wgmma_kernel(ak_dtype dtype);
 int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
 /* The maps of the wgmma prefill kernel (kv_maps, TMA boxes of 64 columns of
  * 16-bit rows, 128-byte swizzle): K's and V's, boxes of a key tile, half
- * of one or (small: pages of 16 or 32 keys too) a page, their rows in
- * p->kv_box, or 0 where the pools do not allow TMA (alignment, strides,
- * pages not made of whole boxes) or the driver has no encoder; q's, a row tile of the kernel's `rows` (p->prow_heads heads of
- * rows / p->prow_heads tokens) or, where the tile's segments (2^p->prow_seg_log2
+ * of one or (page_boxes: pages of 16n keys too) 32 or 16 rows, their rows
+ * in p->kv_box, or 0 where the pools do not allow TMA (alignment, strides,
+ * pages not made of whole boxes) or the driver has no encoder; q's, a row
+ * tile of the kernel's `rows` (p->prow_heads heads of rows /
+ * p->prow_heads tokens) or, where the tile's segments (2^p->prow_seg_log2
  * rows) end in rows no token fills, a segment's whole tokens, the tokens in
  * p->q_box; or 0 where q's base or strides do not allow it or the heads do
  * not divide the rows of a tile of one segment (then the cp.async copies
@@ -1104,12 +1105,13 @@ int ak_cuda_mla_tma_map(const attn_params *p, CUtensorMap *map);
  * tensors' base and strides) and on q's and o's, never on the plan: ragged
  * rows and q's and o's tokens are bounded by the kernel's items alone, as
  * its cp.async copies are. Host only, as ak_cuda_mla_tma_map. */
-void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, int small, kv_maps *maps);
+void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, int page_boxes, kv_maps *maps);
 /* The rows of those maps' boxes for head dims (dqk, dvo), ragged K/V or
- * pages of page_size keys (small: pages of 16 or 32 keys, or of a multiple
- * of 16, in boxes of 16 or 32 rows), or 0: no TMA (the rule the maps and
- * the backend's explanation share). */
-int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size, int small);
+ * pages of page_size keys (page_boxes: pages of 16n keys that hold no
+ * half tile too, in boxes of 32 rows, or 16 where 32 does not divide the
+ * page), or 0: no TMA (the rule the maps and the backend's explanation
+ * share). */
+int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size, int page_boxes);
 /* The tokens of the q map's box for a row tile of `rows` rows of `heads`
  * heads each in segments of `seg` rows (2^p->prow_seg_log2), or 0: no q map (a
  * tile of one segment whose rows the heads do not divide; the rule the map

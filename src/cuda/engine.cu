@@ -164,7 +164,8 @@ struct engine_state {
                          unless AK_CUDA_MLA_TMA=0 (it then copies with cp.async alone) */
     int pre_tma;      /* run() encodes the K and V pools' TMA maps and q's for pre_k (prefill_wgmma.cu's
                          takes them), unless AK_CUDA_PREFILL_TMA=0 (cp.async alone) */
-    int pre_tma_small; /* pages of 16 or 32 keys by TMA too, unless AK_CUDA_PREFILL_TMA_SMALL=0 */
+    int pre_page_boxes; /* pages of 16n keys by TMA too (boxes of 32 or 16 rows), unless
+                         AK_CUDA_PREFILL_TMA_SMALL=0 */
     int vec;          /* the kernels read 16-byte chunks: q, o and K/V rows must be 16-byte aligned */
     int fp8;          /* K/V in fp8 e4m3 (q and o 16-bit) */
     int kv_vec, kv_epc; /* K/V rows of whole 16-byte chunks (kv_epc elements each) */
@@ -529,9 +530,9 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     int row_tiles, heads, tokens, seg;
     /* the K/V copies of a kernel that takes TMA maps (prefill_wgmma.cu's),
      * by create's rule */
-    int tma, small;
+    int tma, page_boxes;
     if (env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma) != AK_OK ||
-        env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &small) != AK_OK) {
+        env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &page_boxes) != AK_OK) {
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
@@ -542,17 +543,21 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
                           ? "fp8 K/V converted as read; "
                           : "fp8 K/V converted to 16 bits in shared memory, tile by tile; ";
     const int q_tma = ak_cuda_prefill_tma_q_tokens(heads, rows, seg) > 0;
-    const int box = ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_storage == AK_KV_RAGGED,
-                                             cfg->page_size, small != 0);
-    const char *copies = !pk.tma_map ? ""
-                         : tma == 0 ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)"
-                         : box >= 64 ? (q_tma ? ", K/V tiles and q by TMA" : ", K/V tiles by TMA")
-                         : box > 0   ? (q_tma ? ", K/V tiles by TMA, a box a page, q by TMA"
-                                              : ", K/V tiles by TMA, a box a page")
-                         : small == 0 ? (q_tma ? ", K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0), q by TMA"
-                                               : ", K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0)")
-                         : q_tma ? ", K/V by cp.async (TMA takes pages of 16n keys), q by TMA"
-                                 : ", K/V by cp.async (TMA takes pages of 16n keys)";
+    const int ragged = cfg->kv_storage == AK_KV_RAGGED;
+    const int box = ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo, ragged, cfg->page_size,
+                                             page_boxes != 0);
+    const int box_any = ak_cuda_prefill_tma_rows(cfg->head_dim_qk, cfg->head_dim_vo, ragged, cfg->page_size, 1);
+    const char *q_by = q_tma ? ", q by TMA" : "";
+    char copies[128] = ""; /* (none: a kernel without maps) */
+    if (pk.tma_map) {
+        if (tma == 0) snprintf(copies, sizeof copies, ", K/V by cp.async (AK_CUDA_PREFILL_TMA=0)");
+        else if (box >= 64) snprintf(copies, sizeof copies, ", K/V tiles%s by TMA", q_tma ? " and q" : "");
+        else if (box > 0)
+            snprintf(copies, sizeof copies, ", K/V tiles by TMA in boxes of %d keys, each on its page%s", box, q_by);
+        else if (box_any > 0)
+            snprintf(copies, sizeof copies, ", K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0)%s", q_by);
+        else snprintf(copies, sizeof copies, ", K/V by cp.async (TMA takes pages of 16n keys)%s", q_by);
+    }
     char segs[64] = "";
     if (seg < rows)
         snprintf(segs, sizeof segs, ", %d tokens in each warpgroup's %d rows", seg / heads, seg);
@@ -742,8 +747,9 @@ static ak_status engine_create_inner(engine_state *s)
         int tma;
         AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
         s->pre_tma = s->pre_k.tma_map && tma != 0;
-        AK_TRY(env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &tma));
-        s->pre_tma_small = tma != 0;
+        int page_boxes;
+        AK_TRY(env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &page_boxes));
+        s->pre_page_boxes = page_boxes != 0;
         prefill_rows(cfg, &s->pre_k, s->pre_tma, &s->prow_tiles, &s->prow_heads, &s->ptok, &s->prow_seg);
         AK_TRY(ak_cuda_kernel_occupancy(&s->pre_k, &ctas_per_sm));
         if (ctas_per_sm < 1) return ak_set_error(AK_ERR_INTERNAL, "prefill kernel cannot be resident on this GPU");
@@ -1731,7 +1737,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * the maps depend on the pools and on q's address and strides, never on
      * the plan, so a captured graph serves any later plan) */
     if (prefill && s->pre_tma)
-        ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->pre_k.rows, s->pre_tma_small, &kv_map);
+        ak_cuda_prefill_tma_maps(&p, c->head_dim_qk, c->head_dim_vo, s->pre_k.rows, s->pre_page_boxes, &kv_map);
     /* The scan pass first. Where dependent launches are on (s->pdl: the
      * paged engine on sm_90) it and decode are programmatic dependents of
      * whatever kernel is before them (the layer before's merge or prefill,

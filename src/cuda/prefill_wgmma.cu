@@ -22,9 +22,10 @@
  * (producer.cuh) fills them, running ahead of the consumers across items,
  * with its registers given to the consumers (setmaxnreg): a whole key tile
  * of ragged rows, or on pages of whole TMA boxes (a tile, or half of one,
- * a box a column block (and page) issued by one thread; or a page of 16 or
- * 32 keys, the boxes spread over the producer's four warps), by TMA (the
- * pools' maps, built by run(): ak_cuda_prefill_tma_maps); any other tile with
+ * a box a column block (and page) issued by one thread; or, on pages of
+ * 16n keys, boxes of 32 or 16 rows spread over the producer's four
+ * warps), by TMA (the pools' maps, built by run():
+ * ak_cuda_prefill_tma_maps); any other tile with
  * cp.async through the page table, a block lookup a row; an item's q the
  * same way, by TMA when it fills the row tile (q's map). Stages pass between it and
  * the consumers through mbarriers, K and V apart (ws_barriers), so there is
@@ -653,19 +654,19 @@ attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
 /* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of
  * 64 columns (128-byte swizzle: wgmma.cuh's layout) and of rows a whole key
  * tile, half of one (64) where pages hold 64 keys but not a whole tile of
- * 128, or (small) the largest of 32 and 16 that divides the page: a tile
- * is then up to eight boxes a column block, each on its page. Paged: {D,
+ * 128, or (page_boxes) the larger of 32 and 16 that divides the page: a
+ * tile is then 4 or 8 boxes a column block, each within a page. Paged: {D,
  * page_size, kv heads, blocks} by the pools' strides; ragged: {D, rows, kv
  * heads}, whole tiles, the rows unbounded (the items bound them). Measured
  * (H100, llama3-8b 4 x 4096, page 128, an earlier producer, one thread
  * issuing every box): boxes of 16 rows took 1.52 ms, 32 rows 1.28, 64 rows
  * 1.18, 128 rows 1.13: a TMA copy costs by the box. */
-int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size, int small)
+int ak_cuda_prefill_tma_rows(int dqk, int dvo, int ragged, int page_size, int page_boxes)
 {
     if (dqk == 512 && dvo == 512) return 0; /* (prefill_wide.cu) */
     if (ragged || page_size % WG_KEYS == 0) return WG_KEYS;
     if (page_size % 64 == 0) return 64;
-    return !small ? 0 : page_size % 32 == 0 ? 32 : page_size % 16 == 0 ? 16 : 0;
+    return !page_boxes ? 0 : page_size % 32 == 0 ? 32 : page_size % 16 == 0 ? 16 : 0;
 }
 
 int ak_cuda_prefill_tma_q_tokens(int heads, int rows, int seg)
@@ -676,10 +677,10 @@ int ak_cuda_prefill_tma_q_tokens(int heads, int rows, int seg)
     return heads <= 256 && tokens <= 256 ? tokens : 0; /* (TMA's box extents) */
 }
 
-void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, int small, kv_maps *maps)
+void ak_cuda_prefill_tma_maps(attn_params *p, int dqk, int dvo, int rows, int page_boxes, kv_maps *maps)
 {
     p->kv_box = p->q_box = p->o_box = 0;
-    const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size, small);
+    const int rows_box = ak_cuda_prefill_tma_rows(dqk, dvo, p->ragged, p->page_size, page_boxes);
     const encode_tiled_fn encode = ak_cuda_encode_tiled();
     if (!encode || (dqk == 512 && dvo == 512)) return; /* (prefill_wide.cu: no maps) */
     const int64_t esz = 2; /* 16-bit rows */

@@ -178,8 +178,8 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
     }
 }
 
-/* Pages of 16 or 32 keys (p.kv_box, paged): a tile is 4 or 8 boxes a
- * column block, each on its page. The box of a key tile [t0, t0 + KEYS)
+/* Pages of 16n keys that hold no half tile (p.kv_box 32 or 16, paged): a
+ * tile is 4 or 8 boxes a column block, each within a page. The box of a key tile [t0, t0 + KEYS)
  * that this producer thread issues, if any: box j by lane j / 4 of
  * producer warp j % 4, its block looked up before the stage's wait (the
  * load under it); K's and V's copies share it. Measured (H200, page 16,
@@ -189,7 +189,7 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
 #define PAGE_BOX_WARPS 4
 struct page_box {
     bool mine;     /* this thread issues box j */
-    int j, slot;   /* its first slot */
+    int j, slot;   /* the box (0 .. KEYS / p.kv_box - 1) and its first slot */
     int32_t block; /* and its block */
 };
 
@@ -272,8 +272,8 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * consumers free only when the previous item is done with it (after its
  * last S; after its epilogue where that stages o there): the copy of that
  * tile runs under the end of the previous item. TMA: the kernel takes the
- * pools' maps (kv_maps), whose boxes are a tile, half of one or a page of
- * 16 or 32 keys (p.kv_box); a tile they can copy (whole, below kv_end,
+ * pools' maps (kv_maps), whose boxes are a tile, half of one, or 32 or
+ * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole, below kv_end,
  * paged on pages of whole boxes) goes by TMA, any other by cp.async.
  * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
  * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
@@ -309,7 +309,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             /* TMA: a whole tile below kv_end, in boxes of p.kv_box rows (a
              * tile, or half of one), paged each on one page (a page holds
              * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
-             * (16 or 32 rows) */
+             * (32 or 16 rows, pages of 16n keys) */
             if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
                 const int boxes = KEYS / p.kv_box;
                 int32_t block[2] = {0, 0};
