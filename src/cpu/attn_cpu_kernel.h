@@ -919,13 +919,16 @@ AK_INLINE float amx_v_at(const uint16_t *vv, int ldv, int j, int d)
     return ak_bf16_to_f32(vv[(int64_t)(j / 2) * ldv + 2 * d + (j & 1)]);
 }
 
-/* unseen_v_nonfinite (below) for a value tile in the B layout. */
-static int amx_unseen_v_nonfinite(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n,
-                                  const uint16_t *vv, int ldv)
+/* unseen_v_nonfinite (below) for a value tile in the B layout: its keys
+ * [0, n) where masked, and [n, n_read), which amx_pv reads with P = 0 (a
+ * packed tile's keys past the item's last: the request's next rows, which
+ * may hold a NaN that only later rows see). */
+static int amx_unseen_v_nonfinite(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int masked,
+                                  int n_read, const uint16_t *vv, int ldv)
 {
     const int all_lo = sc->lo[ntok - 1] - j0, all_hi = sc->hi[0] - j0;
-    for (int j = 0; j < n; j++) {
-        if (j >= all_lo && j <= all_hi) continue;
+    for (int j = masked ? 0 : n; j < n_read; j++) {
+        if (j < n && j >= all_lo && j <= all_hi) continue;
         for (int d = 0; d < c->head_dim_vo; d++)
             if (!isfinite(amx_v_at(vv, ldv, j, d))) return 1;
     }
@@ -955,17 +958,18 @@ static void amx_pv_visible(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int nt
 
 /* One tile of keys [j0, j0 + n) of an AMX item: S = Q K^T, the fused
  * softmax, O += P V; kt and vv are the tile in the B layouts of
- * amx_load_kt / bf16_load_v. */
-static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, const uint32_t *kt,
-                     const uint16_t *vv, uint16_t *p_lo)
+ * amx_load_kt / bf16_load_v. packed: vv is a packed tile, whose keys past
+ * n up to the next 32 are the request's (bf16_load_v's are zeros). */
+static void amx_tile(const ak_cpu_ctx *c, const ak_cpu_scratch *sc, int ntok, int j0, int n, int packed,
+                     const uint32_t *kt, const uint16_t *vv, uint16_t *p_lo)
 {
     const int rows1 = ntok * c->group, dq32 = (c->head_dim_qk + 31) / 32 * 32;
     /* every row sees the whole tile unless it starts before the last row's
      * first key or ends after the first row's last key */
-    const int masked = tile_masked(sc, ntok, j0, n);
+    const int masked = tile_masked(sc, ntok, j0, n), n_read = packed ? (n + 31) / 32 * 32 : n;
     amx_qk(sc->amx_q, dq32, rows1, kt, n, sc->s, sc->s_stride);
     amx_softmax(c, sc, ntok, j0, n, masked, sc->amx_p, p_lo);
-    if (masked && amx_unseen_v_nonfinite(c, sc, ntok, j0, n, vv, 2 * c->dvo_pad))
+    if ((masked || n_read > n) && amx_unseen_v_nonfinite(c, sc, ntok, j0, n, masked, n_read, vv, 2 * c->dvo_pad))
         amx_pv_visible(c, sc, ntok, j0, n, vv, 2 * c->dvo_pad, sc->amx_p, p_lo);
     else
         amx_pv(sc->amx_p, p_lo, rows1, n, vv, 2 * c->dvo_pad, sc->o, c->dvo_pad);
@@ -992,7 +996,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
         for (int j0 = k_lo / tile * tile; j0 <= k_hi; j0 += tile) {
             const int n = tile_keys(j0, k_hi, tile);
             const uint16_t *kt = c->kv_pack + (pk->first + (int64_t)g * pk->tiles + j0 / tile - pk->t0) * c->pack_tile_elems;
-            amx_tile(c, sc, ntok, j0, n, (const uint32_t *)kt, kt + (int64_t)dq32 * tile, p_lo);
+            amx_tile(c, sc, ntok, j0, n, 1, (const uint32_t *)kt, kt + (int64_t)dq32 * tile, p_lo);
         }
     } else {
         for (int j0 = k_lo; j0 <= k_hi; j0 += tile) {
@@ -1002,7 +1006,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
             load_kv_tile(c, g, n, 1, 1, sc->voff[0], NULL, sc->vp);
             amx_load_kt(sc->amx_kt, sc->kp, n, c->head_dim_qk, dq32);
             bf16_load_v(sc->amx_v, 2 * dvo, sc->vp, n, (n + 31) / 32 * 16, c->head_dim_vo, dvo);
-            amx_tile(c, sc, ntok, j0, n, sc->amx_kt, sc->amx_v, p_lo);
+            amx_tile(c, sc, ntok, j0, n, 0, sc->amx_kt, sc->amx_v, p_lo);
         }
     }
     _tile_release();
