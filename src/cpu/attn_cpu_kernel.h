@@ -790,8 +790,9 @@ AK_INLINE vf amx_exp_keys(const float *row, int j, __mmask16 k0, __mmask16 k1, v
  * bf16 [rows][TILE_KEYS_AMX] (zeros for hidden keys and up to the next 32),
  * d = d f + sum P and O *= f with f = exp(m_old - m_new). With lo, also the
  * rounding remainder P - bf16(P), so that P V = P_hi V + P_lo V keeps about
- * 16 bits of P (an f32 output asks for that: bf16 P alone gave a relative
- * error of 1.4e-3).
+ * 16 bits of P, for an f32 or f16 output (bf16 P alone gave a relative
+ * error of 1.4e-3, and in f16 o up to 2 of its units in the last place, at
+ * 2^-11 each, from a bf16 q and K/V: the fuzz target found it).
  *
  * m is the row's max after its first tile; later tiles are computed against
  * the m they find and raise it (and redo the row) only when a score passes it
@@ -986,7 +987,7 @@ static void amx_run_tiles(const ak_cpu_ctx *c, const ak_cpu_work *w, const ak_cp
     const int r = w->req, g = w->kv_head, tile = AK_CPU_TILE_KEYS_AMX;
     const int rows1 = ntok * c->group, dvo = c->dvo_pad, dq32 = (c->head_dim_qk + 31) / 32 * 32;
     const int rows_pad = (rows1 + 2 * AK_AMX_ROWS - 1) / (2 * AK_AMX_ROWS) * (2 * AK_AMX_ROWS);
-    uint16_t *p_lo = c->o_dtype == AK_F32 ? sc->amx_p + (int64_t)rows_pad * tile : NULL;
+    uint16_t *p_lo = c->o_dtype != AK_BF16 ? sc->amx_p + (int64_t)rows_pad * tile : NULL; /* (amx_softmax) */
     const int k_lo = sc->lo[0], k_hi = sc->hi[ntok - 1];
     const ak_cpu_pack *pk = c->pack ? &c->pack[r] : NULL;
     memset(sc->amx_d, 0, sizeof(float) * AK_CPU_AMX_SUM_LANES * (size_t)rows1);
