@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ab.py - two builds of attnkit-bench timed side by side, shape by shape, in one run.
+"""ab.py - two builds of attnkit-bench (or more) timed side by side, shape by shape, in one run.
 
 A kernel change is judged against the committed kernel on the same machine,
 in the same run, rounds interleaved (base, new, base, new, ...), so that a
@@ -11,6 +11,8 @@ each shape (a list of attnkit-bench options) it runs
 ROUNDS times each, and prints each side's medians (attnkit-bench's median of
 its own samples, one a round), and new / base: the median of the new rounds
 over the median of the base rounds (below 1: the new build is faster).
+Several NEW builds are timed in the same rounds (base, new 1, new 2, ...,
+base, ...), each against the base.
 
 Shapes: --shape "OPTIONS" (repeatable), or --shapes FILE (one a line, #
 comments), or the default set: bf16 prefill on cuda_paged at page 128 (d128
@@ -18,7 +20,7 @@ comments), or the default set: bf16 prefill on cuda_paged at page 128 (d128
 d256 16 x 1024 and 4 x 4096), phi3-mini (d96) at page 16, and the mixed
 step under graphs.
 
-Usage: python3 bench/ab.py BASE NEW [--rounds 2] [--device cuda] [--shape "..."]... [--shapes FILE]
+Usage: python3 bench/ab.py BASE NEW [NEW ...] [--rounds 2] [--device cuda] [--shape "..."]... [--shapes FILE]
 Exit status: 0 when every run gave a time, 1 otherwise, 2 on bad arguments.
 """
 
@@ -60,7 +62,7 @@ def times(ms):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("base", help="the committed build's attnkit-bench")
-    ap.add_argument("new", help="the changed build's attnkit-bench")
+    ap.add_argument("new", nargs="+", help="the changed build's attnkit-bench (or several)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shape", action="append", default=[], help="attnkit-bench options of one shape (repeatable)")
@@ -76,18 +78,24 @@ def main():
     if not shapes:
         shapes = DEFAULT_SHAPES
     ok = True
-    print("# shape | base ms (rounds) | new ms (rounds) | new / base")
+    n = len(a.new)
+    news = [""] if n == 1 else [" %d" % (i + 1) for i in range(n)]
+    print("# shape | base ms (rounds) | " + " | ".join("new%s ms (rounds) | new%s / base" % (x, x) for x in news))
     for shape in shapes:
-        base, new = [], []
+        runs = [[] for _ in range(n + 1)]  # base, then each new build
         for _ in range(a.rounds):
-            for side, out in ((a.base, base), (a.new, new)):
+            for side, out in zip([a.base] + a.new, runs):
                 t = median_ms(side, a.device, shape, a.timeout)
                 if t is None:
                     ok = False
                 else:
                     out.append(t)
-        ratio = "%.3f" % (statistics.median(new) / statistics.median(base)) if base and new else "-"
-        print(f"{shape} | {times(base)} | {times(new)} | {ratio}", flush=True)
+        base = runs[0]
+        cols = [times(base)]
+        for new in runs[1:]:
+            ratio = "%.3f" % (statistics.median(new) / statistics.median(base)) if base and new else "-"
+            cols += [times(new), ratio]
+        print(f"{shape} | " + " | ".join(cols), flush=True)
     return 0 if ok else 1
 
 

@@ -618,10 +618,124 @@ static void run_tail_cut(test_ctx *t)
     run_case(t, &tc);
 }
 
+/* AK_CUDA_PREFILL_TMA_SMALL=0 (read at create) sends the Hopper prefill's
+ * K/V tiles on pages of 16n keys back to cp.async: the cases below run on
+ * that path too, and the backend's description names the boxes, or the
+ * switch where it decides; a value other than 0 or 1 is refused, naming the
+ * variable. On a GPU only (the CPU backends do not read it). */
+typedef struct boxes_off_arg {
+    test_ctx *t;
+    const attn_case *tc;
+} boxes_off_arg;
+
+static void run_boxes_off(void *arg)
+{
+    const boxes_off_arg *a = (const boxes_off_arg *)arg;
+    run_case(a->t, a->tc);
+}
+
+typedef struct describe_arg {
+    const ak_attn_config *cfg;
+    const ak_device_info *dev;
+    char *buf;
+    size_t cap;
+    ak_status described, created;
+    char error[256];
+} describe_arg;
+
+static void describe_paged(void *arg)
+{
+    describe_arg *a = (describe_arg *)arg;
+    a->described = ak_backend_describe("cuda_paged", a->cfg, a->dev, a->buf, a->cap);
+    ak_limits lim;
+    ak_limits_init(&lim);
+    lim.max_reqs = 4;
+    lim.max_tokens = 256;
+    lim.max_blocks_per_req = 64;
+    lim.num_cache_blocks = 256;
+    ak_backend *b = NULL;
+    a->created = ak_backend_create(a->cfg, &lim, "cuda_paged", &b);
+    snprintf(a->error, sizeof a->error, "%s", a->created == AK_OK ? "" : ak_last_error());
+    ak_backend_destroy(b);
+}
+
+static void run_page_boxes_off(test_ctx *t)
+{
+    if (t->device.kind != AK_DEVICE_CUDA) return;
+    attn_case tc = sweep_case(128, 4, AK_BF16, 1);
+    tc.name = "prefill page 16 K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0) bf16 d128 gqa4";
+    tc.page_size = 16;
+    tc.layout = AK_LAYOUT_NHD;
+    tc.storage = AK_KV_PAGED;
+    tc.num_reqs = 3;
+    const req_spec reqs[3] = {{300, 300}, {77, 610}, {1, 45}};
+    memcpy(tc.reqs, reqs, sizeof reqs);
+    boxes_off_arg a = {t, &tc};
+    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "0", run_boxes_off, &a);
+    tc.name = "prefill page 32 K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0) f16 d96 hnd";
+    tc.head_dim_qk = tc.head_dim_vo = 96;
+    tc.dtype = AK_F16;
+    tc.page_size = 32;
+    tc.layout = AK_LAYOUT_HND;
+    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "0", run_boxes_off, &a);
+
+    const char *name = "the Hopper prefill's description names its K/V boxes and AK_CUDA_PREFILL_TMA_SMALL";
+    if (!t_selected(t, name)) return;
+    ak_device_info dev;
+    if (ak_device_get_info(t->device, &dev) != AK_OK || dev.cc_major != 9) {
+        t_skip(t, NULL, name, "not a GPU of compute capability 9.0");
+        return;
+    }
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.device = t->device;
+    cfg.num_qo_heads = 8;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim_qk = cfg.head_dim_vo = 128;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    char buf[4][1024], bad[1024];
+    describe_arg d[4], e;
+    const int pages[4] = {16, 16, 32, 128};
+    const char *env[4] = {NULL, "0", NULL, "0"};
+    for (int i = 0; i < 4; i++) {
+        ak_attn_config c = cfg;
+        c.page_size = pages[i];
+        memset(&d[i], 0, sizeof d[i]);
+        d[i].cfg = &c;
+        d[i].dev = &dev;
+        d[i].buf = buf[i];
+        d[i].cap = sizeof buf[i];
+        t_with_env("AK_CUDA_PREFILL_TMA_SMALL", env[i], describe_paged, &d[i]);
+    }
+    if (!strstr(buf[0], "wgmma")) {
+        t_skip(t, NULL, name, "a build without the sm_90a prefill: %s", buf[0]);
+        return;
+    }
+    ak_attn_config c = cfg;
+    c.page_size = 16;
+    memset(&e, 0, sizeof e);
+    e.cfg = &c;
+    e.dev = &dev;
+    e.buf = bad;
+    e.cap = sizeof bad;
+    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "yes", describe_paged, &e);
+    int ok = 1;
+    for (int i = 0; i < 4; i++) ok &= d[i].described == AK_OK && d[i].created == AK_OK;
+    ok &= strstr(buf[0], "boxes of 16 keys") != NULL && strstr(buf[2], "boxes of 32 keys") != NULL;
+    ok &= strstr(buf[1], "K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0)") != NULL;
+    /* pages of 128 keys take a tile's box whatever the switch says */
+    ok &= strstr(buf[3], "TMA") != NULL && strstr(buf[3], "TMA_SMALL") == NULL && strstr(buf[3], "boxes of") == NULL;
+    ok &= e.created == AK_ERR_INVALID_ARG && strstr(e.error, "AK_CUDA_PREFILL_TMA_SMALL=yes") != NULL &&
+          strstr(bad, "AK_CUDA_PREFILL_TMA_SMALL=yes") != NULL;
+    CHECK(t, name, ok, "page 16: %s | off: %s | page 32: %s | page 128 off: %s | =yes: %s / %s (%s)", buf[0], buf[1],
+          buf[2], buf[3], ak_status_str(e.created), e.error, bad);
+}
+
 void test_attn_cases(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
     run_sweep(t);
     run_ragged_sweep(t);
     run_tail_cut(t);
+    run_page_boxes_off(t);
 }
