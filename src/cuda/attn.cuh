@@ -671,7 +671,11 @@ __device__ __forceinline__ bool raise_rows(bool raise_lane, const float (&tmax)[
  * thread (the wgmma kernels' S fragments, NT n tiles of 8 keys): s holds
  * logits before their scale sc (base 2), -inf where hidden. Raises m by
  * the lazy rule (raise_rows, its factors in f), turns s into P =
- * exp2(s sc - m), adds P to the rows' sums d and returns whether m moved. */
+ * exp2(s sc - m), adds P to the rows' sums d and returns whether m moved.
+ * (Its exponentials, on the multi-function unit, bound the softmax. Some of
+ * them by a cubic on the FMA pipe made ptxas serialize the prefill's
+ * warpgroup MMAs at head dims 64-128, for want of registers; two at a time
+ * in f16 was 3-19% slower: BENCHMARKS.md.) */
 template <int NT>
 __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
 {

@@ -210,6 +210,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int num_items = p.head->counts[COUNT_PREFILL];
 
     if (PASS != PASS_ALL && scanned_tasks(p) > 0) mbar_wait(mask_full, 0); /* the mask is written */
+    /* (The next item, and its scan flags, read during this item's
+     * epilogue instead: no faster, H200, BENCHMARKS.md) */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
         const prefill_item it = p.pitems[w];
