@@ -12,7 +12,8 @@ ROUNDS times each, and prints each side's medians (attnkit-bench's median of
 its own samples, one a round), and new / base: the median of the new rounds
 over the median of the base rounds (below 1: the new build is faster).
 Several NEW builds are timed in the same rounds (base, new 1, new 2, ...,
-base, ...), each against the base.
+then base, new 2, ..., new 1: their order rotated each round), each
+against the base.
 
 Shapes: --shape "OPTIONS" (repeatable), or --shapes FILE (one a line, #
 comments), or the default set: bf16 prefill on cuda_paged at page 128 (d128
@@ -83,8 +84,11 @@ def main():
     print("# shape | base ms (rounds) | " + " | ".join("new%s ms (rounds) | new%s / base" % (x, x) for x in news))
     for shape in shapes:
         runs = [[] for _ in range(n + 1)]  # base, then each new build
-        for _ in range(a.rounds):
-            for side, out in zip([a.base] + a.new, runs):
+        for r in range(a.rounds):
+            # the base first, then the new builds in an order rotated each
+            # round, so that drift within a round favours none of them
+            order = [0] + [1 + (i + r) % n for i in range(n)]
+            for side, out in ((([a.base] + a.new)[j], runs[j]) for j in order):
                 t = median_ms(side, a.device, shape, a.timeout)
                 if t is None:
                     ok = False

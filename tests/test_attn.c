@@ -680,7 +680,14 @@ static void run_page_boxes_off(test_ctx *t)
     t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "0", run_boxes_off, &a);
 
     const char *name = "the Hopper prefill's description names its K/V boxes and AK_CUDA_PREFILL_TMA_SMALL";
-    if (!t_selected(t, name)) return;
+    if (!t_selected(t, name) || (t->backend && strcmp(t->backend, "cuda_paged") != 0) ||
+        !t_storage_selected(t, AK_KV_PAGED))
+        return;
+    const char *tma = getenv("AK_CUDA_PREFILL_TMA");
+    if (tma && *tma && strcmp(tma, "1") != 0) {
+        t_skip(t, NULL, name, "AK_CUDA_PREFILL_TMA=%s turns every TMA copy off", tma);
+        return;
+    }
     ak_device_info dev;
     if (ak_device_get_info(t->device, &dev) != AK_OK || dev.cc_major != 9) {
         t_skip(t, NULL, name, "not a GPU of compute capability 9.0");
@@ -707,8 +714,13 @@ static void run_page_boxes_off(test_ctx *t)
         d[i].cap = sizeof buf[i];
         t_with_env("AK_CUDA_PREFILL_TMA_SMALL", env[i], describe_paged, &d[i]);
     }
+    if (d[0].described != AK_OK) {
+        CHECK(t, name, 0, "cuda_paged cannot describe a bf16 d128 prefill on this GPU: %s", buf[0]);
+        return;
+    }
     if (!strstr(buf[0], "wgmma")) {
-        t_skip(t, NULL, name, "a build without the sm_90a prefill: %s", buf[0]);
+        t_skip(t, NULL, name, "no wgmma prefill here (a build without sm_90a, AK_CUDA_PREFILL=mma or "
+                              "AK_CUDA_PORTABLE=1): %s", buf[0]);
         return;
     }
     ak_attn_config c = cfg;
