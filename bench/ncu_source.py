@@ -10,27 +10,32 @@ file), written on the GPU machine by
         --page-size 128 --batch 4 --kv-len 4096 --iters 3
     ncu -i rep.ncu-rep --page source --csv --print-source sass > rep.csv
 
-and prints, for each file given (two side by side: attnkit's kernel and a
-peer's):
+and prints, for each file given (one after the other: attnkit's kernel,
+then a peer's profiled the same way):
 
   - instructions executed, stall samples and their reasons (shares of the
     samples; a sample is a warp's state at an instant, so the shares are
     of warp time, every resident warp counted: idle producer warps too);
   - instructions and samples by opcode (the first word of the SASS, its
     modifiers dropped);
-  - the code by how often it runs: instructions executed about N times
-    each (within 2%) grouped, largest first. In a persistent kernel each
-    group is a level of the loop nest: the key-tile loop (tiles x warps),
-    the per-item code (items x warps), the producer's per-tile code.
+  - the code by how often it runs: instructions executed about equally
+    often (each count within 2% of the group's lowest, printed) grouped,
+    largest total first. In a persistent kernel the largest groups are
+    mostly the levels of its loop nest: the key-tile loop (tiles x warps),
+    the code once an item (items x warps), the producer's code a tile; a
+    group can also hold unrelated code of the same count (a polling loop).
 
 --role START:END:NAME (offsets from the kernel's first instruction, hex,
-repeatable; the same ranges for every file given) adds a line a role: the
+repeatable) adds a line for each role, for the first file: the
 instructions, samples and stall reasons of that address range (a
 warp-specialized kernel's consumer and producer code; their ranges come
-from the disassembly or from the groups above).
+from the disassembly or from the groups above); --peer-role the same for
+the second file.
 
-Usage: python3 bench/ncu_source.py REP.csv [PEER.csv] [--role 0:4e000:consumer]... [--top 20]
-Exit status: 0, or 2 when a file holds no source page.
+Usage: python3 bench/ncu_source.py REP.csv [PEER.csv] [--role 0:4e000:consumers]... [--peer-role ...]... [--top 20]
+Exit status: 0; 1 when a file cannot be read; 2 on bad arguments, or when a
+file holds no source page with the instruction and sample columns, or
+more than one kernel.
 """
 
 import argparse
@@ -42,24 +47,30 @@ SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
 
+class NoSourcePage(Exception):
+    pass
+
+
 def load(path):
-    """(kernel name, rows of (offset, sass, executed, samples, {reason: samples}))"""
+    """(kernel name, rows of (offset, sass, executed, samples, {reason: samples}));
+    raises NoSourcePage saying what is missing"""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    name = ""
-    for i, r in enumerate(rows):
-        if r and r[0] == "Kernel Name":
-            name = r[1] if len(r) > 1 else ""
-        if r and r[0] == "Address":
-            header = r
-            body = rows[i + 1:]
-            break
-    else:
-        return name, []
+    kernels = [i for i, r in enumerate(rows) if r and r[0] == "Kernel Name"]
+    if len(kernels) > 1:
+        raise NoSourcePage(f"{len(kernels)} kernels (profile one launch: --launch-count 1)")
+    name = rows[kernels[0]][1] if kernels and len(rows[kernels[0]]) > 1 else ""
+    at = [i for i, r in enumerate(rows) if r and r[0] == "Address"]
+    if not at:
+        raise NoSourcePage("no source page (ncu -i REP --page source --csv --print-source sass)")
+    header, body = rows[at[0]], rows[at[0] + 1:]
     col = {h: j for j, h in enumerate(header)}
-    if "Source" not in col or EXECUTED not in col or SAMPLES not in col:
-        return name, []
+    missing = [k for k in ("Source", EXECUTED, SAMPLES) if k not in col]
+    if missing:
+        raise NoSourcePage(f"no column {', '.join(repr(k) for k in missing)} (profile with --section "
+                           "SourceCounters --section WarpStateStats)")
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    bad = Counter()
     out = []
     for r in body:
         if len(r) < len(header):
@@ -70,14 +81,20 @@ def load(path):
             continue
 
         def num(key):
+            cell = r[col[key]].replace(",", "").strip()  # (ncu may print 1,234)
+            if cell in ("", "-", "N/A", "n/a"):
+                return 0.0
             try:
-                return float(r[col[key]] or 0)
+                return float(cell)
             except ValueError:
+                bad[key] += 1
                 return 0.0
 
         out.append((addr, r[col["Source"]].strip(), num(EXECUTED), num(SAMPLES), {k[6:]: num(k) for k in reasons}))
+    for key, n in bad.items():
+        print(f"{path}: {n} cells of {key!r} not a number, counted as 0", file=sys.stderr)
     if not out:
-        return name, []
+        raise NoSourcePage("a source page with no instruction rows")
     base = min(a for a, *_ in out)
     return name, [(a - base, *rest) for a, *rest in out]
 
@@ -140,7 +157,8 @@ def report(path, name, rows, roles, top):
     print(f"by opcode (top {top}): M instructions, % of samples")
     for op, v in by_ins.most_common(top):
         print(f"  {op:12s} {v / 1e6:8.2f}  {100 * by_smp[op] / max(smp, 1):5.1f}%")
-    print("by how often the code runs: times each, static instructions, M instructions, % of samples")
+    print("by how often the code runs: times each (the group's lowest), static instructions, M instructions, "
+          "% of samples")
     for times, (n, v, s) in groups(rows)[:top]:
         print(f"  {times / 1e3:9.1f} K  {n:6d}  {v / 1e6:8.2f}  {100 * s / max(smp, 1):5.1f}%")
     print()
@@ -149,26 +167,45 @@ def report(path, name, rows, roles, top):
 def parse_role(text):
     try:
         lo, hi, name = text.split(":", 2)
-        return int(lo, 16), int(hi, 16), name
+        lo, hi = int(lo, 16), int(hi, 16)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--role wants START:END:NAME (hex offsets), not {text!r}")
+        raise argparse.ArgumentTypeError(f"wants START:END:NAME (hex offsets), not {text!r}")
+    if not 0 <= lo < hi:
+        raise argparse.ArgumentTypeError(f"wants 0 <= START < END, not {text!r}")
+    return lo, hi, name
+
+
+def positive(text):
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"wants a count of 1 or more, not {text!r}")
+    return n
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+", help="CSV of ncu's source page (one kernel), one or two")
     ap.add_argument("--role", type=parse_role, action="append", default=[],
-                    help="START:END:NAME, offsets in hex from the kernel's first instruction (repeatable)")
-    ap.add_argument("--top", type=int, default=20, help="rows of the opcode and how-often tables (20)")
+                    help="START:END:NAME of the first file, offsets in hex from the kernel's first instruction "
+                         "(repeatable)")
+    ap.add_argument("--peer-role", type=parse_role, action="append", default=[],
+                    help="the same for the second file")
+    ap.add_argument("--top", type=positive, default=20, help="rows of the opcode and how-often tables (20)")
     a = ap.parse_args()
+    if len(a.files) > 2:
+        ap.error("one or two files")
     status = 0
-    for path in a.files:
-        name, rows = load(path)
-        if not rows:
-            print(f"{path}: no source page (ncu -i REP --page source --csv --print-source sass)", file=sys.stderr)
+    for path, roles in zip(a.files, (a.role, a.peer_role)):
+        try:
+            name, rows = load(path)
+        except OSError as e:
+            print(f"{path}: {e.strerror}", file=sys.stderr)
+            return 1
+        except NoSourcePage as e:
+            print(f"{path}: {e}", file=sys.stderr)
             status = 2
             continue
-        report(path, name, rows, a.role, a.top)
+        report(path, name, rows, roles, a.top)
     return status
 
 

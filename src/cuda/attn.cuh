@@ -675,9 +675,9 @@ __device__ __forceinline__ bool raise_rows(bool raise_lane, const float (&tmax)[
  * (Its exponentials, on the multi-function unit, bound the softmax. Some of
  * them by a cubic on the FMA pipe made ptxas serialize the prefill's
  * warpgroup MMAs at head dims 64-128, for want of registers; two at a time
- * in f16 was 2-19% slower. The maxima as eight interleaved chains, the
- * raise by selects rather than this branch: level, 0.99-1.02 of the time:
- * BENCHMARKS.md.) */
+ * in f16 was 2-19% slower. Computing the maxima as eight interleaved
+ * chains, and the raise by selects instead of this branch, measured level,
+ * 0.99-1.02 of the time: BENCHMARKS.md.) */
 template <int NT>
 __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
 {

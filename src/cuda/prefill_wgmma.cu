@@ -252,9 +252,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
             /* V of tile t landed, and is visible to wgmma (the producer's
              * cp.async writes are generic-proxy writes; each wait is
-             * followed by the fence before an MMA may read them; left out
-             * after the tiles copied by TMA, which need none: level,
-             * BENCHMARKS.md) */
+             * followed by the fence before an MMA may read them. Leaving it
+             * out after the tiles copied by TMA, which need none, measured
+             * level: BENCHMARKS.md) */
             auto wait_v = [&](int t) {
                 const int g = g0 + t;
                 mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);

@@ -153,7 +153,7 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 /* Waits until the phase of bar with this parity has completed. (With a
  * suspend-time hint on try_wait, as CUTLASS's barriers have, the prefill
- * was 1-7% slower: BENCHMARKS.md.) */
+ * was up to 7% slower: BENCHMARKS.md.) */
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
 {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(bar);
