@@ -309,7 +309,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             /* TMA: a whole tile below kv_end, in boxes of p.kv_box rows (a
              * tile, or half of one), paged each on one page (a page holds
              * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
-             * (32 or 16 rows, pages of 16n keys) */
+             * (32 or 16 rows, pages of 16n keys). (Thread 0 arriving for
+             * the warpgroup on these tiles, warps 1-3 waiting asleep
+             * instead of polling: 1-11% slower, BENCHMARKS.md) */
             if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
                 const int boxes = KEYS / p.kv_box;
                 int32_t block[2] = {0, 0};
