@@ -7,7 +7,10 @@ PyTorch SDPA with the flash, cuDNN and memory-efficient backends on a dense
 copy of the cache, FlexAttention (if present), torch's varlen_attn and
 attnkit's own cuda_varlen on contiguous K/V; for MLA models, FlashInfer's
 BatchMLAPagedAttentionWrapper (backends auto, fa2, fa3), FlashMLA (if
-importable) and SDPA on the latent cache. Outputs are checked against
+importable) and SDPA on the latent cache. attnkit_marks is cuda_paged as
+an engine that writes its K/V through attnkit.kv_update runs it: with the
+pools' finiteness marks, which the NaN rule's scan pass reads instead of
+K/V (attnkit.h, ak_paged_kv.marks). Outputs are checked against
 attnkit's; times are CUDA-event medians; decode and MLA are timed as
 CUDA-graph replays where a side can be captured. Prints peer time / attnkit
 time per shape (above 1: attnkit is faster) and writes every measurement to a
@@ -82,7 +85,7 @@ MLA_MODELS = {
 MLA_LAT, MLA_ROPE = 512, 64          # kv_lora_rank, qk_rope_head_dim
 MLA_DQK = MLA_LAT + MLA_ROPE         # a latent row, and q's head dim in the absorbed form
 MLA_SM_SCALE = 1.0 / math.sqrt(192)  # 1/sqrt(qk_nope_head_dim + qk_rope_head_dim = 128 + 64), before yarn
-GQA_PEERS = ("attnkit", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
+GQA_PEERS = ("attnkit", "attnkit_marks", "attnkit_varlen", "flashinfer", "flashinfer_tc", "flashinfer_ragged",
              "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "torch_varlen")
 # the sides of the mla workload: attnkit is cuda_mla there
 MLA_PEERS = ("attnkit", "flashinfer_mla", "flashinfer_mla_fa2", "flashinfer_mla_fa3", "flash_mla",
@@ -183,6 +186,9 @@ def parse_args():
                    help=f"batches {quick['batches']} x kv_len {quick['kv_lens']}; prefill "
                    f"{quick['prefill_lens']} (the contiguous-K/V sides at the largest); "
                    f"one mixed step; mla batches {quick['mla_batches']} x kv_len {quick['mla_kv_lens']}")
+    p.add_argument("--stream", default="default", choices=("default", "side"),
+                   help="the stream every side runs on: torch's default stream (the legacy one), or a "
+                   "stream of its own made current for the whole run")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     for k, v in SHAPE_DEFAULTS[(a.device, a.quick)].items():
@@ -532,11 +538,18 @@ def attnkit_device(sc):
     return "cpu" if sc.dev.type == "cpu" else f"cuda:{sc.dev.index or 0}"
 
 
-def setup_attnkit(sc, attnkit):
+def setup_attnkit(sc, attnkit, marks=False):
+    """attnkit's cuda_paged (cpu on --device cpu) on the paged cache. marks:
+    as an engine that writes its K/V through attnkit.kv_update runs it, the
+    pools' finiteness marks (attnkit.h, ak_paged_kv.marks) kept by
+    kv_update (here every key's rows written once more, the values they
+    hold), which the NaN rule's scan pass reads instead of the K/V rows."""
     if attnkit is None:
         raise Skip("attnkit not importable")
     torch = sc.torch
     name = "cuda_paged" if sc.dev.type == "cuda" else "cpu"
+    if marks and sc.dev.type != "cuda":
+        raise Skip("CUDA only (the marks serve the CUDA scan pass)")
     cfg = attnkit.Config(num_qo_heads=sc.Hq, num_kv_heads=sc.Hk, head_dim=sc.D,
                          dtype=sc.args.dtype, device=attnkit_device(sc), page_size=sc.P, causal=True,
                          workload="decode" if sc.workload == "decode" else "any")
@@ -547,8 +560,16 @@ def setup_attnkit(sc, attnkit):
         b.plan(sc.qo_indptr, sc.kv_lens, sc.block_table)
     except attnkit.Error as e:
         raise Skip(f"{name}: {e}") from None
+    m = [None] * sc.layers
+    if marks:
+        words = attnkit.kv_marks_words(sc.num_blocks, sc.Hk, sc.P)
+        for l in range(sc.layers):
+            m[l] = torch.zeros(words, dtype=torch.int32, device=sc.dev)
+            rows = lambda cache: cache.view(-1, sc.Hk, sc.D).index_select(0, sc.kv_slots)  # noqa: E731
+            attnkit.kv_update(sc.k[l], sc.v[l], rows(sc.k[l]), rows(sc.v[l]), sc.kv_slots, marks=m[l])
+        torch.cuda.synchronize(sc.dev)
     o = [torch.empty(sc.tokens, sc.Hq, sc.D, dtype=sc.dtype, device=sc.dev) for _ in range(sc.layers)]
-    calls = [b.prepare_run(sc.q[l], sc.k[l], sc.v[l], o[l]) for l in range(sc.layers)]
+    calls = [b.prepare_run(sc.q[l], sc.k[l], sc.v[l], o[l], marks=m[l]) for l in range(sc.layers)]
     steps = StepList([(lambda c=c: c()) for c in calls], b)  # b lives as long as its steps
     return steps, lambda: (steps[0](), o[0])[1]
 
@@ -1111,8 +1132,8 @@ def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
             raise Skip("prefill only (contiguous K/V of the step's own tokens, no cached prefix)")
         if sc.q_len not in args.ragged_prefill_lens:
             raise Skip("prefill length not in --ragged-prefill-lens")
-    if peer == "attnkit":
-        steps, out = setup_attnkit(sc, attnkit)
+    if peer in ("attnkit", "attnkit_marks"):
+        steps, out = setup_attnkit(sc, attnkit, marks=peer == "attnkit_marks")
     elif peer == "attnkit_varlen":
         steps, out = setup_attnkit_varlen(sc, attnkit)
     elif peer.startswith("flashinfer"):
@@ -1151,10 +1172,13 @@ def main():
     fm, fm_reason = import_flash_mla() if mla_run and "flash_mla" in args.peers else (None, "not asked for")
     dev = torch.device(args.device)
     devname = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    if args.stream == "side" and dev.type == "cuda":
+        torch.cuda.set_stream(torch.cuda.Stream(dev))
     print(f"# device {devname}; torch {torch.__version__}; "
           f"flashinfer {fi.__version__ if fi else '- (' + str(fi_reason) + ')'}; "
           f"attnkit {attnkit.library_path if attnkit else '- (' + str(ak_reason) + ')'}")
     print(f"# dtype {args.dtype}, page {args.page_size}{' (GQA)' if mla_run else ''}, graph {args.graph} (decode{', mla' if mla_run else ''}), "
+          f"stream {args.stream}, "
           f"{args.iters} samples after {args.warmup} warm-up passes, median per layer call")
     if mla_run:
         print(f"# mla: DeepSeek-V3 absorbed, latent rows of {MLA_LAT} + {MLA_ROPE} in pages of "

@@ -68,7 +68,12 @@ struct __align__(16) prefill_item {
      * checked path */
     int scan, scan_n;
     int row; /* the KV head and row tile (above) */
-    int unused[2];
+    /* kv_all: the request's keys (its kv_len): keys [kv_end, kv_all) are
+     * its later tokens', written and, on an item the scan pass found
+     * clean, finite, so a key tile may copy them whole (the masks hide
+     * them) */
+    int kv_all;
+    int unused;
 };
 
 /* One unit of the scan pass (scan.cu), for one KV head (grid.y): keys [k0,

@@ -273,8 +273,9 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * last S; after its epilogue where that stages o there): the copy of that
  * tile runs under the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile, half of one, or 32 or
- * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole, below kv_end,
- * paged on pages of whole boxes) goes by TMA, any other by cp.async.
+ * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole,
+ * below kv_end or on a clean item below the request's end, paged on pages
+ * of whole boxes) goes by TMA, any other by cp.async.
  * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
  * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
  * arrivals), where there are scan tasks, then takes its own items alone. */
@@ -300,19 +301,30 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         const item_heads ih = heads_of(p, it);
         const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+        /* The keys a TMA tile may copy: up to kv_end; on an item that runs
+         * clean (the NaN rule: its request's K/V all finite), up to the
+         * request's last key, so that an item's last tile (the causal
+         * diagonal) goes by TMA whole where the request's later keys fill it
+         * (the masks hide them, and 0 x a finite V adds nothing) instead of
+         * by cp.async with its rows past kv_end zero-filled */
+        int tma_end = it.kv_end;
+        const int t_last = it.kv_begin + (n_tiles - 1) * KEYS;
+        if (TMA && PASS != PASS_CHECKED && n_tiles > 0 && t_last + KEYS > it.kv_end && t_last + KEYS <= it.kv_all &&
+            (PASS == PASS_CLEAN || !item_checked(p, it, kv_head)))
+            tma_end = t_last + KEYS;
         /* tile t into stage g % STAGES, once every consumer finished reading
          * what it held (tile g - STAGES) */
         producer_rows<DP, KEYS, tr::PRODUCERS> cur;
         auto fill = [&](int t) {
             const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
             T *ks = stages + st * 2 * KEYS * DP;
-            /* TMA: a whole tile below kv_end, in boxes of p.kv_box rows (a
+            /* TMA: a whole tile below tma_end, in boxes of p.kv_box rows (a
              * tile, or half of one), paged each on one page (a page holds
              * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
              * (32 or 16 rows, pages of 16n keys). (Thread 0 arriving for
              * the warpgroup on these tiles, warps 1-3 waiting asleep
              * instead of polling: 1-11% slower, BENCHMARKS.md) */
-            if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= it.kv_end) {
+            if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= tma_end) {
                 const int boxes = KEYS / p.kv_box;
                 int32_t block[2] = {0, 0};
                 int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
@@ -328,7 +340,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                 g++;
                 return;
             }
-            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && t0 % p.kv_box == 0 && t0 + KEYS <= it.kv_end) {
+            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && t0 % p.kv_box == 0 && t0 + KEYS <= tma_end) {
                 const page_box b = page_box_of<tr::PRODUCERS, KEYS>(p, table, it.page_base, t0);
                 if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
                 tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
