@@ -66,6 +66,13 @@ typedef struct nf_case {
  * 128-token row tile, whose rows see only the first half of the diagonal
  * key tile; a chunk whose keys end 44 keys into their last tile */
 #define MHA128_BATCH {NULL, 4, 4, 128, 128, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{128, 128}, {40, 300}}}
+/* 32/8 heads (llama3-8b's group of 4) at d128, a prompt of 256 tokens
+ * (1,024 rows: under the scan pass's threshold, so checked without marks):
+ * the Hopper prefill's items of 32 tokens whose last key tile [0, 128)
+ * the request's later keys fill are copied whole by TMA, keys past the
+ * item's kv_end included; pages of 128 (a tile a box) and of 16 (page
+ * boxes) */
+#define GQA4_BATCH(page) {NULL, 32, 8, 128, 128, AK_F32, 0, 0, 1, -1, 0, page, NHD, PAGED, 1, {{256, 256}}}
 /* long: MQA 16/1, so that q_len x group passes the scan pass's threshold (2048 rows)
  * at a cost the CPU oracle runs in a moment */
 #define MQA16(w, ...) {NULL, 16, 1, 64, 64, AK_F32, 0, 0, 1, w, 0, 16, NHD, PAGED, __VA_ARGS__}
@@ -157,6 +164,12 @@ static const nf_case cases[] = {
      0},
     {"gqa7 prefill: NaN in q of a second warpgroup's token", GQA7_BATCH, {IN_Q, NAN, 0, 0, 12, 10, 5}, 0},
     {"gqa7 prefill: NaN in a value only the last rows see", GQA7_BATCH, {IN_V, NAN, 0, 35, 0, 2, 100}, 0},
+    {"gqa4 prefill: NaN in a value only later rows see, in the earlier items' last tile", GQA4_BATCH(128),
+     {IN_V, NAN, 0, 100, 0, 3, 5}, 0},
+    {"gqa4 prefill: NaN in a key only later rows see, in the earlier items' last tile", GQA4_BATCH(128),
+     {IN_K, NAN, 0, 70, 0, 6, 127}, 0},
+    {"gqa4 prefill page 16: +inf in a value only later rows see", GQA4_BATCH(16), {IN_V, INFINITY, 0, 127, 0, 0, 64},
+     0},
     {"mha prefill: NaN in a value only the second warpgroup's rows see", MHA128_BATCH,
      {IN_V, NAN, 0, 100, 0, 1, 7}, 0},
     {"mha prefill: NaN in a key of the diagonal tile's first half", MHA128_BATCH, {IN_K, NAN, 0, 40, 0, 2, 100}, 0},
@@ -537,7 +550,7 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
  * K/V rows (run with their tasks forced: "marks short") */
 static int short_prefill_case(const char *name)
 {
-    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "mha prefill", "d256 prefill",
+    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "gqa4 prefill", "mha prefill", "d256 prefill",
                                            "d192/128 prefill", "d80 ", "d64 ", "split chunk"};
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
         if (!strncmp(name, prefixes[i], strlen(prefixes[i]))) return 1;

@@ -69,9 +69,8 @@ struct __align__(16) prefill_item {
     int scan, scan_n;
     int row; /* the KV head and row tile (above) */
     /* kv_all: the request's keys (its kv_len): keys [kv_end, kv_all) are
-     * its later tokens', written and, on an item the scan pass found
-     * clean, finite, so a key tile may copy them whole (the masks hide
-     * them) */
+     * its later tokens', written, so an item's last key tile may copy them
+     * whole (the masks hide them; producer.cuh says when) */
     int kv_all;
     int unused;
 };
@@ -754,7 +753,10 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
  *   2. its o accumulator at the end (a NaN or infinity in a V row it sees
  *      reaches o and nothing else): the same over the row's o elements;
  *   3. keys a row does not see must not reach o as 0 * NaN through P.V: keys
- *      past kv_end are zero-filled by the loaders; in a tile where some keys
+ *      past kv_end are zero-filled by the loaders (the Hopper prefill's TMA
+ *      copies the request's own keys past kv_end into a causal item's last
+ *      tile, a mixed one below; keys past the request's are zero-filled
+ *      always); in a tile where some keys
  *      are hidden from some rows (the causal diagonal, a window's edge), the
  *      kernels scan V for non-finite elements (scan_v_tile) and, where there
  *      are some (the block agrees), zero them and mark their keys, and each
