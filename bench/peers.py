@@ -186,6 +186,10 @@ def parse_args():
                    help=f"batches {quick['batches']} x kv_len {quick['kv_lens']}; prefill "
                    f"{quick['prefill_lens']} (the contiguous-K/V sides at the largest); "
                    f"one mixed step; mla batches {quick['mla_batches']} x kv_len {quick['mla_kv_lens']}")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="GPU: every side set up first, then its --iters samples taken in this many rounds, "
+                   "the sides in turn each round (their order rotated), so that a drift during a shape "
+                   "moves every side alike (default 1: each side's samples back to back)")
     p.add_argument("--stream", default="default", choices=("default", "side"),
                    help="the stream every side runs on: torch's default stream (the legacy one), or a "
                    "stream of its own made current for the whole run")
@@ -243,6 +247,8 @@ def parse_args():
     if min(a.mixed_chunk, a.mixed_decode_kv) < 1 or min(a.mixed_prefix, a.mixed_decodes) < 0:
         p.error("--mixed-chunk and --mixed-decode-kv must be >= 1, --mixed-prefix and "
                 "--mixed-decodes >= 0")
+    if a.rounds < 1 or a.rounds > a.iters:
+        p.error("--rounds must be between 1 and --iters")
     a.peers_given = a.peers is not None
     a.peers = [x for x in (a.peers or ",".join(PEERS)).split(",") if x]
     for x in a.peers:
@@ -1038,6 +1044,17 @@ def time_steps(torch, steps, use_graph, args, dev):
             ts.append((time.perf_counter() - t0) * 1e6 / len(steps))
         return statistics.median(ts), min(ts), len(ts), False, note
 
+    run_pass, graph_used, note = pass_of(torch, steps, use_graph, dev)
+    for _ in range(args.warmup):
+        run_pass()
+    ts = samples_of(torch, run_pass, args.iters, len(steps))
+    return statistics.median(ts), min(ts), len(ts), graph_used, note
+
+
+def pass_of(torch, steps, use_graph, dev):
+    """(run_pass, graph_used, note): one pass over a side's steps on the
+    GPU, as one CUDA-graph replay where asked and the capture works."""
+    note = None
     run_pass = None
     if use_graph:
         try:
@@ -1062,17 +1079,20 @@ def time_steps(torch, steps, use_graph, args, dev):
         def run_pass():
             for s in steps:
                 s()
-    for _ in range(args.warmup):
-        run_pass()
+    return run_pass, graph_used, note
+
+
+def samples_of(torch, run_pass, n, calls):
+    """n timed passes (CUDA events), each as us a call (a pass makes calls)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
-    for _ in range(args.iters):
+    for _ in range(n):
         start.record()
         run_pass()
         end.record()
         end.synchronize()
-        ts.append(start.elapsed_time(end) * 1e3 / len(steps))
-    return statistics.median(ts), min(ts), len(ts), graph_used, note
+        ts.append(start.elapsed_time(end) * 1e3 / calls)
+    return ts
 
 
 # ---------------------------------------------------------------------------
@@ -1103,6 +1123,64 @@ def shapes(args):
 
 
 def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
+    steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
+    o = out()
+    med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
+    note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
+    return o, med, mn, n, graph_used, note
+
+
+def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args, results):
+    """--rounds R > 1 (GPU): every side set up and warmed up first, then R
+    rounds, each taking iters / R samples of every side in turn (the order
+    rotated each round), so that a clock or a neighbour that drifts during
+    the shape moves every side alike; the median and least over a side's
+    samples. Fills results as run_side's caller does; returns whether a
+    side failed."""
+    torch, failed, live = sc.torch, False, {}
+    for peer in peers:
+        try:
+            steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
+            o = out()
+            run_pass, graph_used, note = pass_of(torch, steps, use_graph, sc.dev)
+            for _ in range(args.warmup):
+                run_pass()
+            note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
+            live[peer] = dict(steps=steps, run_pass=run_pass, out=o, graph=graph_used, note=note, ts=[])
+        except Skip as e:
+            results[peer] = dict(status="skipped", note=str(e))
+        except Exception as e:  # a peer's failure is reported, the run goes on
+            msg = str(e).splitlines()[0] if str(e) else ""
+            results[peer] = dict(status="error", note=f"{type(e).__name__}: {msg}")
+            failed = True
+        torch.cuda.synchronize(sc.dev)
+    order = list(live)
+    per_round = max(1, -(-args.iters // args.rounds))
+    for r in range(args.rounds):
+        for peer in order[r % len(order):] + order[:r % len(order)] if order else []:
+            side = live[peer]
+            if "error" in side:
+                continue
+            try:
+                side["ts"] += samples_of(torch, side["run_pass"], per_round, len(side["steps"]))
+            except Exception as e:
+                msg = str(e).splitlines()[0] if str(e) else ""
+                side["error"] = f"{type(e).__name__}: {msg}"
+                torch.cuda.synchronize(sc.dev)
+    for peer, side in live.items():
+        if "error" in side:
+            results[peer] = dict(status="error", note=side["error"])
+            failed = True
+            continue
+        ts = side["ts"]
+        results[peer] = dict(status="ok", out=side["out"], median_us=statistics.median(ts), min_us=min(ts),
+                             samples=len(ts), graph=side["graph"], note=side["note"])
+    return failed
+
+
+def side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
+    """(steps, out, use_graph): one side set up for the shape, untimed;
+    out() runs it once and returns its output."""
     use_graph = args.graph == "on" and sc.workload in ("decode", "mla")
     if sc.mla:
         if peer == "attnkit":
@@ -1123,10 +1201,7 @@ def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
             steps, out = setup_sdpa(sc, peer.split("_")[1] if sc.dev.type == "cuda" else "math")
         else:
             raise Skip("not an mla side")
-        o = out()
-        med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
-        note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
-        return o, med, mn, n, graph_used, note
+        return steps, out, use_graph
     if peer in RAGGED_PEERS:
         if sc.workload != "prefill":
             raise Skip("prefill only (contiguous K/V of the step's own tokens, no cached prefix)")
@@ -1152,10 +1227,7 @@ def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
         steps, out = setup_torch_varlen(sc)
     else:
         steps, out = setup_flex(sc)
-    o = out()
-    med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
-    note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
-    return o, med, mn, n, graph_used, note
+    return steps, out, use_graph
 
 
 def main():
@@ -1218,20 +1290,23 @@ def main():
             for peer in peers:
                 results[peer] = dict(status="skipped", note=str(e))
         else:
-            for peer in peers:
-                try:
-                    o, med, mn, n, graph_used, note = run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason,
-                                                               args)
-                    results[peer] = dict(status="ok", out=o, median_us=med, min_us=mn, samples=n,
-                                         graph=graph_used, note=note)
-                except Skip as e:
-                    results[peer] = dict(status="skipped", note=str(e))
-                except Exception as e:  # a peer's failure is reported, the run goes on
-                    msg = str(e).splitlines()[0] if str(e) else ""
-                    results[peer] = dict(status="error", note=f"{type(e).__name__}: {msg}")
-                    failed = True
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
+            if args.rounds > 1 and dev.type == "cuda":
+                failed |= run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args, results)
+            else:
+                for peer in peers:
+                    try:
+                        o, med, mn, n, graph_used, note = run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason,
+                                                                   args)
+                        results[peer] = dict(status="ok", out=o, median_us=med, min_us=mn, samples=n,
+                                             graph=graph_used, note=note)
+                    except Skip as e:
+                        results[peer] = dict(status="skipped", note=str(e))
+                    except Exception as e:  # a peer's failure is reported, the run goes on
+                        msg = str(e).splitlines()[0] if str(e) else ""
+                        results[peer] = dict(status="error", note=f"{type(e).__name__}: {msg}")
+                        failed = True
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
         # check every output against the first side that ran (attnkit when it did)
         ref_peer = next((p for p in peers if results[p]["status"] == "ok"), None)
         ref = results[ref_peer]["out"].float() if ref_peer else None
