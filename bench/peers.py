@@ -189,7 +189,8 @@ def parse_args():
     p.add_argument("--rounds", type=int, default=1,
                    help="GPU: every side set up first, then its --iters samples taken in this many rounds, "
                    "the sides in turn each round (their order rotated), so that a drift during a shape "
-                   "moves every side alike (default 1: each side's samples back to back)")
+                   "moves every side alike; every side's buffers are then held at once (default 1: each "
+                   "side's samples back to back)")
     p.add_argument("--stream", default="default", choices=("default", "side"),
                    help="the stream every side runs on: torch's default stream (the legacy one), or a "
                    "stream of its own made current for the whole run")
@@ -556,6 +557,8 @@ def setup_attnkit(sc, attnkit, marks=False):
     name = "cuda_paged" if sc.dev.type == "cuda" else "cpu"
     if marks and sc.dev.type != "cuda":
         raise Skip("CUDA only (the marks serve the CUDA scan pass)")
+    if marks and sc.workload == "decode":
+        raise Skip("no scan pass in decode (the marks serve the prefill's)")
     cfg = attnkit.Config(num_qo_heads=sc.Hq, num_kv_heads=sc.Hk, head_dim=sc.D,
                          dtype=sc.args.dtype, device=attnkit_device(sc), page_size=sc.P, causal=True,
                          workload="decode" if sc.workload == "decode" else "any")
@@ -1122,6 +1125,12 @@ def shapes(args):
             yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes
 
 
+def failure(e):
+    """A side's exception as its note: the type and the first line."""
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {msg}"
+
+
 def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
     o = out()
@@ -1150,22 +1159,20 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
         except Skip as e:
             results[peer] = dict(status="skipped", note=str(e))
         except Exception as e:  # a peer's failure is reported, the run goes on
-            msg = str(e).splitlines()[0] if str(e) else ""
-            results[peer] = dict(status="error", note=f"{type(e).__name__}: {msg}")
+            results[peer] = dict(status="error", note=failure(e))
             failed = True
         torch.cuda.synchronize(sc.dev)
     order = list(live)
-    per_round = max(1, -(-args.iters // args.rounds))
     for r in range(args.rounds):
+        n = args.iters // args.rounds + (r < args.iters % args.rounds)  # --iters in all
         for peer in order[r % len(order):] + order[:r % len(order)] if order else []:
             side = live[peer]
             if "error" in side:
                 continue
             try:
-                side["ts"] += samples_of(torch, side["run_pass"], per_round, len(side["steps"]))
+                side["ts"] += samples_of(torch, side["run_pass"], n, len(side["steps"]))
             except Exception as e:
-                msg = str(e).splitlines()[0] if str(e) else ""
-                side["error"] = f"{type(e).__name__}: {msg}"
+                side["error"] = failure(e)
                 torch.cuda.synchronize(sc.dev)
     for peer, side in live.items():
         if "error" in side:
@@ -1250,7 +1257,7 @@ def main():
           f"flashinfer {fi.__version__ if fi else '- (' + str(fi_reason) + ')'}; "
           f"attnkit {attnkit.library_path if attnkit else '- (' + str(ak_reason) + ')'}")
     print(f"# dtype {args.dtype}, page {args.page_size}{' (GQA)' if mla_run else ''}, graph {args.graph} (decode{', mla' if mla_run else ''}), "
-          f"stream {args.stream}, "
+          f"stream {args.stream}, {args.rounds} round(s), "
           f"{args.iters} samples after {args.warmup} warm-up passes, median per layer call")
     if mla_run:
         print(f"# mla: DeepSeek-V3 absorbed, latent rows of {MLA_LAT} + {MLA_ROPE} in pages of "
@@ -1302,8 +1309,7 @@ def main():
                     except Skip as e:
                         results[peer] = dict(status="skipped", note=str(e))
                     except Exception as e:  # a peer's failure is reported, the run goes on
-                        msg = str(e).splitlines()[0] if str(e) else ""
-                        results[peer] = dict(status="error", note=f"{type(e).__name__}: {msg}")
+                        results[peer] = dict(status="error", note=failure(e))
                         failed = True
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)

@@ -68,10 +68,10 @@ struct __align__(16) prefill_item {
      * checked path */
     int scan, scan_n;
     int row; /* the KV head and row tile (above) */
-    /* kv_all: the request's keys (its kv_len): keys [kv_end, kv_all) are
-     * its later tokens', written, so an item's last key tile may copy them
-     * whole (the masks hide them; producer.cuh says when) */
-    int kv_all;
+    /* kv_len: the request's keys, every one written: an item's last key
+     * tile may copy those past kv_end whole, the masks hiding them
+     * (producer.cuh says when) */
+    int kv_len;
     int unused;
 };
 

@@ -1302,7 +1302,7 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
             it.scan = scan;
             it.scan_n = scan_n;
             it.row = 0; /* (the dealing sets each item's row) */
-            it.kv_all = kv_len;
+            it.kv_len = kv_len;
             it.unused = 0;
             if (n >= s->max_ptiles) return ak_set_error(AK_ERR_INTERNAL, "prefill items exceed their capacity");
             s->tiles[n].it = it;

@@ -274,8 +274,8 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * tile runs under the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile, half of one, or 32 or
  * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole,
- * below kv_end or, causal or on a clean item, below the request's end,
- * paged on pages of whole boxes) goes by TMA, any other by cp.async.
+ * below kv_end or, causal, below the request's kv_len, paged on pages of
+ * whole boxes) goes by TMA, any other by cp.async.
  * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
  * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
  * arrivals), where there are scan tasks, then takes its own items alone. */
@@ -301,20 +301,21 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         const item_heads ih = heads_of(p, it);
         const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-        /* The keys a TMA tile may copy: up to kv_end, or up to the
-         * request's last key (kv_all), so that an item's last tile (the
-         * causal diagonal) goes by TMA whole where the request's later keys
-         * fill it, instead of by cp.async with its rows past kv_end
-         * zero-filled. The masks hide those keys; what keeps a non-finite V
-         * of theirs out of o (0 x NaN through P.V): on a clean item (the NaN
-         * rule: its request's K/V all finite) nothing is needed, and a
-         * checked item's tile past kv_end is always a mixed one where causal
-         * (its last key visible at pos_last = kv_end - 1 < the tile's end),
-         * whose V the consumers scan and zero (attn.cuh) */
+        /* The keys a TMA tile may copy: up to kv_end, or, causal, up to
+         * the request's last (it.kv_len), so that an item's last tile (the
+         * diagonal) goes by TMA whole where the request's later keys fill
+         * it, instead of by cp.async with its rows past kv_end zero-filled.
+         * The masks hide those keys, and a non-finite V of theirs stays out
+         * of o (0 x NaN through P.V): on a clean item (the NaN rule: its
+         * request's K/V all finite) nothing is needed, and on a checked one
+         * the tile is a mixed one (its last row sees key kv_end - 1, below
+         * the tile's end), whose V the consumers scan and zero (attn.cuh).
+         * Without causal masks no tile runs past kv_end below kv_len: an
+         * item's keys then end at kv_len, or at a split chunk's end, a
+         * multiple of the tile (engine.cu's PREFILL_CHUNK_ALIGN) */
         int tma_end = it.kv_end;
         const int t_last = it.kv_begin + (n_tiles - 1) * KEYS;
-        if (TMA && n_tiles > 0 && t_last + KEYS > it.kv_end && t_last + KEYS <= it.kv_all &&
-            (p.causal || PASS == PASS_CLEAN || (PASS == PASS_ALL && !item_checked(p, it, kv_head))))
+        if (TMA && p.causal && n_tiles > 0 && t_last + KEYS > it.kv_end && t_last + KEYS <= it.kv_len)
             tma_end = t_last + KEYS;
         /* tile t into stage g % STAGES, once every consumer finished reading
          * what it held (tile g - STAGES) */
