@@ -1125,6 +1125,11 @@ def shapes(args):
             yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes
 
 
+def side_note(steps, note):
+    """A side's notes: its setup's (steps.note) and its timing's, or None."""
+    return "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
+
+
 def failure(e):
     """A side's exception as its note: the type and the first line."""
     msg = str(e).splitlines()[0] if str(e) else ""
@@ -1135,8 +1140,7 @@ def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
     o = out()
     med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
-    note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
-    return o, med, mn, n, graph_used, note
+    return o, med, mn, n, graph_used, side_note(steps, note)
 
 
 def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args, results):
@@ -1154,8 +1158,8 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
             run_pass, graph_used, note = pass_of(torch, steps, use_graph, sc.dev)
             for _ in range(args.warmup):
                 run_pass()
-            note = "; ".join(x for x in (getattr(steps, "note", None), note) if x) or None
-            live[peer] = dict(steps=steps, run_pass=run_pass, out=o, graph=graph_used, note=note, ts=[])
+            live[peer] = dict(steps=steps, run_pass=run_pass, out=o, graph=graph_used, note=side_note(steps, note),
+                              ts=[])
         except Skip as e:
             results[peer] = dict(status="skipped", note=str(e))
         except Exception as e:  # a peer's failure is reported, the run goes on

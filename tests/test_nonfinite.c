@@ -550,8 +550,8 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
  * K/V rows (run with their tasks forced: "marks short") */
 static int short_prefill_case(const char *name)
 {
-    static const char *const prefixes[] = {"prefill", "window", "gqa7 prefill", "gqa4 prefill", "mha prefill", "d256 prefill",
-                                           "d192/128 prefill", "d80 ", "d64 ", "split chunk"};
+    static const char *const prefixes[] = {"prefill",      "window", "gqa7 prefill",     "gqa4 prefill", "mha prefill",
+                                           "d256 prefill", "d80 ",   "d192/128 prefill", "d64 ",         "split chunk"};
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
         if (!strncmp(name, prefixes[i], strlen(prefixes[i]))) return 1;
     return 0;
