@@ -140,6 +140,10 @@ def parse_args():
     p.add_argument("--kv-lens", help=f"decode kv_len, every request the same (default {gpu['kv_lens']})")
     p.add_argument("--prefill-lens", help=f"prefill q_len = kv_len, causal (default {gpu['prefill_lens']})")
     p.add_argument("--prefill-batch", type=int, default=1)
+    p.add_argument("--prefill-mix",
+                   help="one more prefill shape: a batch of prompts of these lengths (comma list, causal, "
+                   "q_len = kv_len each, e.g. 700,1300,2100), as an engine's step of new prompts has; the "
+                   "contiguous-K/V sides run it too")
     p.add_argument("--ragged-prefill-lens",
                    help="prefill lengths at which the contiguous-K/V sides (" + ", ".join(RAGGED_PEERS)
                    + ") run (default: every --prefill-lens; --quick: the largest)")
@@ -194,6 +198,10 @@ def parse_args():
     p.add_argument("--stream", default="default", choices=("default", "side"),
                    help="the stream every side runs on: torch's default stream (the legacy one), or a "
                    "stream of its own made current for the whole run")
+    p.add_argument("--clock-probe", metavar="FILE",
+                   help="GPU: before every timed sample, the SM clock (a spin of 400,000 clock cycles, "
+                   "torch.cuda._sleep, timed by CUDA events); every sample with it in FILE (CSV), and a "
+                   "side's median clock in the table's notes")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     for k, v in SHAPE_DEFAULTS[(a.device, a.quick)].items():
@@ -236,6 +244,9 @@ def parse_args():
             p.error(f"--workloads {','.join(gqa_asked)} run on GQA models and --models names none "
                     "(MLA models run the mla workload alone)")
     a.batches, a.kv_lens, a.prefill_lens = ints(a.batches), ints(a.kv_lens), ints(a.prefill_lens)
+    a.prefill_mix = ints(a.prefill_mix or "")
+    if min(a.prefill_mix + [1]) < 1:
+        p.error("--prefill-mix lengths must be >= 1")
     a.mla_batches, a.mla_kv_lens, a.mla_q_lens = ints(a.mla_batches), ints(a.mla_kv_lens), ints(a.mla_q_lens)
     if min(a.mla_batches + a.mla_kv_lens + a.mla_q_lens + [1]) < 1 or a.mla_page_size < 1:
         p.error("--mla-batches, --mla-kv-lens, --mla-q-lens and --mla-page-size must be >= 1")
@@ -248,6 +259,8 @@ def parse_args():
     if min(a.mixed_chunk, a.mixed_decode_kv) < 1 or min(a.mixed_prefix, a.mixed_decodes) < 0:
         p.error("--mixed-chunk and --mixed-decode-kv must be >= 1, --mixed-prefix and "
                 "--mixed-decodes >= 0")
+    if a.clock_probe and a.device != "cuda":
+        p.error("--clock-probe reads the GPU's clock: --device cuda")
     if a.rounds < 1 or a.rounds > a.iters:
         p.error("--rounds must be between 1 and --iters")
     a.peers_given = a.peers is not None
@@ -1031,7 +1044,7 @@ def varlen_backend(tv, sc, k, v, cu_q, cu_k, max_q, causal):
 # Timing
 # ---------------------------------------------------------------------------
 
-def time_steps(torch, steps, use_graph, args, dev):
+def time_steps(torch, steps, use_graph, args, dev, sc=None, peer=None):
     """(median_us, min_us, samples, graph_used, note) per layer call."""
     note = None
     if dev.type != "cuda":
@@ -1050,8 +1063,40 @@ def time_steps(torch, steps, use_graph, args, dev):
     run_pass, graph_used, note = pass_of(torch, steps, use_graph, dev)
     for _ in range(args.warmup):
         run_pass()
-    ts = samples_of(torch, run_pass, args.iters, len(steps))
-    return statistics.median(ts), min(ts), len(ts), graph_used, note
+    clocks = [] if args.clock_probe else None
+    ts = samples_of(torch, run_pass, args.iters, len(steps), clocks)
+    log_samples(args, sc, peer, [0] * len(ts), ts, clocks)
+    return statistics.median(ts), min(ts), len(ts), graph_used, clock_note(note, ts, clocks)
+
+
+def log_samples(args, sc, peer, rounds, ts, clocks):
+    """--clock-probe: a side's samples, each with its round and clock, into
+    that CSV (its header written with the first row)."""
+    if not clocks or sc is None:
+        return
+    new = not getattr(args, "_probe_started", False)
+    args._probe_started = True
+    with open(args.clock_probe, "w" if new else "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["model", "workload", "requests", "peer", "round", "us", "mhz"])
+        for r, t, c in zip(rounds, ts, clocks):
+            w.writerow([sc.model, sc.workload, sc.requests(), peer, r, f"{t:.2f}", f"{c:.1f}"])
+
+
+def clock_note(note, ts, clocks):
+    """A side's note with its samples' clocks (--clock-probe): the median, and
+    the median time of the samples at or above that clock against those
+    below it (a side's two speed levels, where the clock makes them)."""
+    if not clocks:
+        return note
+    mid = statistics.median(clocks)
+    hi = [t for t, c in zip(ts, clocks) if c >= mid]
+    lo = [t for t, c in zip(ts, clocks) if c < mid]
+    text = f"clock {mid:.0f} MHz ({min(clocks):.0f}-{max(clocks):.0f})"
+    if hi and lo:
+        text += f", us at/above it {statistics.median(hi):.1f}, below {statistics.median(lo):.1f}"
+    return "; ".join(x for x in (note, text) if x)
 
 
 def pass_of(torch, steps, use_graph, dev):
@@ -1085,11 +1130,28 @@ def pass_of(torch, steps, use_graph, dev):
     return run_pass, graph_used, note
 
 
-def samples_of(torch, run_pass, n, calls):
-    """n timed passes (CUDA events), each as us a call (a pass makes calls)."""
+PROBE_CYCLES = 400_000
+
+
+def probe_mhz(torch):
+    """The SM clock now, in MHz: PROBE_CYCLES clock cycles spun by one
+    thread (torch.cuda._sleep), timed by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(PROBE_CYCLES)
+    end.record()
+    end.synchronize()
+    return PROBE_CYCLES / (start.elapsed_time(end) * 1e3)
+
+
+def samples_of(torch, run_pass, n, calls, clocks=None):
+    """n timed passes (CUDA events), each as us a call (a pass makes calls);
+    with a list clocks, the SM clock before each (probe_mhz) appended to it."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts = []
     for _ in range(n):
+        if clocks is not None:
+            clocks.append(probe_mhz(torch))
         start.record()
         run_pass()
         end.record()
@@ -1120,6 +1182,8 @@ def shapes(args):
         if "prefill" in args.workloads:
             for n in args.prefill_lens:
                 yield model, "prefill", [(n, n)] * args.prefill_batch
+            if args.prefill_mix:
+                yield model, "prefill", [(n, n) for n in args.prefill_mix]
         if "mixed" in args.workloads:
             chunk = (args.mixed_chunk, args.mixed_prefix + args.mixed_chunk)
             yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes
@@ -1139,7 +1203,7 @@ def failure(e):
 def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
     o = out()
-    med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev)
+    med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev, sc, peer)
     return o, med, mn, n, graph_used, side_note(steps, note)
 
 
@@ -1159,7 +1223,7 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
             for _ in range(args.warmup):
                 run_pass()
             live[peer] = dict(steps=steps, run_pass=run_pass, out=o, graph=graph_used, note=side_note(steps, note),
-                              ts=[])
+                              ts=[], clocks=[] if args.clock_probe else None, rounds=[])
         except Skip as e:
             results[peer] = dict(status="skipped", note=str(e))
         except Exception as e:  # a peer's failure is reported, the run goes on
@@ -1167,6 +1231,14 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
             failed = True
         torch.cuda.synchronize(sc.dev)
     order = list(live)
+    # setting the later sides up (FlashInfer's compiles, cuDNN's dense copies) leaves the GPU idle and its
+    # clock down: one more untimed pass of every side first, so that the first round starts at speed
+    for peer in order:
+        try:
+            live[peer]["run_pass"]()
+        except Exception as e:
+            live[peer]["error"] = failure(e)
+    torch.cuda.synchronize(sc.dev)
     for r in range(args.rounds):
         n = args.iters // args.rounds + (r < args.iters % args.rounds)  # --iters in all
         for peer in order[r % len(order):] + order[:r % len(order)] if order else []:
@@ -1174,7 +1246,8 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
             if "error" in side:
                 continue
             try:
-                side["ts"] += samples_of(torch, side["run_pass"], n, len(side["steps"]))
+                side["ts"] += samples_of(torch, side["run_pass"], n, len(side["steps"]), side["clocks"])
+                side["rounds"] += [r] * n
             except Exception as e:
                 side["error"] = failure(e)
                 torch.cuda.synchronize(sc.dev)
@@ -1184,8 +1257,9 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
             failed = True
             continue
         ts = side["ts"]
+        log_samples(args, sc, peer, side["rounds"], ts, side["clocks"])
         results[peer] = dict(status="ok", out=side["out"], median_us=statistics.median(ts), min_us=min(ts),
-                             samples=len(ts), graph=side["graph"], note=side["note"])
+                             samples=len(ts), graph=side["graph"], note=clock_note(side["note"], ts, side["clocks"]))
     return failed
 
 
@@ -1216,7 +1290,7 @@ def side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     if peer in RAGGED_PEERS:
         if sc.workload != "prefill":
             raise Skip("prefill only (contiguous K/V of the step's own tokens, no cached prefix)")
-        if sc.q_len not in args.ragged_prefill_lens:
+        if sc.q_len not in args.ragged_prefill_lens and len(sc.groups) == 1:  # (--prefill-mix: always)
             raise Skip("prefill length not in --ragged-prefill-lens")
     if peer in ("attnkit", "attnkit_marks"):
         steps, out = setup_attnkit(sc, attnkit, marks=peer == "attnkit_marks")
@@ -1257,6 +1331,8 @@ def main():
     devname = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if args.stream == "side" and dev.type == "cuda":
         torch.cuda.set_stream(torch.cuda.Stream(dev))
+    if args.clock_probe:
+        probe_mhz(torch)  # (its first call loads the spin kernel: not a clock)
     print(f"# device {devname}; torch {torch.__version__}; "
           f"flashinfer {fi.__version__ if fi else '- (' + str(fi_reason) + ')'}; "
           f"attnkit {attnkit.library_path if attnkit else '- (' + str(ak_reason) + ')'}")
@@ -1400,7 +1476,9 @@ def print_row(sc, results, peers):
         return f"{v}{mark}{bad}"
 
     ak = cell(a, True) if a else "-"
-    print(f"{sc.model:<16}{sc.workload:<9}{sc.batch:>6}{sc.q_len:>7}{sc.kv_len:>7}{sc.layers:>7}"
+    mix = sc.workload == "prefill" and len(sc.groups) > 1  # (--prefill-mix: the CSV's requests say which)
+    q_len, kv_len = ("mix", "mix") if mix else (sc.q_len, sc.kv_len)
+    print(f"{sc.model:<16}{sc.workload:<9}{sc.batch:>6}{q_len:>7}{kv_len:>7}{sc.layers:>7}"
           f"{ak:>12}  " + "".join(f"{cell(results[p], base is None):>{col(p)}}" for p in others))
     sys.stdout.flush()
 

@@ -87,7 +87,8 @@ typedef struct graph_case {
                           each step's fresh pools (finite) and kept by the captured kv_update, so
                           the scan pass reads its bits (the -inf key's among them) */
     int scan_short;    /* AK_CUDA_SCAN_SHORT=1 at create: the shorter chunks (the capture's, a replay's
-                          SCAN_SHORT_Q) get scan tasks too, which a run with marks scans */
+                          SCAN_SHORT_Q) get scan tasks too, which a run with marks scans; 2:
+                          AK_CUDA_SCAN_SHORT_ROWS=1, a run without marks scans their K/V rows too */
 } graph_case;
 
 #define PAGED AK_KV_PAGED
@@ -153,6 +154,11 @@ static const graph_case graph_cases[] = {
      0, 0, 0, 0, 0, 0, 1, 1, 1},
     {"graph replay scan mqa64 bf16 d128 marks page 128, short chunks scanned", PAGED, 64, 1, 128, AK_BF16, 3, 1, -1,
      128, NHD, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1},
+    /* ... and without marks, every chunk's K/V rows scanned */
+    {"graph replay scan mqa64 bf16 d256 rows, short chunks scanned", PAGED, 64, 1, 256, AK_BF16, 3, 1, -1, 16, NHD, 1,
+     0, 0, 0, 0, 0, 0, 1, 0, 2},
+    {"graph replay scan mqa64 bf16 d128 rows page 128, short chunks scanned", PAGED, 64, 1, 128, AK_BF16, 3, 1, -1,
+     128, NHD, 1, 0, 0, 0, 0, 0, 0, 1, 0, 2},
 };
 
 #define CUDA_OK(x) ((x) == cudaSuccess)
@@ -719,7 +725,8 @@ void test_graphs(test_ctx *t)
         for (size_t c = 0; c < sizeof graph_cases / sizeof *graph_cases; c++)
             if (t_selected(t, graph_cases[c].name) && t_storage_selected(t, graph_cases[c].storage)) {
                 graph_run r = {t, names[i], &graph_cases[c]};
-                if (graph_cases[c].scan_short) t_with_env("AK_CUDA_SCAN_SHORT", "1", run_graph, &r);
+                if (graph_cases[c].scan_short == 2) t_with_env("AK_CUDA_SCAN_SHORT_ROWS", "1", run_graph, &r);
+                else if (graph_cases[c].scan_short) t_with_env("AK_CUDA_SCAN_SHORT", "1", run_graph, &r);
                 else run_graph(&r);
             }
 }

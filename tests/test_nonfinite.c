@@ -456,12 +456,13 @@ static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
  * corruption of K or V goes through ak_kv_update (corrupt_by_update); marks
  * 2: the same with the shorter requests' scan tasks in the plan
  * (AK_CUDA_SCAN_SHORT=1, set by the caller), so that the pass scans every
- * request from the marks. */
+ * request from the marks; marks 3: no marks, the shorter requests' K/V
+ * rows scanned (AK_CUDA_SCAN_SHORT_ROWS=1, set by the caller). */
 static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
     snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
-             marks == 2 ? " marks short" : marks ? " marks" : "", nc->name);
+             marks == 3 ? " rows short" : marks == 2 ? " marks short" : marks ? " marks" : "", nc->name);
     const int on_scale = nc->bad.where == IN_K_SCALE || nc->bad.where == IN_V_SCALE;
     if (!t_selected(t, name) || on_scale != (on_scale && kv_fp8)) return;
     attn_case tc = nc->shape;
@@ -478,9 +479,10 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
     tbuf mb;
     memset(&mb, 0, sizeof mb);
-    if (marks) give_zero_marks(t, &sc, &mb);
+    const int view_marks = marks == 1 || marks == 2;
+    if (view_marks) give_zero_marks(t, &sc, &mb);
     int updated = 1;
-    if (marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
+    if (view_marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
     else corrupt(&sc, &nc->bad);
     int guards = 1;
     const ak_status st = updated ? run_raw(&sc, backend, nc->threads, o, l, &guards) : AK_OK;
@@ -542,12 +544,13 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     free(ref_l);
     free(o);
     free(l);
-    if (marks) tbuf_free(&mb);
+    if (view_marks) tbuf_free(&mb);
     scene_free(&sc);
 }
 
 /* A case whose prefill requests are all under the scan pass's threshold for
- * K/V rows (run with their tasks forced: "marks short") */
+ * K/V rows (run with their tasks forced: "marks short", and from the rows:
+ * "rows short") */
 static int short_prefill_case(const char *name)
 {
     static const char *const prefixes[] = {"prefill",      "window", "gqa7 prefill",     "gqa4 prefill", "mha prefill",
@@ -568,6 +571,12 @@ static void run_nf_marks_short(void *arg)
 {
     const nf_run *r = arg;
     run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 2);
+}
+
+static void run_nf_rows_short(void *arg)
+{
+    const nf_run *r = arg;
+    run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 3);
 }
 
 /* ---- ak_kv_update's finiteness marks ------------------------------------------ */
@@ -928,6 +937,7 @@ void test_nonfinite(test_ctx *t)
                 for (int f = 0; f < 2; f++) {
                     nf_run r = {t, names[i], &cases[c], f};
                     with_scan_short("1", run_nf_marks_short, &r);
+                    t_with_env("AK_CUDA_SCAN_SHORT_ROWS", "1", run_nf_rows_short, &r);
                 }
         }
     for (int i = 0; i < nb && t->device.kind == AK_DEVICE_CUDA; i++)

@@ -84,8 +84,9 @@
 /* With the pools' finiteness marks (ak_paged_kv.marks) the pass reads a bit
  * a key, about 5 us whatever the keys (H200, BENCHMARKS.md), so the shorter
  * requests are worth it too: each plan gives them tasks of their own, after
- * the long requests' (plan_head.scan_long); only a run with marks scans
- * them, one without runs their items checked as before. In a step with
+ * the long requests' (plan_head.scan_long); a run with marks scans them,
+ * one without scans only those whose rows are worth a read of their K/V
+ * rows (SCAN_ROWS_KEYS, below) and runs the others' items checked. In a step with
  * decodes, whose kernel the pass goes before, only when the shorter
  * requests' work (2 x (head_dim_qk + head_dim_vo) FLOP a query row and key
  * it sees, summed) reaches SCAN_SHORT_MIN_FLOP. AK_CUDA_SCAN_SHORT=1 gives
@@ -98,6 +99,26 @@
  * 2048 keys (1.1 GFLOP) 1.008, of 64 (4.3 GFLOP) 1.000, of 256 0.991-0.995;
  * gpt-oss-20b (window 128) 8 x 256 1.002-1.011 (BENCHMARKS.md). */
 #define SCAN_SHORT_MIN_FLOP 2e9
+/* A run without marks scans a shorter request's K/V rows too where its rows
+ * times SCAN_ROWS_KEYS reach the keys its tokens see (a prompt, or a chunk
+ * of 1,024 rows on 4,096 keys; not a few verified tokens on a long
+ * context, whose keys the pass would read for little work), in a plan where
+ * such requests' work reaches SCAN_ROWS_MIN_FLOP (with decodes,
+ * SCAN_SHORT_MIN_FLOP) and the kernel runs the clean items itself (not at
+ * DP 256, whose clean items take a second kernel: gemma2-9b 16 x 256 1.034
+ * of the time). A short item's checks cost more than the pass's read of its
+ * keys: the V scan and the consumers' barrier at its diagonal tile, which
+ * most of its tiles are. Measured (H200, bf16, every shorter request's
+ * rows scanned against none, two rounds): 16 x 256 0.797 of the time, 64 x
+ * 256 0.789, 128 x 128 0.788, 32 x 384 (page 16) 0.829, 4 x 256 0.973,
+ * qwen2.5-7b 16 x 256 0.779, d64 32 x 256 0.778, phi3-mini (32/32 heads,
+ * d96, page 16) 16 x 1024 0.946 and 4 x 1024 0.971, extend (chunks of 256
+ * on 4096 keys) 0.978, 16 prompts of 45-700 tokens 0.824; below the work
+ * floor, 1 x 128 1.061 and 16 x 64 1.081; verify (4 tokens on 4096 keys)
+ * 1.791 (BENCHMARKS.md). AK_CUDA_SCAN_SHORT_ROWS=1 scans every shorter
+ * request's rows in every plan, 0 none. */
+#define SCAN_ROWS_KEYS 4
+#define SCAN_ROWS_MIN_FLOP 1e9
 /* The requests a plan can give scan tasks (then SCAN_TASKS_PER_REQ each at most) */
 #define MAX_SCAN_REQS 65536
 
@@ -191,7 +212,9 @@ struct engine_state {
     int max_scans, scan_ctas, scan_keys; /* (scan_keys: a task's fewest keys) */
     int scan_short; /* the shorter requests' tasks: -1 by their work (SCAN_SHORT_MIN_FLOP), 0 never, 1 always
                        (AK_CUDA_SCAN_SHORT) */
-    int scan_rows;  /* 1: a request can have SCAN_MIN_ROWS rows (else only a run with marks has scan work) */
+    int scan_rows;  /* 1: a run without marks can have scan work (long requests, or the shorter ones' rows) */
+    int scan_short_rows; /* the shorter requests' tasks scanned from K/V rows without marks: -1 by their work
+                            (SCAN_ROWS_MIN_FLOP), 0 never, 1 always (AK_CUDA_SCAN_SHORT_ROWS) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
@@ -814,9 +837,11 @@ static ak_status engine_create_inner(engine_state *s)
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
-            /* a run without marks has work for the pass only where a
-             * request can have SCAN_MIN_ROWS rows */
-            s->scan_rows = (int64_t)lim->max_tokens * group >= SCAN_MIN_ROWS;
+            AK_TRY(env_choice("AK_CUDA_SCAN_SHORT_ROWS", "0", "1", &s->scan_short_rows));
+            /* a run without marks has work for the pass where a request
+             * can have SCAN_MIN_ROWS rows, or the shorter ones' rows are
+             * scanned too */
+            s->scan_rows = (int64_t)lim->max_tokens * group >= SCAN_MIN_ROWS || s->scan_short_rows != 0;
             /* (requests past that capacity, which no engine reaches, run checked) */
             s->max_scans = (multi < MAX_SCAN_REQS ? multi : MAX_SCAN_REQS) * SCAN_TASKS_PER_REQ;
             int scan_per_sm = 0;
@@ -1182,6 +1207,16 @@ static bool rows_worth_scan(const engine_state *s, int q_len)
     return (int64_t)q_len * (s->cfg.num_qo_heads / s->cfg.num_kv_heads) >= SCAN_MIN_ROWS;
 }
 
+/* Whether a shorter request's K/V rows are worth the pass's read without
+ * marks (SCAN_ROWS_KEYS: its rows against the keys its tokens see), in a
+ * plan whose kernel runs the clean items itself (not DP 256's two passes);
+ * AK_CUDA_SCAN_SHORT_ROWS=1: every shorter request's. */
+static bool rows_worth_rows(const engine_state *s, int q_len, int keys)
+{
+    if (s->scan_short_rows == 1) return true;
+    return s->pre_k.unchecked && (int64_t)q_len * (s->cfg.num_qo_heads / s->cfg.num_kv_heads) * SCAN_ROWS_KEYS >= keys;
+}
+
 /* Sorts key[0, n) ascending where the keys compare by their bits from
  * `shift` up alone, keeping the order of equal ones (the callers' low bits
  * are their positions, ascending): by counting (count: [max_spread + 2])
@@ -1250,30 +1285,48 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
     const int P = s->prefill_ctas, nt = s->ptok, rows = c->num_kv_heads * s->prow_tiles;
     int n = 0;
     int64_t total = 0;
-    /* The scan tasks (SCAN_SHORT_MIN_FLOP): the long requests' first, then
-     * the short ones' where their work is worth it */
-    int long_at = 0, short_at = 0;
-    bool scan_short = false;
+    /* The scan tasks: the long requests' first; then, where a run without
+     * marks scans them too (short_rows), the shorter requests' whose rows
+     * are worth it (rows_worth_rows); then the other shorter ones' where
+     * their work is worth it to a run with marks (SCAN_SHORT_MIN_FLOP) */
+    int long_at = 0, rows_at = 0, short_at = 0;
+    bool scan_short = false, short_rows = false;
     *num_long_scans = 0;
     if (s->scan_k.fn) {
-        int long_total = 0, decodes = 0;
-        double work = 0.0;
+        int long_total = 0, rows_total = 0, decodes = 0;
+        double work = 0.0, work_rows = 0.0;
         const double row_flop = 2.0 * (c->head_dim_qk + c->head_dim_vo) * c->num_qo_heads;
-        for (int r = 0; r < b->num_reqs; r++) {
-            const int q_len = bm->qo_indptr[r + 1] - bm->qo_indptr[r];
-            decodes += q_len > 0 && q_len < s->min_prefill_q;
-            if (q_len < s->min_prefill_q) continue;
-            const int kv_len = b->kv_lens[r], prefix = kv_len - q_len, lo = ak_visible_lo(prefix, c->window_left);
-            int step = 0;
-            const int k = scan_tasks_of(s, lo, kv_len, &step);
-            if (rows_worth_scan(s, q_len)) long_total += long_total + k <= s->max_scans ? k : 0; /* (as plan_scan) */
-            else /* the keys its tokens see: the prefix's, and causal the half of its own */
-                work += row_flop * q_len * (c->causal ? (prefix - lo) + 0.5 * (q_len + 1) : (double)(kv_len - lo));
-        }
+        for (int pass = 0; pass < 2; pass++) /* (the rows' tasks go after every long request's) */
+            for (int r = 0; r < b->num_reqs; r++) {
+                const int q_len = bm->qo_indptr[r + 1] - bm->qo_indptr[r];
+                decodes += pass == 0 && q_len > 0 && q_len < s->min_prefill_q;
+                if (q_len < s->min_prefill_q) continue;
+                const int kv_len = b->kv_lens[r], prefix = kv_len - q_len, lo = ak_visible_lo(prefix, c->window_left);
+                int step = 0;
+                const int k = scan_tasks_of(s, lo, kv_len, &step);
+                if (rows_worth_scan(s, q_len)) {
+                    if (pass == 0) long_total += long_total + k <= s->max_scans ? k : 0; /* (as plan_scan) */
+                    continue;
+                }
+                if (pass == 1) {
+                    if (rows_worth_rows(s, q_len, kv_len - lo))
+                        rows_total += long_total + rows_total + k <= s->max_scans ? k : 0;
+                    continue;
+                }
+                /* the keys its tokens see: the prefix's, and causal the half of its own */
+                const double w =
+                    row_flop * q_len * (c->causal ? (prefix - lo) + 0.5 * (q_len + 1) : (double)(kv_len - lo));
+                work += w;
+                if (rows_worth_rows(s, q_len, kv_len - lo)) work_rows += w;
+            }
         /* (ragged K/V have no marks) */
         const double min_work = decodes > 0 ? SCAN_SHORT_MIN_FLOP : 0.0;
         scan_short = !s->ragged && (s->scan_short >= 0 ? s->scan_short == 1 : work > 0.0 && work >= min_work);
-        short_at = *num_long_scans = long_total;
+        const double rows_min = min_work > SCAN_ROWS_MIN_FLOP ? min_work : SCAN_ROWS_MIN_FLOP;
+        short_rows = rows_total > 0 && (s->scan_short_rows == 1 || (s->scan_short_rows < 0 && work_rows >= rows_min));
+        rows_at = *num_long_scans = long_total;
+        if (short_rows) *num_long_scans += rows_total;
+        short_at = *num_long_scans;
     }
     for (int r = 0; r < b->num_reqs; r++) {
         const int q0 = bm->qo_indptr[r], q_len = bm->qo_indptr[r + 1] - q0;
@@ -1283,6 +1336,8 @@ static ak_status plan_prefill(engine_state *s, const ak_batch *b, const ak_batch
         const int lo_seen = ak_visible_lo(prefix, c->window_left);
         if (s->scan_k.fn && rows_worth_scan(s, q_len))
             scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &long_at, &scan_n);
+        else if (short_rows && rows_worth_rows(s, q_len, kv_len - lo_seen))
+            scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &rows_at, &scan_n);
         else if (scan_short)
             scan = plan_scan(s, m, page_base_of(s, b, bm, r), lo_seen, kv_len, &short_at, &scan_n);
         const int first = n;

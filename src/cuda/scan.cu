@@ -10,9 +10,10 @@
  * 9% of the wgmma prefill at d128, and every row tile of a request would
  * repeat a scan of the same K/V; the pass reads each input once, a few
  * percent of the reads of a prefill long enough to be given one (the engine
- * gives one only to requests of SCAN_MIN_ROWS query rows or more; where
- * the pools carry finiteness marks, a bit a key, to the shorter ones too:
- * engine.cu's SCAN_SHORT_MIN_FLOP). The
+ * gives one to requests of SCAN_MIN_ROWS query rows or more, and to shorter
+ * ones whose rows are worth their keys' read, engine.cu's SCAN_ROWS_KEYS;
+ * where the pools carry finiteness marks, a bit a key, to the other shorter
+ * ones too: SCAN_SHORT_MIN_FLOP). The
  * wgmma prefill's producer warpgroup scanning each tile it copied, in
  * shared memory, instead (no pass, no checked path) was 1.4-2.0x slower:
  * its reads at the producer's 40 registers, beside the tensor cores' reads
