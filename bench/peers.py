@@ -325,6 +325,7 @@ def import_flash_mla():
 # ---------------------------------------------------------------------------
 
 class Scene:
+    mix = False  # the --prefill-mix batch (main sets it)
     """The requests of one shape, reqs = [(q_len, kv_len)] in batch order, over
     one paged cache per layer; dense and contiguous copies made on demand."""
 
@@ -1045,7 +1046,8 @@ def varlen_backend(tv, sc, k, v, cu_q, cu_k, max_q, causal):
 # ---------------------------------------------------------------------------
 
 def time_steps(torch, steps, use_graph, args, dev, sc=None, peer=None):
-    """(median_us, min_us, samples, graph_used, note) per layer call."""
+    """(median_us, min_us, samples, graph_used, note, clock) per layer call
+    (clock: clock_text, or None)."""
     note = None
     if dev.type != "cuda":
         def one_pass():
@@ -1058,7 +1060,7 @@ def time_steps(torch, steps, use_graph, args, dev, sc=None, peer=None):
             t0 = time.perf_counter()
             one_pass()
             ts.append((time.perf_counter() - t0) * 1e6 / len(steps))
-        return statistics.median(ts), min(ts), len(ts), False, note
+        return statistics.median(ts), min(ts), len(ts), False, note, None
 
     run_pass, graph_used, note = pass_of(torch, steps, use_graph, dev)
     for _ in range(args.warmup):
@@ -1066,7 +1068,7 @@ def time_steps(torch, steps, use_graph, args, dev, sc=None, peer=None):
     clocks = [] if args.clock_probe else None
     ts = samples_of(torch, run_pass, args.iters, len(steps), clocks)
     log_samples(args, sc, peer, [0] * len(ts), ts, clocks)
-    return statistics.median(ts), min(ts), len(ts), graph_used, clock_note(note, ts, clocks)
+    return statistics.median(ts), min(ts), len(ts), graph_used, note, clock_text(ts, clocks)
 
 
 def log_samples(args, sc, peer, rounds, ts, clocks):
@@ -1084,19 +1086,19 @@ def log_samples(args, sc, peer, rounds, ts, clocks):
             w.writerow([sc.model, sc.workload, sc.requests(), peer, r, f"{t:.2f}", f"{c:.1f}"])
 
 
-def clock_note(note, ts, clocks):
-    """A side's note with its samples' clocks (--clock-probe): the median, and
-    the median time of the samples at or above that clock against those
-    below it (a side's two speed levels, where the clock makes them)."""
+def clock_text(ts, clocks):
+    """A side's samples' clocks (--clock-probe), or None: the median, and the
+    median time of the samples at or above that clock against those below
+    it (a side's two speed levels, where the clock makes them)."""
     if not clocks:
-        return note
+        return None
     mid = statistics.median(clocks)
     hi = [t for t, c in zip(ts, clocks) if c >= mid]
     lo = [t for t, c in zip(ts, clocks) if c < mid]
     text = f"clock {mid:.0f} MHz ({min(clocks):.0f}-{max(clocks):.0f})"
     if hi and lo:
         text += f", us at/above it {statistics.median(hi):.1f}, below {statistics.median(lo):.1f}"
-    return "; ".join(x for x in (note, text) if x)
+    return text
 
 
 def pass_of(torch, steps, use_graph, dev):
@@ -1137,6 +1139,7 @@ def probe_mhz(torch):
     """The SM clock now, in MHz: PROBE_CYCLES clock cycles spun by one
     thread (torch.cuda._sleep), timed by CUDA events."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(PROBE_CYCLES // 20)  # (busy before start: no launch delay inside the timing)
     start.record()
     torch.cuda._sleep(PROBE_CYCLES)
     end.record()
@@ -1165,7 +1168,8 @@ def samples_of(torch, run_pass, n, calls, clocks=None):
 # ---------------------------------------------------------------------------
 
 def shapes(args):
-    """(model, workload, reqs) per shape; reqs = [(q_len, kv_len)] per request.
+    """(model, workload, reqs, mix) per shape; reqs = [(q_len, kv_len)] per request;
+    mix: the --prefill-mix batch.
     MLA models run the mla workload alone, GQA models never do."""
     for model in args.models:
         if model in MLA_MODELS:
@@ -1173,20 +1177,20 @@ def shapes(args):
                 for q_len in args.mla_q_lens:
                     for b in args.mla_batches:
                         for kv in args.mla_kv_lens:
-                            yield model, "mla", [(q_len, kv)] * b
+                            yield model, "mla", [(q_len, kv)] * b, False
             continue
         if "decode" in args.workloads:
             for b in args.batches:
                 for kv in args.kv_lens:
-                    yield model, "decode", [(1, kv)] * b
+                    yield model, "decode", [(1, kv)] * b, False
         if "prefill" in args.workloads:
             for n in args.prefill_lens:
-                yield model, "prefill", [(n, n)] * args.prefill_batch
+                yield model, "prefill", [(n, n)] * args.prefill_batch, False
             if args.prefill_mix:
-                yield model, "prefill", [(n, n) for n in args.prefill_mix]
+                yield model, "prefill", [(n, n) for n in args.prefill_mix], True
         if "mixed" in args.workloads:
             chunk = (args.mixed_chunk, args.mixed_prefix + args.mixed_chunk)
-            yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes
+            yield model, "mixed", [chunk] + [(1, args.mixed_decode_kv)] * args.mixed_decodes, False
 
 
 def side_note(steps, note):
@@ -1203,8 +1207,8 @@ def failure(e):
 def run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     steps, out, use_graph = side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args)
     o = out()
-    med, mn, n, graph_used, note = time_steps(sc.torch, steps, use_graph, args, sc.dev, sc, peer)
-    return o, med, mn, n, graph_used, side_note(steps, note)
+    med, mn, n, graph_used, note, clock = time_steps(sc.torch, steps, use_graph, args, sc.dev, sc, peer)
+    return o, med, mn, n, graph_used, side_note(steps, note), clock
 
 
 def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args, results):
@@ -1236,9 +1240,9 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
     for peer in order:
         try:
             live[peer]["run_pass"]()
+            torch.cuda.synchronize(sc.dev)
         except Exception as e:
             live[peer]["error"] = failure(e)
-    torch.cuda.synchronize(sc.dev)
     for r in range(args.rounds):
         n = args.iters // args.rounds + (r < args.iters % args.rounds)  # --iters in all
         for peer in order[r % len(order):] + order[:r % len(order)] if order else []:
@@ -1259,7 +1263,8 @@ def run_sides_interleaved(peers, sc, attnkit, fi, fi_reason, fm, fm_reason, args
         ts = side["ts"]
         log_samples(args, sc, peer, side["rounds"], ts, side["clocks"])
         results[peer] = dict(status="ok", out=side["out"], median_us=statistics.median(ts), min_us=min(ts),
-                             samples=len(ts), graph=side["graph"], note=clock_note(side["note"], ts, side["clocks"]))
+                             samples=len(ts), graph=side["graph"], note=side["note"],
+                             clock=clock_text(ts, side["clocks"]))
     return failed
 
 
@@ -1290,7 +1295,7 @@ def side_steps(peer, sc, attnkit, fi, fi_reason, fm, fm_reason, args):
     if peer in RAGGED_PEERS:
         if sc.workload != "prefill":
             raise Skip("prefill only (contiguous K/V of the step's own tokens, no cached prefix)")
-        if sc.q_len not in args.ragged_prefill_lens and len(sc.groups) == 1:  # (--prefill-mix: always)
+        if sc.q_len not in args.ragged_prefill_lens and not sc.mix:  # (--prefill-mix: always)
             raise Skip("prefill length not in --ragged-prefill-lens")
     if peer in ("attnkit", "attnkit_marks"):
         steps, out = setup_attnkit(sc, attnkit, marks=peer == "attnkit_marks")
@@ -1352,7 +1357,8 @@ def main():
     if gqa_run and "prefill" in args.workloads and any(p in RAGGED_PEERS for p in args.peers):
         print("# " + ", ".join(p for p in RAGGED_PEERS if p in args.peers) + ": contiguous K/V "
               "[sum kv_len, kv_heads, head_dim] (the cache's values), prefill at "
-              + ",".join(str(n) for n in args.ragged_prefill_lens if n in args.prefill_lens))
+              + ",".join(str(n) for n in args.ragged_prefill_lens if n in args.prefill_lens)
+              + (" and the --prefill-mix batch" if args.prefill_mix else ""))
     if fi is not None:
         print("# FlashInfer compiles its kernels on first use (minutes; cached under "
               f"{os.environ.get('FLASHINFER_WORKSPACE_BASE', '~')}/.cache/flashinfer)")
@@ -1360,14 +1366,15 @@ def main():
 
     fields = ["model", "workload", "batch", "q_len", "kv_len", "dtype", "page_size", "layers", "peer",
               "status", "median_us", "min_us", "samples", "graph", "ratio_vs_attnkit", "gbps", "tflops",
-              "check_ref", "max_abs_diff", "check", "note", "requests"]
+              "check_ref", "max_abs_diff", "check", "note", "requests", "clock"]
     rows = []
     csv_file = open(args.csv, "w", newline="")
     writer = csv.DictWriter(csv_file, fieldnames=fields)
     writer.writeheader()
     failed = False
-    for model, workload, reqs in shapes(args):
+    for model, workload, reqs, mix in shapes(args):
         sc = (MLAScene if workload == "mla" else Scene)(torch, args, model, workload, reqs)
+        sc.mix = mix
         batch, q_len, kv_len = sc.batch, sc.q_len, sc.kv_len
         peers = peers_for(args, sc.mla)
         results = {}
@@ -1382,10 +1389,10 @@ def main():
             else:
                 for peer in peers:
                     try:
-                        o, med, mn, n, graph_used, note = run_side(peer, sc, attnkit, fi, fi_reason, fm, fm_reason,
-                                                                   args)
+                        o, med, mn, n, graph_used, note, clock = run_side(peer, sc, attnkit, fi, fi_reason, fm,
+                                                                          fm_reason, args)
                         results[peer] = dict(status="ok", out=o, median_us=med, min_us=mn, samples=n,
-                                             graph=graph_used, note=note)
+                                             graph=graph_used, note=note, clock=clock)
                     except Skip as e:
                         results[peer] = dict(status="skipped", note=str(e))
                     except Exception as e:  # a peer's failure is reported, the run goes on
@@ -1399,9 +1406,11 @@ def main():
         base = results.get("attnkit", {}).get("median_us")
         for peer in peers:
             r = results[peer]
-            row = dict(model=model, workload=workload, batch=batch, q_len=q_len, kv_len=kv_len,
+            row = dict(model=model, workload=workload, batch=batch, q_len="mix" if sc.mix else q_len,
+                       kv_len="mix" if sc.mix else kv_len,
                        dtype=args.dtype, page_size=sc.P, layers=sc.layers, peer=peer,
-                       status=r["status"], note=r.get("note") or "", requests=sc.requests())
+                       status=r["status"], note=r.get("note") or "", requests=sc.requests(),
+                       clock=r.get("clock") or "")
             if r["status"] == "ok":
                 err = r["out"].float() - ref
                 diff = err.abs().max().item()
@@ -1429,6 +1438,9 @@ def main():
             rows.append(row)
         csv_file.flush()
         print_row(sc, results, peers)
+        for peer in peers:  # (--clock-probe)
+            if results[peer].get("clock"):
+                print(f"#   clock of {peer}: {results[peer]['clock']}")
         for peer in peers:
             results[peer].pop("out", None)
         del sc, results, ref
@@ -1476,8 +1488,7 @@ def print_row(sc, results, peers):
         return f"{v}{mark}{bad}"
 
     ak = cell(a, True) if a else "-"
-    mix = sc.workload == "prefill" and len(sc.groups) > 1  # (--prefill-mix: the CSV's requests say which)
-    q_len, kv_len = ("mix", "mix") if mix else (sc.q_len, sc.kv_len)
+    q_len, kv_len = ("mix", "mix") if sc.mix else (sc.q_len, sc.kv_len)  # (the CSV's requests say which)
     print(f"{sc.model:<16}{sc.workload:<9}{sc.batch:>6}{q_len:>7}{kv_len:>7}{sc.layers:>7}"
           f"{ak:>12}  " + "".join(f"{cell(results[p], base is None):>{col(p)}}" for p in others))
     sys.stdout.flush()

@@ -119,9 +119,10 @@ struct __align__(16) plan_head {
      * mla_wgmma.cu serves on a path of its own (the others pay nothing) */
     int32_t mla_packed;
     /* The scan tasks (counts[COUNT_SCAN]) begin with scan_long of long
-     * requests (engine.cu's SCAN_MIN_ROWS), which every run scans; the
-     * rest, the shorter requests', only a run with the pools' finiteness
-     * marks does (scanned_tasks) */
+     * requests (engine.cu's SCAN_MIN_ROWS) and of shorter ones whose rows
+     * are worth their keys' read (SCAN_ROWS_KEYS), which every run scans;
+     * the rest, the other shorter requests', only a run with the pools'
+     * finiteness marks does (scanned_tasks) */
     int32_t scan_long;
     int32_t unused[2];
 };
@@ -777,8 +778,8 @@ template <bool B> struct bool_c {
 };
 
 /* The scan tasks this run's pass scans: every one with the pools' marks,
- * else the long requests' (plan_head.scan_long); the items of the others
- * run checked. */
+ * else the first plan_head.scan_long (the long requests', and the shorter
+ * ones' whose rows are worth it); the items of the others run checked. */
 __device__ __forceinline__ int scanned_tasks(const attn_params &p)
 {
     return p.kv_marks ? p.head->counts[COUNT_SCAN] : p.head->scan_long;

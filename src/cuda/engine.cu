@@ -832,16 +832,18 @@ static ak_status engine_create_inner(engine_state *s)
         /* the NaN rule's scan pass, for kernels with an unchecked path (or
          * pass: wgmma at DP 256; the portable and d512 ones always check):
          * tasks for every request (plan_prefill: a run without marks scans
-         * only those of SCAN_MIN_ROWS rows or more) */
+         * those of SCAN_MIN_ROWS rows or more, and the shorter ones whose
+         * rows are worth it, SCAN_ROWS_KEYS) */
         if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT_ROWS", "0", "1", &s->scan_short_rows));
             /* a run without marks has work for the pass where a request
-             * can have SCAN_MIN_ROWS rows, or the shorter ones' rows are
-             * scanned too */
-            s->scan_rows = (int64_t)lim->max_tokens * group >= SCAN_MIN_ROWS || s->scan_short_rows != 0;
+             * can have SCAN_MIN_ROWS rows, or where the shorter ones' rows
+             * can be scanned (rows_worth_rows) */
+            s->scan_rows = (int64_t)lim->max_tokens * group >= SCAN_MIN_ROWS || s->scan_short_rows == 1 ||
+                           (s->scan_short_rows < 0 && s->pre_k.unchecked);
             /* (requests past that capacity, which no engine reaches, run checked) */
             s->max_scans = (multi < MAX_SCAN_REQS ? multi : MAX_SCAN_REQS) * SCAN_TASKS_PER_REQ;
             int scan_per_sm = 0;
@@ -1785,8 +1787,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     const int decode = s->split && (all || s->num_items > 0);
     const int prefill = s->prefill && (all || s->num_pitems > 0);
     const int merge = s->split && (all || s->num_tasks > 0);
-    /* (a run without marks scans the long requests alone: plan_prefill;
-     * where there can be none, a captured one launches no pass either) */
+    /* (a run without marks scans the long requests' tasks and the shorter
+     * ones' whose rows are worth it: plan_prefill; where there can be
+     * none, a captured one launches no pass either) */
     const int scans = p.kv_marks ? s->num_scans : s->num_long_scans;
     const int scan = s->scan_k.fn && (p.kv_marks || s->scan_rows) && (all || scans > 0);
     /* (a few microseconds of host time: only where the prefill kernel runs;
