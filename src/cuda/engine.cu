@@ -213,8 +213,8 @@ struct engine_state {
     int scan_short; /* the shorter requests' tasks: -1 by their work (SCAN_SHORT_MIN_FLOP), 0 never, 1 always
                        (AK_CUDA_SCAN_SHORT) */
     int scan_rows;  /* 1: a run without marks can have scan work (long requests, or the shorter ones' rows) */
-    int scan_short_rows; /* the shorter requests' tasks scanned from K/V rows without marks: -1 by their work
-                            (SCAN_ROWS_MIN_FLOP), 0 never, 1 always (AK_CUDA_SCAN_SHORT_ROWS) */
+    int scan_short_rows; /* the shorter requests' tasks scanned from K/V rows without marks: -1 by the rule
+                            (rows_worth_rows, SCAN_ROWS_MIN_FLOP), 0 never, 1 always (AK_CUDA_SCAN_SHORT_ROWS) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
