@@ -80,6 +80,11 @@ typedef struct nf_case {
 /* the same at DP 256 (d256, d192/128), where the CUDA engine runs the
  * clean requests' items in a kernel of their own beside the checked ones */
 #define LONG_DIMS(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
+/* the same at d128 on pages of 128 and of 64: a request's last key tile,
+ * past kv_len, has its K copied by TMA (the Hopper prefill; from kv_len on a
+ * box of the tile's first page again, at pages of 64) and its V by cp.async
+ * with the rows past kv_len zero-filled */
+#define LONG_PAGE(page) {NULL, 16, 1, 128, 128, AK_F32, 0, 0, 1, -1, 0, page, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
 /* ... and blocks of the prefill grid with items of both kernels, each
  * kernel skipping the other's (the producer's mask). At DP 256 an item is a
  * tile of 128 rows (8 tokens of 16 heads) of a KV head; plan_prefill deals
@@ -195,6 +200,12 @@ static const nf_case cases[] = {
     {"long prefill: NaN in a value every row sees", LONG_BATCH, {IN_V, NAN, 1, 3, 0, 0, 31}, 0},
     {"long prefill: -inf in q", LONG_BATCH, {IN_Q, -INFINITY, 0, 0, 500, 5, 60}, 0},
     {"long prefill: NaN in the K and V of an unused page slot", LONG_BATCH, {IN_V, NAN, 0, 263, 0, 0, 0}, 0},
+    {"long page 128 prefill: NaN in the K and V of an unused page slot", LONG_PAGE(128), {IN_V, NAN, 0, 300, 0, 0, 0},
+     0},
+    {"long page 64 prefill: NaN in the K and V of an unused page slot", LONG_PAGE(64), {IN_V, NAN, 0, 262, 0, 0, 127},
+     0},
+    {"long page 64 prefill: +inf in a key of a chunk's last tile", LONG_PAGE(64), {IN_K, INFINITY, 1, 299, 0, 0, 3},
+     0},
     {"long d256 prefill: NaN in a key only the last rows see", LONG_DIMS(256, 256), {IN_K, NAN, 0, 250, 0, 0, 5}, 0},
     {"long d256 prefill: +inf in a value only the last rows see", LONG_DIMS(256, 256),
      {IN_V, INFINITY, 1, 280, 0, 0, 200}, 0},
