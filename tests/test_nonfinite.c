@@ -80,10 +80,10 @@ typedef struct nf_case {
 /* the same at DP 256 (d256, d192/128), where the CUDA engine runs the
  * clean requests' items in a kernel of their own beside the checked ones */
 #define LONG_DIMS(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
-/* the same at d128 on pages of 128 and of 64: a request's last key tile,
- * past kv_len, has its K copied by TMA (the Hopper prefill; from kv_len on a
- * box of the tile's first page again, at pages of 64) and its V by cp.async
- * with the rows past kv_len zero-filled */
+/* the same at d128 on pages of 128 and of 64 (the Hopper prefill's TMA
+ * boxes of a tile and of half of one): a request's last key tile runs past
+ * kv_len, into slots of its last page that hold no key (a NaN there must
+ * reach no row, by K or by V as 0 x NaN) */
 #define LONG_PAGE(page) {NULL, 16, 1, 128, 128, AK_F32, 0, 0, 1, -1, 0, page, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
 /* ... and blocks of the prefill grid with items of both kernels, each
  * kernel skipping the other's (the producer's mask). At DP 256 an item is a
