@@ -83,7 +83,9 @@ typedef struct nf_case {
 /* the same at d128 on pages of 128 and of 64 (the Hopper prefill's TMA
  * boxes of a tile and of half of one): a request's last key tile runs past
  * kv_len, into slots of its last page that hold no key (a NaN there must
- * reach no row, by K or by V as 0 x NaN) */
+ * reach no row, by K or by V as 0 x NaN; the kernels copy that tile by
+ * cp.async with those rows zero-filled today, and the marks runs set a
+ * mark past kv_len) */
 #define LONG_PAGE(page) {NULL, 16, 1, 128, 128, AK_F32, 0, 0, 1, -1, 0, page, NHD, PAGED, 2, {{260, 260}, {256, 300}}}
 /* ... and blocks of the prefill grid with items of both kernels, each
  * kernel skipping the other's (the producer's mask). At DP 256 an item is a
