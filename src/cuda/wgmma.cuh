@@ -165,6 +165,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, int parity)
                      : "memory");
     } while (!done);
 }
+/* Both barriers' phases complete: their first tests issued together (one
+ * round trip where both have), then each polled as mbar_wait. */
+__device__ __forceinline__ void mbar_wait2(uint64_t *bar0, int parity0, uint64_t *bar1, int parity1)
+{
+    const uint32_t a0 = (uint32_t)__cvta_generic_to_shared(bar0), a1 = (uint32_t)__cvta_generic_to_shared(bar1);
+    uint32_t d0, d1;
+    asm volatile("{\n.reg .pred p, q;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%2], %3;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 q, [%4], %5;\nselp.u32 %0, 1, 0, p;\nselp.u32 %1, 1, 0, q;\n}\n"
+                 : "=r"(d0), "=r"(d1)
+                 : "r"(a0), "r"(parity0), "r"(a1), "r"(parity1)
+                 : "memory");
+    if (!d0) mbar_wait(bar0, parity0);
+    if (!d1) mbar_wait(bar1, parity1);
+}
 /* Named barrier `id` (1..15) over `threads` threads: sync waits, arrive
  * does not. */
 __device__ __forceinline__ void bar_sync(int id, int threads)
