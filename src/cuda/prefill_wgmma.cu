@@ -260,7 +260,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);
                 fence_proxy_async();
             };
-            /* Step t: wait for tile t, and take this warpgroup's turn at the
+            /* Step t: wait for tile t (k_landed: the caller has waited for
+             * its K), and take this warpgroup's turn at the
              * tensor cores (the caller issues, then passes the turn). A mixed
              * tile (some key below kv_end hidden from some row of the block:
              * the diagonal, a window's edge) first has its V scanned by the
@@ -358,8 +359,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                      * both have (begin_tile's fence then covers both).
                      * Measured (H200, against the two waits in turn): 16 x
                      * 1024 0.979 of the time, qwen2.5-7b 1 x 4096 0.985,
-                     * phi3-mini page 16 0.980, 4 x 4096 0.993, the rest
-                     * 0.994-0.998 (BENCHMARKS.md) */
+                     * phi3-mini 4 x 4096 page 16 0.980, 4 x 4096 0.993,
+                     * the rest 0.994-0.998 (BENCHMARKS.md) */
                     {
                         const int gv = g0 + t - 1, gk = g0 + t;
                         mbar_wait2(&bar.v_full[gv % STAGES], (gv / STAGES) & 1, &bar.k_full[gk % STAGES],
