@@ -261,8 +261,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 fence_proxy_async();
             };
             /* Step t: wait for tile t (k_landed: the caller has waited for
-             * its K), and take this warpgroup's turn at the
-             * tensor cores (the caller issues, then passes the turn). A mixed
+             * its K), and take this warpgroup's turn at the tensor cores
+             * (the caller issues, then passes the turn). A mixed
              * tile (some key below kv_end hidden from some row of the block:
              * the diagonal, a window's edge) first has its V scanned by the
              * NaN rule, with a consumer barrier (the one per tile, only
