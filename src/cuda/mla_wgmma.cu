@@ -518,7 +518,9 @@ __device__ __forceinline__ void mla_values(const attn_params &p, const T *stages
                 mbar_arrive(&bar.k_empty[gt % W::STAGES][PART_ROPE]);
             }
             if (__any_sync(0xffffffffu, f[0] != 1.0f || f[1] != 1.0f)) scale_rows(o, f);
-            /* blocks 4 to 7 (each on its own barrier: TMA's land in any order) */
+            /* blocks 4 to 7 (each on its own barrier: TMA's land in any
+             * order; their first tests issued together measured level,
+             * 0.989-1.000 of the time, H200, BENCHMARKS.md) */
 #pragma unroll
             for (int b = 4; b < W::DVO / 64; b++) mbar_wait(&bar.k_full[gt % W::STAGES][b], (gt / W::STAGES) & 1);
             fence_proxy_async();

@@ -74,7 +74,10 @@ template <int DQK_, int DVO_> struct wg_traits {
      * get what the launch gives the block (LAUNCH_REGS a thread, 168 at 384
      * threads, 128 at 512) less the producer's. Measured (H100, d128 4 x
      * 4096): the producer spills at 24 (and stalled its copies: 22% slower
-     * than 40); consumers at 224 spill more than at 232. At DP 64 a tile's
+     * than 40); consumers at 224 spill more than at 232. (The later
+     * producer at 24, the consumers at 240: it spills 40 bytes at d128,
+     * 112 at d96; level at d128, 0.996-1.001 of the time, phi3-mini 1.014,
+     * H200, BENCHMARKS.md.) At DP 64 a tile's
      * MMAs take half as long as at 128 but its softmax as long, so three
      * consumers (192 rows, 160 registers, the producer 32) take turns.
      * Measured (H100, 32/8 heads, d64, against two): 4 x 4096 1.22x faster
@@ -231,7 +234,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             const bool ostore = OSTORE && n_tiles > 0 && o_tma;
             PF_CLK(wg, k, 1);
             PF_CLK_SET(wg, k, 11, n_tiles);
-            mbar_wait(&bar.q_full, nq & 1); /* q, and the previous epilogue's turn at qs is over */
+            /* q, and the previous epilogue's turn at qs is over. (Tested
+             * together with the first tile's K, as a step's two waits
+             * below: level, 0.995-1.007 of the time, H200, BENCHMARKS.md) */
+            mbar_wait(&bar.q_full, nq & 1);
             PF_CLK(wg, k, 2);
             nq++;
 
