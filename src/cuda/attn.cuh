@@ -682,10 +682,11 @@ __device__ __forceinline__ bool raise_rows(bool raise_lane, const float (&tmax)[
  * warpgroup MMAs at head dims 64-128, for want of registers; two at a time
  * in f16 was 2-19% slower. Computing the maxima as eight interleaved
  * chains, and the raise by selects instead of this branch, measured level,
- * 0.99-1.02 of the time. Each row raised on its own, without the vote, its
- * exponentials right after its own max (as FlashInfer's FA3 loop orders
- * them): ptxas then waited for the last P V before both maxima, not after
- * them, and the long shapes took 1.012-1.019 of the time: BENCHMARKS.md.) */
+ * 0.99-1.02 of the time. Each row raised on its own, without the warp's
+ * vote deciding it, its exponentials right after its own max in the
+ * source (the order of FlashInfer's FA3 loop): ptxas still computed both
+ * maxima first, waited for the last P V before them, not after them, and
+ * the long shapes took 1.012-1.019 of the time: BENCHMARKS.md.) */
 template <int NT>
 __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
 {

@@ -74,12 +74,12 @@ template <int DQK_, int DVO_> struct wg_traits {
      * get what the launch gives the block (LAUNCH_REGS a thread, 168 at 384
      * threads, 128 at 512) less the producer's. Measured (H100, d128 4 x
      * 4096): the producer spills at 24 (and stalled its copies: 22% slower
-     * than 40); consumers at 224 spill more than at 232. (The later
-     * producer at 24, the consumers at 240: it spills 40 bytes at d128,
-     * 112 at d96; level at d128, 0.996-1.001 of the time, phi3-mini 1.014,
-     * H200, BENCHMARKS.md.) At DP 64 a tile's
-     * MMAs take half as long as at 128 but its softmax as long, so three
-     * consumers (192 rows, 160 registers, the producer 32) take turns.
+     * than 40); consumers at 224 spill more than at 232. (The producer at
+     * 24 and the consumers at 240, FA3's split: the kernel spills 40
+     * bytes at d128, 112 at d96; level at d128, 0.995-1.001 of the time,
+     * phi3-mini 1.014; H200, BENCHMARKS.md.) At DP 64 a tile's MMAs take
+     * half as long as at 128 but its softmax as long, so three consumers
+     * (192 rows, 160 registers, the producer 32) take turns.
      * Measured (H100, 32/8 heads, d64, against two): 4 x 4096 1.22x faster
      * (0.680 against 0.831 ms), 16 x 1024 1.20x, 1 x 16384 1.23x, page 16
      * 1.19x, 32/32 heads 1.18x, though ptxas spills ~300 bytes at 160

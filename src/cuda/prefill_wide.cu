@@ -110,6 +110,8 @@ __device__ __forceinline__ void wide_scores(const attn_params &p, const T *qs, c
         const int row_pos0 = it.pos0 + r / hb, row_pos1 = it.pos0 + (r + 8) / hb;
         const int warp_pos0 = it.pos0 + warp_row0 / hb;
         const int warp_pos1 = min(it.pos0 + (warp_row0 + 15) / hb, pos_last);
+        /* (q tested together with the first tile's K: 1.012 of the time,
+         * H200, BENCHMARKS.md) */
         mbar_wait(&bar.q_full, nq & 1);
         nq++;
         float o[W::HALF / 8][4];
