@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""sass_loop.py - the key-tile loop of the Hopper prefill kernels, read from their SASS.
+
+No GPU is needed: the SASS comes from `cuobjdump -sass` on any build that
+holds the kernels (build/libattnkit.so, attnkit-bench, or the object of
+src/cuda/prefill_wgmma.cu alone). cuobjdump ships with the CUDA toolkit;
+where a toolkit lacks it, PyPI's nvidia-cuda-cuobjdump wheel carries it
+(its nvidia/cu13/bin on PATH).
+
+For each instance of prefill_wgmma_kernel (every head-dim pair, f16 and
+bf16, each pass) it finds the key-tile loops: the loops (a backward branch
+and its target) that hold a tile's warpgroup MMAs and its 64 exponentials
+a thread, one for each path of the NaN rule (attn.cuh: clean, the
+smallest; checked, about twice as long) and each addressing (paged,
+ragged). Of each it prints:
+
+  - its length in instructions and its warpgroup MMAs (HGMMA);
+  - the order of its waits for warpgroup MMAs (WARPGROUP.DEPBAR), its
+    exponentials (MUFU.EX2) and its packing of P (F2FP): position,
+    count, e.g. `173:DEPBAR 703:EX2x66 920:DEPBAR 988:F2FPx32`;
+  - where the wait for the last P V (the last DEPBAR of the loop) falls:
+    after how many of the loop's exponentials.
+
+ptxas, not the source, decides that last placement (a value given a
+register the P V still reads forces the wait before it), and the time of
+a tile depends on it: the exponentials run under the P V only where the
+wait follows them. --check makes that a test: exit status 1 when the
+wait precedes any exponential of the tile in a loop that overlaps its P V
+with the softmax (at most 128-element rows; at 256 the two run in turn).
+
+Usage: python3 bench/sass_loop.py FILE [--kernel REGEX] [--mix] [--check]
+  --kernel  a regular expression over the mangled names (default: the
+            pipelined instances, prefill_wgmma_kernel at DP <= 128)
+  --mix     the loop's instruction mix too (opcodes, modifiers dropped)
+Exit status: 0; 1 when --check finds a wait before an exponential; 2 when
+cuobjdump fails or no kernel or loop matches.
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+from collections import Counter
+
+# the pipelined instances (prefill_wgmma.cu's PIPE: DP <= 128), any dtype and pass
+DEFAULT = r"prefill_wgmma_kernelILi(64|80|96|112|128)ELi(64|80|96|112|128)E"
+MARKS = {"WARPGROUP.DEPBAR": "DEPBAR", "MUFU.EX2": "EX2", "F2FP": "F2FPx", "STL": "STL", "LDL": "LDL"}
+
+
+def disassemble(path):
+    """{mangled kernel name: [(address, instruction)]}"""
+    try:
+        out = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"sass_loop: cuobjdump -sass {path}: {e}")
+    kernels, cur = {}, None
+    for line in out.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            cur = kernels.setdefault(m.group(1), [])
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(2)))
+    return kernels
+
+
+def opcode(ins):
+    """the opcode with its modifiers, predicate dropped"""
+    return re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
+
+
+def key_tile_loops(code):
+    """the key-tile loops (holding 8+ HGMMA and 64+ exponentials), smallest first, as (first, last) indices"""
+    index = {a: i for i, (a, _) in enumerate(code)}
+    loops = []
+    for i, (a, ins) in enumerate(code):
+        m = re.search(r"\bBRA\s+0x([0-9a-f]+)", ins)
+        if not m or int(m.group(1), 16) >= a or int(m.group(1), 16) not in index:
+            continue
+        first = index[int(m.group(1), 16)]
+        ops = [opcode(x) for _, x in code[first : i + 1]]
+        if sum(o.startswith("HGMMA") for o in ops) >= 8 and sum(o == "MUFU.EX2" for o in ops) >= 64:
+            loops.append((first, i))
+    # a tile's MMAs: the fewest of any such loop (an item's loop holds its first S and last P V too,
+    # and its key-tile loop may lie outside it in the code)
+    mma = {l: sum(opcode(x).startswith("HGMMA") for _, x in code[l[0] : l[1] + 1]) for l in set(loops)}
+    return sorted([l for l in mma if mma[l] == min(mma.values(), default=0)], key=lambda l: l[1] - l[0])
+
+
+def describe(code, first, last):
+    """(the order string, exponentials before the last wait, total exponentials, HGMMA, the opcodes)"""
+    ops = [opcode(x) for _, x in code[first : last + 1]]
+    order, prev = [], None
+    for k, o in enumerate(ops):
+        mark = next((v for p, v in MARKS.items() if o.startswith(p)), None)
+        if mark is None:
+            continue
+        if order and prev == mark:
+            order[-1][1] += 1
+        else:
+            order.append([k, 1, mark])
+        prev = mark
+    text = " ".join(f"{k}:{m}" + (f"x{n}" if n > 1 and not m.endswith("x") else (str(n) if m.endswith("x") else ""))
+                    for k, n, m in order)
+    waits = [k for k, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR")]
+    exps = [k for k, o in enumerate(ops) if o == "MUFU.EX2"]
+    before = sum(k < waits[-1] for k in exps) if waits else 0
+    return text, before, len(exps), sum(o.startswith("HGMMA") for o in ops), ops
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--kernel", default=DEFAULT)
+    ap.add_argument("--mix", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    kernels = {n: c for n, c in disassemble(a.file).items() if re.search(a.kernel, n)}
+    if not kernels:
+        sys.exit(f"sass_loop: no kernel of {a.file} matches {a.kernel}")
+    failed, found = 0, 0
+    for name in sorted(kernels):
+        code = kernels[name]
+        loops = key_tile_loops(code)
+        print(f"{name}: {len(code)} instructions, {len(loops)} key-tile loop(s)")
+        for j, (first, last) in enumerate(loops):
+            found += 1
+            text, before, n_exp, n_mma, ops = describe(code, first, last)
+            # exponentials a tile: the loop's, less the lazy raise's two (in a branch before them)
+            tile = n_exp - 2 if n_exp % 64 == 2 else n_exp
+            # (two of each: the kernel's two addressings, paged and ragged)
+            path = "clean" if last - first < 1.5 * (loops[0][1] - loops[0][0]) else "checked"
+            late = before >= tile
+            print(f"  {path}: {last - first + 1} instructions, {n_mma} HGMMA; {text}")
+            print(f"    the last P V's wait: after {before} of {n_exp} exponentials"
+                  + ("" if late else "  (before the tile's exponentials: they wait for the P V)"))
+            if a.mix:
+                mix = Counter(o.split(".")[0] for o in ops)
+                print("    " + " ".join(f"{o} {n}" for o, n in mix.most_common()))
+            failed += a.check and not late
+    if not found:
+        sys.exit("sass_loop: no key-tile loop found")
+    if failed:
+        print(f"sass_loop: {failed} loop(s) wait for the last P V before their exponentials")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
