@@ -30,7 +30,8 @@ with the softmax (at most 128-element rows; at 256 the two run in turn).
 
 Usage: python3 bench/sass_loop.py FILE [--kernel REGEX] [--mix] [--check]
   --kernel  a regular expression over the mangled names (default: the
-            pipelined instances, prefill_wgmma_kernel at DP <= 128)
+            pipelined instances, prefill_wgmma_kernel at DP <= 128); kernels
+            without such a loop are left out
   --mix     the loop's instruction mix too (opcodes, modifiers dropped)
 Exit status: 0; 1 when --check finds a wait before an exponential; 2 when
 cuobjdump fails or no kernel or loop matches.
@@ -123,6 +124,8 @@ def main():
     for name in sorted(kernels):
         code = kernels[name]
         loops = key_tile_loops(code)
+        if not loops:
+            continue
         print(f"{name}: {len(code)} instructions, {len(loops)} key-tile loop(s)")
         for j, (first, last) in enumerate(loops):
             found += 1
