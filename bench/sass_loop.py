@@ -25,8 +25,9 @@ ptxas, not the source, decides that last placement (a value given a
 register the P V still reads forces the wait before it), and the time of
 a tile depends on it: the exponentials run under the P V only where the
 wait follows them. --check makes that a test: exit status 1 when the
-wait precedes any exponential of the tile in a loop that overlaps its P V
-with the softmax (at most 128-element rows; at 256 the two run in turn).
+wait (`WARPGROUP.DEPBAR.LE gsb0, 0x0`, the loop's last) precedes any
+exponential of the loop, in a loop that overlaps its P V with the softmax
+(at most 128-element rows; at 256 the two run in turn).
 
 Usage: python3 bench/sass_loop.py FILE [--kernel REGEX] [--mix] [--check]
   --kernel  a regular expression over the mangled names (default: the
@@ -53,17 +54,25 @@ def disassemble(path):
     try:
         out = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
-        sys.exit(f"sass_loop: cuobjdump -sass {path}: {e}")
+        fail(f"cuobjdump -sass {path}: {e}")
     kernels, cur = {}, None
     for line in out.splitlines():
         m = re.match(r"\s*Function : (\S+)", line)
         if m:
-            cur = kernels.setdefault(m.group(1), [])
+            name = m.group(1)
+            while name in kernels:  # (the same kernel in another cubin of the file)
+                name += "'"
+            cur = kernels[name] = []
             continue
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if m and cur is not None:
             cur.append((int(m.group(1), 16), m.group(2)))
     return kernels
+
+
+def fail(msg):
+    print(f"sass_loop: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
 def opcode(ins):
@@ -76,7 +85,7 @@ def key_tile_loops(code):
     index = {a: i for i, (a, _) in enumerate(code)}
     loops = []
     for i, (a, ins) in enumerate(code):
-        m = re.search(r"\bBRA\s+0x([0-9a-f]+)", ins)
+        m = re.search(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", ins)
         if not m or int(m.group(1), 16) >= a or int(m.group(1), 16) not in index:
             continue
         first = index[int(m.group(1), 16)]
@@ -90,7 +99,7 @@ def key_tile_loops(code):
 
 
 def describe(code, first, last):
-    """(the order string, exponentials before the last wait, total exponentials, HGMMA, the opcodes)"""
+    """(the order string, exponentials before the last wait for every MMA, total exponentials, HGMMA, the opcodes)"""
     ops = [opcode(x) for _, x in code[first : last + 1]]
     order, prev = [], None
     for k, o in enumerate(ops):
@@ -104,7 +113,8 @@ def describe(code, first, last):
         prev = mark
     text = " ".join(f"{k}:{m}" + (f"x{n}" if n > 1 and not m.endswith("x") else (str(n) if m.endswith("x") else ""))
                     for k, n, m in order)
-    waits = [k for k, o in enumerate(ops) if o.startswith("WARPGROUP.DEPBAR")]
+    # the wait for every MMA in flight (DEPBAR.LE gsb0, 0x0): the last P V's
+    waits = [k for k, (_, x) in enumerate(code[first : last + 1]) if re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", x)]
     exps = [k for k, o in enumerate(ops) if o == "MUFU.EX2"]
     before = sum(k < waits[-1] for k in exps) if waits else 0
     return text, before, len(exps), sum(o.startswith("HGMMA") for o in ops), ops
@@ -119,7 +129,7 @@ def main():
     a = ap.parse_args()
     kernels = {n: c for n, c in disassemble(a.file).items() if re.search(a.kernel, n)}
     if not kernels:
-        sys.exit(f"sass_loop: no kernel of {a.file} matches {a.kernel}")
+        fail(f"no kernel of {a.file} matches {a.kernel}")
     failed, found = 0, 0
     for name in sorted(kernels):
         code = kernels[name]
@@ -130,20 +140,18 @@ def main():
         for j, (first, last) in enumerate(loops):
             found += 1
             text, before, n_exp, n_mma, ops = describe(code, first, last)
-            # exponentials a tile: the loop's, less the lazy raise's two (in a branch before them)
-            tile = n_exp - 2 if n_exp % 64 == 2 else n_exp
             # (two of each: the kernel's two addressings, paged and ragged)
             path = "clean" if last - first < 1.5 * (loops[0][1] - loops[0][0]) else "checked"
-            late = before >= tile
+            late = before == n_exp  # no exponential after the wait
             print(f"  {path}: {last - first + 1} instructions, {n_mma} HGMMA; {text}")
             print(f"    the last P V's wait: after {before} of {n_exp} exponentials"
-                  + ("" if late else "  (before the tile's exponentials: they wait for the P V)"))
+                  + ("" if late else "  (before some of them: those wait for the P V)"))
             if a.mix:
                 mix = Counter(o.split(".")[0] for o in ops)
                 print("    " + " ".join(f"{o} {n}" for o, n in mix.most_common()))
             failed += a.check and not late
     if not found:
-        sys.exit("sass_loop: no key-tile loop found")
+        fail("no key-tile loop found")
     if failed:
         print(f"sass_loop: {failed} loop(s) wait for the last P V before their exponentials")
         return 1
