@@ -3,7 +3,9 @@
 
 No GPU is needed: the SASS comes from `cuobjdump -sass` on any build that
 holds the kernels (build/libattnkit.so, attnkit-bench, or the object of
-src/cuda/prefill_wgmma.cu alone). cuobjdump ships with the CUDA toolkit;
+src/cuda/prefill_wgmma.cu alone), or FILE is a listing it wrote (`cuobjdump
+-sass [-fun NAME] FILE > listing.txt`, on the GPU machine say). cuobjdump
+ships with the CUDA toolkit;
 where a toolkit lacks it, PyPI's nvidia-cuda-cuobjdump wheel carries it
 (its nvidia/cu13/bin on PATH).
 
@@ -18,24 +20,25 @@ ragged). Of each it prints:
   - the order of its waits for warpgroup MMAs (WARPGROUP.DEPBAR), its
     exponentials (MUFU.EX2) and its packing of P (F2FP): position,
     count, e.g. `173:DEPBAR 703:EX2x66 920:DEPBAR 988:F2FPx32`;
-  - where the wait for the last P V (the last DEPBAR of the loop) falls:
-    after how many of the loop's exponentials.
+  - where the wait for the last P V (the loop's last `WARPGROUP.DEPBAR.LE
+    gsb0, 0x0`) falls: after how many of the loop's exponentials, and
+    whether after the row maxima (the loop's last SHFL.BFLY).
 
-ptxas, not the source, decides that last placement (a value given a
-register the P V still reads forces the wait before it), and the time of
-a tile depends on it: the exponentials run under the P V only where the
-wait follows them. --check makes that a test: exit status 1 when the
-wait (`WARPGROUP.DEPBAR.LE gsb0, 0x0`, the loop's last) precedes any
-exponential of the loop, in a loop that overlaps its P V with the softmax
-(at most 128-element rows; at 256 the two run in turn).
+ptxas, not the source, decides that placement (a value given a register
+the unfinished P V still reads makes it wait there). Measured (H200,
+BENCHMARKS.md, 2026-12-04): the committed kernel waits after the maxima
+and before the tile's exponentials; a build that waited after every
+exponential was 1-2% slower, and one whose wait ptxas moved above the
+maxima 1-2% slower at the long shapes. --check guards the maxima: exit
+status 1 when a loop waits for the last P V before its last shuffle.
 
 Usage: python3 bench/sass_loop.py FILE [--kernel REGEX] [--mix] [--check]
   --kernel  a regular expression over the mangled names (default: the
             pipelined instances, prefill_wgmma_kernel at DP <= 128); kernels
             without such a loop are left out
   --mix     the loop's instruction mix too (opcodes, modifiers dropped)
-Exit status: 0; 1 when --check finds a wait before an exponential; 2 when
-cuobjdump fails or no kernel or loop matches.
+Exit status: 0; 1 when --check finds a wait before the maxima are done; 2
+when cuobjdump fails or no kernel or loop matches.
 """
 
 import argparse
@@ -46,13 +49,19 @@ from collections import Counter
 
 # the pipelined instances (prefill_wgmma.cu's PIPE: DP <= 128), any dtype and pass
 DEFAULT = r"prefill_wgmma_kernelILi(64|80|96|112|128)ELi(64|80|96|112|128)E"
-MARKS = {"WARPGROUP.DEPBAR": "DEPBAR", "MUFU.EX2": "EX2", "F2FP": "F2FPx", "STL": "STL", "LDL": "LDL"}
+MARKS = {"WARPGROUP.DEPBAR": "DEPBAR", "SHFL": "SHFL", "MUFU.EX2": "EX2", "F2FP": "F2FPx", "STL": "STL", "LDL": "LDL"}
 
 
 def disassemble(path):
     """{mangled kernel name: [(address, instruction)]}"""
     try:
-        out = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
+        with open(path, "rb") as f:
+            elf = f.read(4) == b"\x7fELF"
+        if elf:
+            out = subprocess.run(["cuobjdump", "-sass", path], capture_output=True, text=True, check=True).stdout
+        else:  # a listing cuobjdump wrote
+            with open(path, errors="replace") as f:
+                out = f.read()
     except (OSError, subprocess.CalledProcessError) as e:
         fail(f"cuobjdump -sass {path}: {e}")
     kernels, cur = {}, None
@@ -99,7 +108,8 @@ def key_tile_loops(code):
 
 
 def describe(code, first, last):
-    """(the order string, exponentials before the last wait for every MMA, total exponentials, HGMMA, the opcodes)"""
+    """(the order string, exponentials before the last wait for every MMA, total exponentials,
+    whether that wait follows the last shuffle, HGMMA, the opcodes)"""
     ops = [opcode(x) for _, x in code[first : last + 1]]
     order, prev = [], None
     for k, o in enumerate(ops):
@@ -117,7 +127,9 @@ def describe(code, first, last):
     waits = [k for k, (_, x) in enumerate(code[first : last + 1]) if re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", x)]
     exps = [k for k, o in enumerate(ops) if o == "MUFU.EX2"]
     before = sum(k < waits[-1] for k in exps) if waits else 0
-    return text, before, len(exps), sum(o.startswith("HGMMA") for o in ops), ops
+    shuffles = [k for k, o in enumerate(ops) if o.startswith("SHFL")]
+    after_max = bool(waits) and bool(shuffles) and waits[-1] > shuffles[-1]
+    return text, before, len(exps), after_max, sum(o.startswith("HGMMA") for o in ops), ops
 
 
 def main():
@@ -139,21 +151,20 @@ def main():
         print(f"{name}: {len(code)} instructions, {len(loops)} key-tile loop(s)")
         for j, (first, last) in enumerate(loops):
             found += 1
-            text, before, n_exp, n_mma, ops = describe(code, first, last)
+            text, before, n_exp, after_max, n_mma, ops = describe(code, first, last)
             # (two of each: the kernel's two addressings, paged and ragged)
             path = "clean" if last - first < 1.5 * (loops[0][1] - loops[0][0]) else "checked"
-            late = before == n_exp  # no exponential after the wait
             print(f"  {path}: {last - first + 1} instructions, {n_mma} HGMMA; {text}")
-            print(f"    the last P V's wait: after {before} of {n_exp} exponentials"
-                  + ("" if late else "  (before some of them: those wait for the P V)"))
+            print(f"    the last P V's wait: {'after' if after_max else 'BEFORE'} the row maxima, "
+                  f"after {before} of {n_exp} exponentials")
             if a.mix:
                 mix = Counter(o.split(".")[0] for o in ops)
                 print("    " + " ".join(f"{o} {n}" for o, n in mix.most_common()))
-            failed += a.check and not late
+            failed += a.check and not after_max
     if not found:
         fail("no key-tile loop found")
     if failed:
-        print(f"sass_loop: {failed} loop(s) wait for the last P V before their exponentials")
+        print(f"sass_loop: {failed} loop(s) wait for the last P V before their row maxima are done")
         return 1
     return 0
 

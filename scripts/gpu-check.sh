@@ -177,6 +177,13 @@ if len(rows) >= 3:
     print(f"mixed {m:.4f} ms vs parts {p:.4f} + {d:.4f} = {p + d:.4f} ms: {m / (p + d):.2f} of the sum")
 PY
     note prefill "see $LOG/prefill-sdpa.txt, bench-mixed.jsonl"
+    # ptxas's schedule of the key-tile loop: the wait for the last P V after the row maxima
+    if command -v cuobjdump >/dev/null; then
+        python3 bench/sass_loop.py $BUILD/attnkit-bench --check >"$LOG/sass-loop.txt" 2>&1
+        note "prefill loop (SASS)" "$( (($? == 0)) && echo "the P V's wait after the maxima" || tail -1 "$LOG/sass-loop.txt")"
+    else
+        note "prefill loop (SASS)" "skipped: no cuobjdump"
+    fi
 fi
 
 if want coverage && [[ -x $BUILD/attnkit-bench ]]; then
