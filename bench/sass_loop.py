@@ -17,9 +17,10 @@ smallest; checked, about twice as long) and each addressing (paged,
 ragged). Of each it prints:
 
   - its length in instructions and its warpgroup MMAs (HGMMA);
-  - the order of its waits for warpgroup MMAs (WARPGROUP.DEPBAR), its
-    exponentials (MUFU.EX2) and its packing of P (F2FP): position,
-    count, e.g. `173:DEPBAR 703:EX2x66 920:DEPBAR 988:F2FPx32`;
+  - the order of its waits for warpgroup MMAs (WARPGROUP.DEPBAR), its row
+    maxima's shuffles (SHFL), its exponentials (MUFU.EX2) and its packing
+    of P (F2FP): position, count, e.g. `173:DEPBAR 642:SHFLx4 703:EX2x2
+    711:DEPBAR 751:EX2x64 977:F2FPx32`;
   - where the wait for the last P V (the loop's last `WARPGROUP.DEPBAR.LE
     gsb0, 0x0`) falls: after how many of the loop's exponentials, and
     whether after the row maxima (the loop's last SHFL.BFLY).
@@ -28,9 +29,10 @@ ptxas, not the source, decides that placement (a value given a register
 the unfinished P V still reads makes it wait there). Measured (H200,
 BENCHMARKS.md, 2026-12-04): the committed kernel waits after the maxima
 and before the tile's exponentials; a build that waited after every
-exponential was 1-2% slower, and one whose wait ptxas moved above the
-maxima 1-2% slower at the long shapes. --check guards the maxima: exit
-status 1 when a loop waits for the last P V before its last shuffle.
+exponential was 1-2% slower at most shapes, and one whose wait ptxas
+moved above the maxima 1-2% slower at the long shapes. --check guards the
+maxima: exit status 1 when a loop waits for the last P V before its last
+shuffle.
 
 Usage: python3 bench/sass_loop.py FILE [--kernel REGEX] [--mix] [--check]
   --kernel  a regular expression over the mangled names (default: the
