@@ -51,7 +51,7 @@ from collections import Counter
 
 # the pipelined instances (prefill_wgmma.cu's PIPE: DP <= 128), any dtype and pass
 DEFAULT = r"prefill_wgmma_kernelILi(64|80|96|112|128)ELi(64|80|96|112|128)E"
-MARKS = {"WARPGROUP.DEPBAR": "DEPBAR", "SHFL": "SHFL", "MUFU.EX2": "EX2", "F2FP": "F2FPx", "STL": "STL", "LDL": "LDL"}
+MARKS = {"WARPGROUP.DEPBAR": "DEPBAR", "SHFL": "SHFL", "MUFU.EX2": "EX2", "F2FP": "F2FP", "STL": "STL", "LDL": "LDL"}
 
 
 def disassemble(path):
@@ -101,30 +101,29 @@ def key_tile_loops(code):
             continue
         first = index[int(m.group(1), 16)]
         ops = [opcode(x) for _, x in code[first : i + 1]]
-        if sum(o.startswith("HGMMA") for o in ops) >= 8 and sum(o == "MUFU.EX2" for o in ops) >= 64:
-            loops.append((first, i))
+        mma = sum(o.startswith("HGMMA") for o in ops)
+        if mma >= 8 and sum(o == "MUFU.EX2" for o in ops) >= 64:
+            loops.append((mma, first, i))
     # a tile's MMAs: the fewest of any such loop (an item's loop holds its first S and last P V too,
     # and its key-tile loop may lie outside it in the code)
-    mma = {l: sum(opcode(x).startswith("HGMMA") for _, x in code[l[0] : l[1] + 1]) for l in set(loops)}
-    return sorted([l for l in mma if mma[l] == min(mma.values(), default=0)], key=lambda l: l[1] - l[0])
+    fewest = min((l[0] for l in loops), default=0)
+    return sorted({(f, i) for m, f, i in loops if m == fewest}, key=lambda l: l[1] - l[0])
 
 
 def describe(code, first, last):
     """(the order string, exponentials before the last wait for every MMA, total exponentials,
     whether that wait follows the last shuffle, HGMMA, the opcodes)"""
     ops = [opcode(x) for _, x in code[first : last + 1]]
-    order, prev = [], None
+    order = []  # runs of [position, count, mark]
     for k, o in enumerate(ops):
         mark = next((v for p, v in MARKS.items() if o.startswith(p)), None)
         if mark is None:
             continue
-        if order and prev == mark:
+        if order and order[-1][2] == mark:
             order[-1][1] += 1
         else:
             order.append([k, 1, mark])
-        prev = mark
-    text = " ".join(f"{k}:{m}" + (f"x{n}" if n > 1 and not m.endswith("x") else (str(n) if m.endswith("x") else ""))
-                    for k, n, m in order)
+    text = " ".join(f"{k}:{m}" + (f"x{n}" if n > 1 else "") for k, n, m in order)
     # the wait for every MMA in flight (DEPBAR.LE gsb0, 0x0): the last P V's
     waits = [k for k, (_, x) in enumerate(code[first : last + 1]) if re.search(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", x)]
     exps = [k for k, o in enumerate(ops) if o == "MUFU.EX2"]
@@ -151,7 +150,7 @@ def main():
         if not loops:
             continue
         print(f"{name}: {len(code)} instructions, {len(loops)} key-tile loop(s)")
-        for j, (first, last) in enumerate(loops):
+        for first, last in loops:
             found += 1
             text, before, n_exp, after_max, n_mma, ops = describe(code, first, last)
             # (two of each: the kernel's two addressings, paged and ragged)
