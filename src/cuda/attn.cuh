@@ -652,6 +652,17 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
  * 0 as its reference then, so exp2 never sees -inf - -inf). */
 #define RESCALE_SLACK 8.0f
 
+/* Diagnostics builds only (CMake AK_PREFILL_ABLATE; bench/README.md): part
+ * of a key tile's softmax in the warpgroup-MMA kernels left out, their
+ * outputs wrong, so that the time of such a build beside the full one says
+ * what that part costs where the tensor cores wait for it. 1: all of it (P
+ * is the raw products, o never rescaled: the pipeline's own ceiling); 2:
+ * the row maxima (no max, no shuffle, no raise: the reference stays 0); 3:
+ * the exponentials (P = logit - m). 0, every other build: none. */
+#ifndef AK_PREFILL_ABLATE
+#define AK_PREFILL_ABLATE 0
+#endif
+
 /* For a warp's two rows a thread (mma / wgmma fragments), once some lane
  * asked (raise_lane): m takes the tile's max tmax, d is scaled, and f gets
  * the factors o must be scaled by; else f is 1. Returns whether m moved. */
@@ -693,7 +704,7 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
     float tmax[2];
     bool raise = false;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < 2 && AK_PREFILL_ABLATE != 2; h++) {
         float x = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NT; n++) x = fmaxf(x, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
@@ -702,14 +713,16 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
         tmax[h] = x * sc;
         raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && x > -INFINITY);
     }
-    raise = raise_rows(raise, tmax, m, d, f);
+    if (AK_PREFILL_ABLATE == 2) f[0] = f[1] = 1.0f;
+    else raise = raise_rows(raise, tmax, m, d, f);
     const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
+    auto ex2 = [](float x) { return AK_PREFILL_ABLATE == 3 ? x : exp2f(x); };
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
-        s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
-        s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
-        s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
+        s[n][0] = ex2(fmaf(s[n][0], sc, -ref0));
+        s[n][1] = ex2(fmaf(s[n][1], sc, -ref0));
+        s[n][2] = ex2(fmaf(s[n][2], sc, -ref1));
+        s[n][3] = ex2(fmaf(s[n][3], sc, -ref1));
         d[0] += s[n][0] + s[n][1];
         d[1] += s[n][2] + s[n][3];
     }

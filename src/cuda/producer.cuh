@@ -113,6 +113,10 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
                                              int row_pos0, int row_pos1, int kv_end, const uint32_t *bad,
                                              float (&m)[2], float (&d)[2], float (&f)[2])
 {
+    if (AK_PREFILL_ABLATE == 1) { /* (a diagnostics build: attn.cuh) */
+        f[0] = f[1] = 1.0f;
+        return false;
+    }
     const int lane = threadIdx.x % 32;
     /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
 #pragma unroll
