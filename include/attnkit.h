@@ -525,7 +525,9 @@ typedef struct ak_batch {
     const int32_t *qo_indptr;   /* [num_reqs + 1], qo_indptr[0] = 0, non-decreasing */
     const int32_t *kv_lens;     /* [num_reqs], each <= AK_MAX_LEN (ragged: their sum too) */
     const int32_t *block_table; /* paged: [num_reqs, block_table_stride]; row r's
-                                   first ceil(kv_len / page_size) entries are read */
+                                   first ceil(kv_len / page_size) entries are read
+                                   (no table, NULL here and below, where every
+                                   kv_len is 0) */
     int block_table_stride;     /* paged: entries per block-table row */
     /* paged, in place of block_table (give one of the two): the same table
      * in the memory of cfg.device, as engines keep it (vLLM's block_table

@@ -46,6 +46,24 @@ static void core_dtypes(test_ctx *t)
     }
     CHECK(t, "f16 rounding <= half ulp", worst16 <= 0.5 / 1024 * 1.0001, "worst %.3e", worst16);
     CHECK(t, "bf16 rounding <= half ulp", worstbf <= 0.5 / 128 * 1.0001, "worst %.3e", worstbf);
+    /* ak_convert in place (src == dst), to a wider, an equal and a narrower
+     * dtype: every pair, against the same conversion between two buffers */
+    const ak_dtype dts[] = {AK_F32, AK_F16, AK_BF16, AK_FP8_E4M3};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            enum { N = 37 };
+            float vals[N];
+            unsigned char src[4 * N], buf[4 * N], want[4 * N];
+            for (int i = 0; i < N; i++) vals[i] = scn_uniform(&rng) * 100.0f;
+            ak_convert(vals, AK_F32, src, dts[a], N);
+            memcpy(buf, src, sizeof src);
+            const ak_status s1 = ak_convert(src, dts[a], want, dts[b], N);
+            const ak_status s2 = ak_convert(buf, dts[a], buf, dts[b], N);
+            char name[64];
+            snprintf(name, sizeof name, "ak_convert in place %s -> %s", ak_dtype_name(dts[a]), ak_dtype_name(dts[b]));
+            CHECK(t, name, s1 == AK_OK && s2 == AK_OK && !memcmp(buf, want, N * ak_dtype_size(dts[b])),
+                  "status %d/%d, or the bytes differ", (int)s1, (int)s2);
+        }
 }
 
 static void core_allocator(test_ctx *t)
@@ -301,6 +319,72 @@ static void core_merge(test_ctx *t)
         }
     CHECK(t, "merge_states matches the formula, empty -> 0/-inf", ok && worst < 1e-5, "status %s worst %.2e",
           ak_status_str(st), worst);
+    /* a step with no tokens: empty tensors without data, as run() takes them */
+    vt = ak_tensor_4d(NULL, AK_F32, 0, S, H, D);
+    st_ = ak_tensor_3d(NULL, AK_F32, 0, S, H);
+    vot = ak_tensor_3d(NULL, AK_F32, 0, H, D);
+    sot = ak_tensor_2d(NULL, AK_F32, 0, H);
+    st = ak_merge_states(&vt, &st_, &vot, &sot, cpu, NULL);
+    CHECK(t, "merge_states of no tokens, no data", st == AK_OK, "status %s: %s", ak_status_str(st), ak_last_error());
+    vot = ak_tensor_3d(NULL, AK_F32, 1, H, D);
+    st = ak_merge_states(&vt, &st_, &vot, &sot, cpu, NULL);
+    CHECK(t, "merge_states: a non-empty output without data", st == AK_ERR_INVALID_ARG, "status %s: %s",
+          ak_status_str(st), ak_last_error());
+}
+
+/* What the header promises of calls around the backends: the last failed
+ * call's message outlives successful calls; a device of another kind is not
+ * described as cfg's; a step whose requests have no keys needs no table. */
+static void core_contracts(test_ctx *t)
+{
+    char buf[8192];
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.num_qo_heads = 4;
+    cfg.num_kv_heads = 2;
+    ak_limits lim;
+    ak_limits_init(&lim);
+    float x = 1.0f;
+    ak_status st = ak_convert(NULL, AK_F32, &x, AK_F32, 1);
+    char said[256];
+    snprintf(said, sizeof said, "%s", ak_last_error());
+    ak_backend *b = NULL;
+    const ak_status s1 = ak_backend_create(&cfg, &lim, "cpu_ref", &b);
+    const ak_status s2 = ak_explain(&cfg, buf, sizeof buf);
+    const ak_status s3 = ak_support_matrix(buf, sizeof buf);
+    CHECK(t, "the last failed call's message outlives successful calls",
+          st == AK_ERR_INVALID_ARG && s1 == AK_OK && s2 == AK_OK && s3 == AK_OK && said[0] &&
+              !strcmp(ak_last_error(), said),
+          "statuses %s %s %s %s; message \"%s\" then \"%s\"", ak_status_str(st), ak_status_str(s1),
+          ak_status_str(s2), ak_status_str(s3), said, ak_last_error());
+
+    ak_device_info dev;
+    memset(&dev, 0, sizeof dev);
+    dev.device.kind = AK_DEVICE_CUDA;
+    dev.cc_major = 9;
+    dev.num_sms = 132;
+    st = ak_backend_describe("cpu", &cfg, &dev, buf, sizeof buf);
+    CHECK(t, "describe: a GPU's info for a CPU config is refused",
+          st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "dev->device.kind"), "status %s: %s",
+          ak_status_str(st), ak_last_error());
+
+    /* two requests without keys (padding), no block table; then one with keys */
+    const int32_t qo[3] = {0, 0, 0};
+    int32_t kv_lens[2] = {0, 0};
+    ak_batch batch;
+    ak_batch_init(&batch);
+    batch.num_reqs = 2;
+    batch.qo_indptr = qo;
+    batch.kv_lens = kv_lens;
+    st = b ? ak_backend_plan(b, &batch, NULL) : AK_ERR_INVALID_ARG;
+    CHECK(t, "plan: requests without keys need no block table", st == AK_OK, "status %s: %s", ak_status_str(st),
+          ak_last_error());
+    kv_lens[1] = 5;
+    st = b ? ak_backend_plan(b, &batch, NULL) : AK_OK;
+    CHECK(t, "plan: a request with keys needs the table",
+          st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "batch.block_table"), "status %s: %s",
+          ak_status_str(st), ak_last_error());
+    ak_backend_destroy(b);
 }
 
 /* AK_CPU_ISA asks the cpu backend for one kernel: obeyed where it can run, an
@@ -544,4 +628,5 @@ void test_core(test_ctx *t)
     core_cache_marks(t);
     core_merge(t);
     core_selector(t);
+    core_contracts(t);
 }

@@ -583,6 +583,9 @@ class Backend:
             device_table = t
         elif block_table is not None:
             bt = _host_int_array(block_table, "block_table")
+        if block_table is not None and device_table is None and bt.numel() > 0:
+            # (an empty table is none: only a step whose requests have no keys
+            # may give none, which the library checks)
             if block_table_stride is None:
                 if len(bt.shape) == 2:
                     block_table_stride = bt.shape[1]

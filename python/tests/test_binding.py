@@ -521,6 +521,13 @@ class TestBadInput(unittest.TestCase):
         with self.assertRaises(attnkit.LimitExceeded) as cm:
             self.b.plan([0, 40], [40], [list(range(10))])
         self.assertIn("limits.max_tokens", str(cm.exception))
+        # steps whose requests have no keys: an empty table is none, which they need not give
+        self.b.plan([0], [], [])
+        self.b.plan([0, 0, 0], [0, 0], [[], []])
+        self.b.plan([0, 0], [0], None)
+        with self.assertRaises(attnkit.InvalidArgument) as cm:
+            self.b.plan([0, 0, 0], [0, 3], [])
+        self.assertIn("batch.block_table", str(cm.exception))
 
     def test_config_and_names(self):
         with self.assertRaises(attnkit.InvalidArgument) as cm:

@@ -44,6 +44,14 @@ int ak_batch_table_on_device(const ak_batch *b, const ak_attn_config *cfg)
            b->device_block_table && cfg->device.kind != AK_DEVICE_CPU;
 }
 
+/* 1 if some request of b has keys (kv_lens non-NULL) */
+static int any_keys(const ak_batch *b)
+{
+    for (int r = 0; r < b->num_reqs; r++)
+        if (b->kv_lens[r] > 0) return 1;
+    return 0;
+}
+
 /* Everything the metadata needs, checked (trim: only the blocks some query
  * sees). Returns the totals. */
 static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak_limits *lim, int trim,
@@ -67,7 +75,8 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
                             b->qo_indptr[0]);
 
     const int paged = cfg->kv_storage == AK_KV_PAGED;
-    if (paged && b->num_reqs > 0) {
+    /* a batch whose requests have no keys reads no table entry: it may give none */
+    if (paged && b->num_reqs > 0 && (b->block_table || b->device_block_table || any_keys(b))) {
         if (!b->block_table && !b->device_block_table)
             return ak_set_error(AK_ERR_INVALID_ARG, "batch.block_table is NULL (and so is batch.device_block_table)");
         if (b->block_table && b->device_block_table)
@@ -131,7 +140,7 @@ static ak_status validate(const ak_batch *b, const ak_attn_config *cfg, const ak
             continue;
         }
         const int need = ak_ceil_div(kv_len, cfg->page_size);
-        if (need > b->block_table_stride)
+        if (need > 0 && need > b->block_table_stride)
             return ak_set_error(AK_ERR_INVALID_ARG,
                                 "batch.kv_lens[%d] = %d needs %d blocks of %d but "
                                 "batch.block_table_stride = %d",
@@ -193,7 +202,7 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
     const int paged = cfg->kv_storage == AK_KV_PAGED;
     const int page = cfg->page_size;
     const int32_t *table = paged ? host_table(b, cfg) : NULL;
-    if (paged && b->num_reqs > 0 && !table && (meta->kv_indices || meta->slot_mapping))
+    if (paged && !table && any_keys(b) && (meta->kv_indices || meta->slot_mapping))
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "meta.%s is set, but batch.device_block_table is device memory, which the host does "
                             "not read: pass NULL (a backend reads the table in place)",
@@ -213,7 +222,8 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
             const int need = ak_ceil_div(kv_len, page);
             const int first = first_block(cfg, trim && table, q_len, kv_len);
             const int32_t *row = table ? table + (int64_t)r * b->block_table_stride : NULL;
-            if (meta->kv_indices) memcpy(meta->kv_indices + kv_acc, row + first, sizeof(int32_t) * (need - first));
+            if (meta->kv_indices && need > first)
+                memcpy(meta->kv_indices + kv_acc, row + first, sizeof(int32_t) * (need - first));
             if (trim) meta->kv_first_block[r] = first;
             kv_acc += need - first;
             meta->kv_indptr[r + 1] = kv_acc;

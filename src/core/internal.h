@@ -24,7 +24,14 @@ ak_status ak_set_error(ak_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
-void ak_clear_error(void);
+/* ak_last_error()'s message, kept across an internal call whose failure
+ * answers a question (a device probe) rather than failing the caller's call:
+ * the last failed call's message stays what the caller reads. */
+typedef struct ak_error_kept {
+    char text[2048];
+} ak_error_kept;
+void ak_error_keep(ak_error_kept *k /* OUT */);
+void ak_error_restore(const ak_error_kept *k);
 
 /* Propagates a failing status unchanged (its message is already recorded). */
 #define AK_TRY(expr)                                                           \

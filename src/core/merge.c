@@ -12,7 +12,9 @@
 static ak_status check_shape(const ak_tensor *t, const char *name, int ndim, const int64_t *shape)
 {
     AK_TRY(ak_tensor_validate(t, name));
-    if (!t->data) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
+    int empty = 0; /* (an empty tensor, as run() takes them, may have no data) */
+    for (int i = 0; i < t->ndim; i++) empty |= t->shape[i] == 0;
+    if (!t->data && !empty) return ak_set_error(AK_ERR_INVALID_ARG, "%s->data is NULL", name);
     if (t->ndim != ndim)
         return ak_set_error(AK_ERR_INVALID_ARG, "%s->ndim = %d, expected %d", name, t->ndim, ndim);
     for (int i = 0; i < ndim; i++) {

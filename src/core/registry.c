@@ -175,7 +175,7 @@ static void suggest(char *buf, size_t cap, const char *name)
 
 static const char *device_kind_name(ak_device_kind k)
 {
-    return k == AK_DEVICE_CUDA ? "cuda" : "cpu";
+    return k == AK_DEVICE_CUDA ? "cuda" : k == AK_DEVICE_CPU ? "cpu" : "not a device kind";
 }
 
 /* Why vt cannot serve cfg on the device described by dev (NULL if that device
@@ -246,8 +246,10 @@ static ak_status select_backend(const ak_attn_config *cfg, const char *name,
     *chosen = NULL;
     AK_TRY(ak_config_validate(cfg));
     ak_device_info info;
+    ak_error_kept kept; /* (no device is an answer here, not this call's error) */
+    ak_error_keep(&kept);
     const int have_dev = ak_device_get_info(cfg->device, &info) == AK_OK;
-    ak_clear_error();
+    ak_error_restore(&kept);
 
     const char *rule_src = "name";
     if (!name || !*name) {
@@ -476,11 +478,14 @@ ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const
         tb_printf(&tb, "no backend is named %s%s", name, hint);
         return ak_set_error(AK_ERR_BACKEND_NOT_FOUND, "no backend is named %s%s", name, hint);
     }
+    if (dev->device.kind != cfg->device.kind)
+        return ak_set_error(AK_ERR_INVALID_ARG, "dev->device.kind is %s, but cfg.device.kind is %s: describe a device "
+                            "of cfg's kind", device_kind_name(dev->device.kind), device_kind_name(cfg->device.kind));
     const ak_attn_config c = ak_config_normalized(cfg);
     ak_device_info d = *dev;
-    d.device = cfg->device;
+    d.device.index = cfg->device.index; /* (a GPU described by hand is cfg's) */
     ak_reasons why;
-    const int n = reasons_for(vt, &c, d.device.kind == cfg->device.kind ? &d : NULL, &why);
+    const int n = reasons_for(vt, &c, &d, &why);
     if (n > 0) {
         for (int r = 0; r < n && r < AK_MAX_REASONS; r++) tb_printf(&tb, "%s%s", r ? "; " : "", why.text[r]);
         return ak_set_error(AK_ERR_UNSUPPORTED, "%s cannot serve this config: %s", name, why.text[0]);
@@ -558,6 +563,8 @@ static ak_device_info matrix_device(ak_device_kind kind)
 
 ak_status ak_support_matrix(char *buf, size_t cap)
 {
+    ak_error_kept kept; /* (its cells' refusals are answers, not this call's errors) */
+    ak_error_keep(&kept);
     textbuf tb = {buf, cap, 0};
     if (buf && cap) buf[0] = '\0';
     tb_printf(&tb, "| feature |");
@@ -643,6 +650,6 @@ ak_status ak_support_matrix(char *buf, size_t cap)
     for (int b = 0; b < REGISTRY_SIZE; b++)
         tb_printf(&tb, " %s |", ak_graph_support_name(registry[b]->graph_support));
     tb_printf(&tb, "\n");
-    ak_clear_error();
+    ak_error_restore(&kept);
     return tb.len + 1 < cap ? AK_OK : ak_set_error(AK_ERR_INVALID_ARG, "cap = %zu is too small for the matrix", cap);
 }

@@ -6,9 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define AK_ERROR_LEN 2048
-
-static _Thread_local char ak_error_buf[AK_ERROR_LEN];
+static _Thread_local char ak_error_buf[sizeof(ak_error_kept)];
 
 const char *ak_status_str(ak_status s)
 {
@@ -24,7 +22,9 @@ const char *ak_status_str(ak_status s)
 
 const char *ak_last_error(void) { return ak_error_buf; }
 
-void ak_clear_error(void) { ak_error_buf[0] = '\0'; }
+void ak_error_keep(ak_error_kept *k) { memcpy(k->text, ak_error_buf, sizeof k->text); }
+
+void ak_error_restore(const ak_error_kept *k) { memcpy(ak_error_buf, k->text, sizeof ak_error_buf); }
 
 ak_status ak_set_error(ak_status s, const char *fmt, ...)
 {
