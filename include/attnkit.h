@@ -630,7 +630,8 @@ AK_API ak_status ak_kv_update(const ak_paged_kv *kv, const ak_tensor *k, const a
  * part), s: [num_tokens, num_states, num_heads] their LSEs (f32, natural log;
  * -inf for an empty part). v_out: [num_tokens, num_heads, head_dim], s_out:
  * [num_tokens, num_heads] (f32, may be NULL). Any strides, so the state axis
- * may be outermost. CPU tensors only for now (dev = CPU). NaN and infinities
+ * may be outermost; a tensor with no elements may have no data. CPU
+ * tensors only for now (dev = CPU). NaN and infinities
  * follow the Conventions above: a NaN or +inf lse, or a NaN or infinity in
  * the v of a non-empty state, makes that row NaN; an empty state's v is never
  * read. */
@@ -752,8 +753,9 @@ AK_API ak_status ak_explain(const ak_attn_config *cfg, char *buf /* OUT */, size
 
 /* Whether backend `name` serves cfg on a device described by dev: a real one
  * (ak_device_get_info) or one filled in by hand, to ask about another GPU
- * (its kind, cc_major / cc_minor and num_sms are read). AK_OK with one line
- * on how (its kernels) in buf; AK_ERR_UNSUPPORTED with its reasons in buf;
+ * (its kind, cc_major / cc_minor and num_sms are read; its kind must be
+ * cfg.device's, else AK_ERR_INVALID_ARG). AK_OK with one line on how (its
+ * kernels) in buf; AK_ERR_UNSUPPORTED with its reasons in buf;
  * AK_ERR_BACKEND_NOT_FOUND for an unknown name. buf is always
  * NUL-terminated. */
 AK_API ak_status ak_backend_describe(const char *name, const ak_attn_config *cfg, const ak_device_info *dev,
