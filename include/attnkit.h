@@ -195,9 +195,11 @@ typedef struct ak_device_info {
 AK_API int ak_device_count(ak_device_kind kind);
 AK_API ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
 
-/* Threads the CPU backends run on: AK_NUM_THREADS if set and > 0, else
+/* Threads the CPU backends run on: AK_NUM_THREADS if it is a whole number
+ * > 0 (at most AK_MAX_CPU_THREADS: larger values are taken as that), else
  * OpenMP's default (1 in a build without OpenMP). Read at each backend's
  * create(). */
+#define AK_MAX_CPU_THREADS 4096
 AK_API int ak_cpu_num_threads(void);
 
 /* Opaque stream handle: a cudaStream_t for CUDA backends (NULL = legacy default

@@ -385,6 +385,62 @@ static void core_contracts(test_ctx *t)
           st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "batch.block_table"), "status %s: %s",
           ak_status_str(st), ak_last_error());
     ak_backend_destroy(b);
+
+    /* limits the metadata calls are given are checked as create() checks them:
+     * a negative num_cache_blocks would let a negative block id through */
+    const int32_t one_qo[2] = {0, 1}, one_kv[1] = {3}, bad_row[1] = {-7};
+    batch.num_reqs = 1;
+    batch.qo_indptr = one_qo;
+    batch.kv_lens = one_kv;
+    batch.block_table = bad_row;
+    batch.block_table_stride = 1;
+    cfg.page_size = 4;
+    lim.num_cache_blocks = -1;
+    int nt = 0, ni = 0;
+    st = ak_batch_meta_sizes(&batch, &cfg, &lim, &nt, &ni);
+    CHECK(t, "meta sizes check their limits", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "limits.num_cache_blocks"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
+
+    /* a cache whose pools pass INT64_MAX bytes (2^64 - 1 here, a size_t) or
+     * a device that is none: refused, naming the field */
+    ak_kv_cache_config kc;
+    ak_kv_cache_config_init(&kc);
+    kc.mla = 1;
+    kc.num_layers = 1;
+    kc.dtype = AK_FP8_E4M3;
+    kc.num_blocks = 6700417;
+    kc.page_size = 42009217;
+    kc.num_kv_heads = 255;
+    kc.head_dim_qk = kc.head_dim_vo = 257;
+    ak_kv_cache *cache = NULL;
+    st = ak_kv_cache_create(&kc, &cache);
+    CHECK(t, "kv cache of 2^64 - 1 bytes refused", st == AK_ERR_INVALID_ARG && !cache && strstr(ak_last_error(), "INT64_MAX"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
+    ak_kv_cache_destroy(cache);
+    ak_kv_cache_config_init(&kc);
+    kc.device.kind = (ak_device_kind)7;
+    st = ak_kv_cache_create(&kc, &cache);
+    CHECK(t, "kv cache on no device kind", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "cfg.device.kind = 7"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
+    kc.device.kind = AK_DEVICE_CPU;
+    kc.device.index = -3;
+    st = ak_kv_cache_create(&kc, &cache);
+    CHECK(t, "kv cache on device index -3", st == AK_ERR_INVALID_ARG && strstr(ak_last_error(), "cfg.device.index = -3"),
+          "status %s: %s", ak_status_str(st), ak_last_error());
+
+    /* AK_NUM_THREADS: a whole number, at most AK_MAX_CPU_THREADS */
+    const char *was = getenv("AK_NUM_THREADS");
+    char saved[64];
+    snprintf(saved, sizeof saved, "%s", was ? was : "");
+    setenv("AK_NUM_THREADS", "2000000000", 1);
+    const int many = ak_cpu_num_threads();
+    setenv("AK_NUM_THREADS", "3x", 1);
+    const int junk = ak_cpu_num_threads();
+    unsetenv("AK_NUM_THREADS");
+    const int dflt = ak_cpu_num_threads();
+    if (was) setenv("AK_NUM_THREADS", saved, 1);
+    CHECK(t, "AK_NUM_THREADS read whole and bounded", many == AK_MAX_CPU_THREADS && junk == dflt,
+          "2000000000 -> %d, 3x -> %d (default %d)", many, junk, dflt);
 }
 
 /* AK_CPU_ISA asks the cpu backend for one kernel: obeyed where it can run, an

@@ -260,6 +260,28 @@ static int parse_int(const char *opt, const char *s, int lo, int *out)
     return 0;
 }
 
+/* "A/B", or where least is 1 also "A" (B = A): each the whole of its text,
+ * an integer in [1, 1e9] as parse_int takes them. 0, or -1. */
+static int parse_pair(const char *s, int least, int *a, int *b)
+{
+    if (!s) return -1;
+    char *end = NULL;
+    const long x = strtol(s, &end, 10);
+    if (end == s || x < 1 || x > 1000000000L) return -1;
+    long y = x;
+    if (*end == '/') {
+        const char *p = end + 1;
+        y = strtol(p, &end, 10);
+        if (end == p || y < 1 || y > 1000000000L) return -1;
+    } else if (least == 2) {
+        return -1;
+    }
+    if (*end) return -1;
+    *a = (int)x;
+    *b = (int)y;
+    return 0;
+}
+
 static int parse_dtype(const char *s, ak_dtype *t)
 {
     if (s && !strcmp(s, "f32")) *t = AK_F32;
@@ -375,14 +397,10 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--prefills")) {
             if (parse_int(a, v, 0, &o->num_prefills)) return -1;
         } else if (!strcmp(a, "--heads")) {
-            if (!v || sscanf(v, "%d/%d", &o->custom.num_qo_heads, &o->custom.num_kv_heads) != 2 ||
-                o->custom.num_qo_heads <= 0 || o->custom.num_kv_heads <= 0)
+            if (parse_pair(v, 2, &o->custom.num_qo_heads, &o->custom.num_kv_heads))
                 return usage_error("%s: expected QO/KV, e.g. 32/8", given);
         } else if (!strcmp(a, "--head-dim")) {
-            /* D, or QK/VO */
-            const int n = v ? sscanf(v, "%d/%d", &o->custom.head_dim_qk, &o->custom.head_dim_vo) : 0;
-            if (n == 1) o->custom.head_dim_vo = o->custom.head_dim_qk;
-            if (n < 1 || o->custom.head_dim_qk <= 0 || o->custom.head_dim_vo <= 0)
+            if (parse_pair(v, 1, &o->custom.head_dim_qk, &o->custom.head_dim_vo))
                 return usage_error("%s: expected D or QK/VO, e.g. 128 or 192/128", given);
         } else if (!strcmp(a, "--window")) {
             if (parse_int(a, v, -1, &o->window)) return -1;
@@ -407,7 +425,7 @@ static int parse_options(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--seed")) {
             char *end = NULL;
             if (v) o->seed = strtoull(v, &end, 10);
-            if (!v || !*v || *end) return usage_error("%s: expected a non-negative integer", given);
+            if (!v || !*v || *end || strchr(v, '-')) return usage_error("%s: expected a non-negative integer", given);
         } else {
             takes_value = 0;
             if (!strcmp(a, "--check")) o->check = 1;

@@ -18,9 +18,33 @@
  */
 #include "attnkit.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Up to n integers of s separated by '/' (at least min of them, each the
+ * whole of its text and within int) into out: the count read, or -1 after a
+ * message naming opt. */
+static int parse_ints(const char *opt, const char *s, int min, int n, int *out)
+{
+    const char *p = s;
+    for (int k = 0; k < n; k++) {
+        char *end = NULL;
+        errno = 0;
+        const long v = strtol(p, &end, 10);
+        if (end == p || errno == ERANGE || v < INT_MIN || v > INT_MAX) break;
+        out[k] = (int)v;
+        if (*end == '\0' && k + 1 >= min) return k + 1;
+        if (*end != '/') break;
+        p = end + 1;
+    }
+    fprintf(stderr, "%s '%s': expected %s\n", opt, s,
+            min == 2 ? "N/M (integers)" : n == 2 ? "N or N/M (integers)" : "an integer");
+    return -1;
+}
 
 static int parse_dtype(const char *s, ak_dtype *t)
 {
@@ -55,13 +79,18 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--heads") && v) {
-            if (sscanf(v, "%d/%d", &cfg.num_qo_heads, &cfg.num_kv_heads) != 2) { usage(stderr, argv[0]); return 2; }
+            int h[2];
+            if (parse_ints(a, v, 2, 2, h) < 0) { usage(stderr, argv[0]); return 2; }
+            cfg.num_qo_heads = h[0];
+            cfg.num_kv_heads = h[1];
             heads_given = 1;
             i++;
         } else if (!strcmp(a, "--head-dim") && v) {
-            const int n = sscanf(v, "%d/%d", &cfg.head_dim_qk, &cfg.head_dim_vo);
-            if (n == 1) cfg.head_dim_vo = cfg.head_dim_qk;
-            if (n < 1) { usage(stderr, argv[0]); return 2; }
+            int d[2];
+            const int n = parse_ints(a, v, 1, 2, d);
+            if (n < 0) { usage(stderr, argv[0]); return 2; }
+            cfg.head_dim_qk = d[0];
+            cfg.head_dim_vo = d[n - 1];
             dims_given = 1;
             i++;
         } else if (!strcmp(a, "--dtype") && v) {
@@ -73,20 +102,36 @@ int main(int argc, char **argv)
             if (parse_dtype(v, &kv_dtype)) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--device") && v) {
+            if (strcmp(v, "cuda") && strcmp(v, "cpu")) {
+                fprintf(stderr, "--device '%s': expected cpu or cuda\n", v);
+                usage(stderr, argv[0]);
+                return 2;
+            }
             cfg.device.kind = !strcmp(v, "cuda") ? AK_DEVICE_CUDA : AK_DEVICE_CPU;
             device_given = 1;
             i++;
         } else if (!strcmp(a, "--page-size") && v) {
-            cfg.page_size = atoi(v);
+            if (parse_ints(a, v, 1, 1, &cfg.page_size) < 0) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--layout") && v) {
+            if (strcmp(v, "hnd") && strcmp(v, "nhd")) {
+                fprintf(stderr, "--layout '%s': expected nhd or hnd\n", v);
+                usage(stderr, argv[0]);
+                return 2;
+            }
             cfg.kv_layout = !strcmp(v, "hnd") ? AK_LAYOUT_HND : AK_LAYOUT_NHD;
             i++;
         } else if (!strcmp(a, "--window") && v) {
-            cfg.window_left = atoi(v);
+            if (parse_ints(a, v, 1, 1, &cfg.window_left) < 0) { usage(stderr, argv[0]); return 2; }
             i++;
         } else if (!strcmp(a, "--soft-cap") && v) {
-            cfg.logits_soft_cap = (float)atof(v);
+            char *end = NULL;
+            cfg.logits_soft_cap = strtof(v, &end);
+            if (end == v || *end || !isfinite(cfg.logits_soft_cap)) {
+                fprintf(stderr, "--soft-cap '%s': expected a number\n", v);
+                usage(stderr, argv[0]);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--ragged")) {
             cfg.kv_storage = AK_KV_RAGGED;

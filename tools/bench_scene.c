@@ -186,7 +186,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
         free(kv_lens);
         goto oom;
     }
-    int64_t tokens = 0;
+    int64_t tokens = 0, blocks = 0;
     for (int r = 0; r < R; r++) {
         const int decode = s->workload == BW_DECODE || (s->workload == BW_MIXED && r < first_chunk);
         q_lens[r] = decode ? 1 : s->q_len;
@@ -196,14 +196,17 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
             if (s->workload == BW_PREFILL) q_lens[0] = s->lead_kv_len;
         }
         tokens += q_lens[r];
+        blocks += ((int64_t)kv_lens[r] + page_size - 1) / page_size;
     }
     uint64_t rs = derive_seed(seed, 1, 0);
     const int built = tokens <= INT32_MAX ? scn_batch_build(&sc->b, R, q_lens, kv_lens, page_size, 0, 0, &rs) : -1;
     free(q_lens);
     free(kv_lens);
     if (built) {
-        fprintf(stderr, "attnkit-bench: a batch of %lld query tokens does not fit in memory or int32\n",
-                (long long)tokens);
+        fprintf(stderr,
+                "attnkit-bench: a batch of %lld query tokens over %lld blocks of %d keys does not fit in memory or "
+                "int32 (each count must be below 2^31)\n",
+                (long long)tokens, (long long)blocks, page_size);
         return -1;
     }
     sc->lim = sc->b.lim;
@@ -224,7 +227,7 @@ int scene_init(bench_scene *sc, const bd_ctx *ctx, const bench_model *m, const b
         /* the visible ranges slide right with p, so their union is one range */
         if (Q > 0 && last_hi >= first_lo) kv_rows_read += last_hi - first_lo + 1;
     }
-    sc->flops = 2.0 * (Dqk + Dvo) * (double)Hq * (double)sc->visible_keys;
+    sc->flops = 2.0 * ((double)Dqk + Dvo) * (double)Hq * (double)sc->visible_keys;
     /* MLA: a key's value is part of its K row, read once */
     const size_t kv_esz = ak_dtype_size(c->kv_dtype);
     sc->k_read_bytes = (size_t)kv_rows_read * Hk * Dqk * kv_esz;

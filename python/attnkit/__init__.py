@@ -26,6 +26,7 @@ attnkit.torch registers kv_update and run as torch.library custom ops.
 """
 import ctypes
 import itertools
+import operator
 import sys
 import weakref
 
@@ -73,9 +74,23 @@ _STORAGES = {"paged": _capi.AK_KV_PAGED, "ragged": _capi.AK_KV_RAGGED}
 _WORKLOADS = {"any": _capi.AK_WORKLOAD_ANY, "decode": _capi.AK_WORKLOAD_DECODE}
 
 
+def _c_int(value, field):
+    """value as a C int for field: an integer (or an integral float) in the
+    int32 range, never wrapped by ctypes into another value."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        if not (isinstance(value, float) and value.is_integer()):
+            raise InvalidArgument(f"{field} = {value!r} is not an integer") from None
+        n = int(value)
+    if not -2**31 <= n < 2**31:
+        raise InvalidArgument(f"{field} = {n} is outside a C int's range")
+    return n
+
+
 def _enum_value(table, value, field):
     if isinstance(value, int) and not isinstance(value, bool):
-        return value  # passed through: the C library names a bad value
+        return _c_int(value, field)  # passed through: the C library names a bad value
     for k, v in table.items():
         if str(value).lower() == k.lower():
             return v
@@ -91,7 +106,7 @@ def _enum_name(table, value):
 
 def _dtype_code(value, field):
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return _c_int(value, field)
     code = _DTYPES[_dtype_name(value, field)][0]
     if code is None:
         raise InvalidArgument(f"{field} = {value!r} is not a floating-point dtype")
@@ -161,12 +176,8 @@ class Config:
         c = _capi.ak_attn_config()
         _lib.ak_attn_config_init(ctypes.byref(c))
         for f in ("num_qo_heads", "num_kv_heads", "head_dim_qk", "head_dim_vo", "window_left",
-                  "page_size"):
-            setattr(c, f, int(getattr(self, f)))
-        c.causal = int(self.causal)
-        c.use_sinks = int(self.use_sinks)
-        c.batch_invariant = int(self.batch_invariant)
-        c.mla = int(self.mla)
+                  "page_size", "causal", "use_sinks", "batch_invariant", "mla"):
+            setattr(c, f, _c_int(getattr(self, f), "config." + f))
         c.sm_scale = float(self.sm_scale)
         c.logits_soft_cap = float(self.logits_soft_cap)
         for f in ("q_dtype", "kv_dtype", "o_dtype"):
@@ -212,7 +223,7 @@ class Limits:
         c = _capi.ak_limits()
         _lib.ak_limits_init(ctypes.byref(c))
         for f in self.FIELDS:
-            setattr(c, f, int(getattr(self, f)))
+            setattr(c, f, _c_int(getattr(self, f), "limits." + f))
         return c
 
     def __repr__(self):
@@ -366,19 +377,18 @@ def _paged_kv(k_cache, v_cache, layout, k_scale=None, v_scale=None, head_dim_vo=
     kv.dtype = code
     kv.layout = layout
     kv.device.kind, kv.device.index = k_cache.device
-    kv.num_blocks = k_cache.shape[0]
-    if layout == _capi.AK_LAYOUT_HND:
-        kv.num_kv_heads, kv.page_size = k_cache.shape[1], k_cache.shape[2]
-    else:
-        kv.page_size, kv.num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    kv.head_dim_qk = k_cache.shape[3]
+    kv.num_blocks = _c_int(k_cache.shape[0], "k_cache.shape[0] (blocks)")
+    heads_at, page_at = (1, 2) if layout == _capi.AK_LAYOUT_HND else (2, 1)
+    kv.num_kv_heads = _c_int(k_cache.shape[heads_at], f"k_cache.shape[{heads_at}] (KV heads)")
+    kv.page_size = _c_int(k_cache.shape[page_at], f"k_cache.shape[{page_at}] (page size)")
+    kv.head_dim_qk = _c_int(k_cache.shape[3], "k_cache.shape[3] (head dim)")
     kv.k_block_stride = k_cache.stride[0] if k_cache.shape[0] > 1 else 0
     if v_cache is None:  # K-only: v_data NULL, no V stride
         kv.v_data = None
-        kv.head_dim_vo = k_cache.shape[3] if head_dim_vo is None else int(head_dim_vo)
+        kv.head_dim_vo = _c_int(k_cache.shape[3] if head_dim_vo is None else head_dim_vo, "head_dim_vo")
     else:
         kv.v_data = v_cache.ptr or None
-        kv.head_dim_vo = v_cache.shape[3]
+        kv.head_dim_vo = _c_int(v_cache.shape[3], "v_cache.shape[3] (head dim)")
         kv.v_block_stride = v_cache.stride[0] if v_cache.shape[0] > 1 else 0
     kv.scale_kind, kv.k_scale, kv.v_scale, keep = _scales(k_scale, v_scale, kv.num_kv_heads, k_cache.device,
                                                           has_v=v_cache is not None)
@@ -402,7 +412,8 @@ def kv_marks_words(num_blocks, num_kv_heads, page_size):
     pass them to every kv_update and run of that cache, and write the cache
     through kv_update alone: long prefills then skip reading K/V for the NaN
     rule's check."""
-    n = _lib.ak_kv_marks_words(int(num_blocks), int(num_kv_heads), int(page_size))
+    n = _lib.ak_kv_marks_words(_c_int(num_blocks, "num_blocks"), _c_int(num_kv_heads, "num_kv_heads"),
+                               _c_int(page_size, "page_size"))
     if n < 0:
         raise InvalidArgument(f"kv_marks_words({num_blocks}, {num_kv_heads}, {page_size}): sizes must be "
                               "positive and the count an int64")

@@ -39,23 +39,32 @@ class _Usage(Exception):
     pass
 
 
-# C's conversions, so that the options read as attnkit-info reads them
-def _ints(s, most):
-    """sscanf(s, "%d/%d"): the leading integers separated by '/', at most `most`."""
-    m = re.match(r"\s*([+-]?\d+)(?:/\s*([+-]?\d+))?", s)
-    if not m:
-        return []
-    return [int(g) for g in m.groups()[:most] if g is not None]
+# attnkit-info's conversions, so that the options read alike
+def _ints(opt, s, least, most):
+    """attnkit-info's parse_ints: `least` to `most` integers separated by '/',
+    each the whole of its text and within a C int; else a _Usage naming opt."""
+    parts = s.split("/")
+    if least <= len(parts) <= most and all(re.fullmatch(r"\s*[+-]?\d+", p) for p in parts):
+        values = [int(p) for p in parts]
+        if all(-2**31 <= x < 2**31 for x in values):
+            return values
+    raise _Usage(f"{opt} '{s}': expected " +
+                 ("N/M (integers)" if least == 2 else "N or N/M (integers)" if most == 2 else "an integer"))
 
 
-def _atoi(s):
-    m = re.match(r"\s*([+-]?\d+)", s)
-    return int(m.group(1)) if m else 0
+def _choice(opt, s, choices):
+    if s not in choices:
+        raise _Usage(f"{opt} '{s}': expected {' or '.join(choices)}")
+    return s
 
 
-def _atof(s):
-    m = re.match(r"\s*([+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)", s)
-    return float(m.group(1)) if m else 0.0
+def _float(opt, s):
+    """strtof of the whole text, finite as a float32"""
+    if re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", s):
+        x = float(s)
+        if abs(x) <= 3.4028234663852886e38:
+            return x
+    raise _Usage(f"{opt} '{s}': expected a number")
 
 
 def _parse(argv, cfg):
@@ -72,15 +81,10 @@ def _parse(argv, cfg):
         v = argv[i + 1] if i + 1 < len(argv) else None
         takes_value = True
         if a == "--heads" and v is not None:
-            heads = _ints(v, 2)
-            if len(heads) != 2:
-                raise _Usage()
-            cfg.num_qo_heads, cfg.num_kv_heads = heads
+            cfg.num_qo_heads, cfg.num_kv_heads = _ints(a, v, 2, 2)
             heads_given = True
         elif a == "--head-dim" and v is not None:
-            dims = _ints(v, 2)
-            if not dims:
-                raise _Usage()
+            dims = _ints(a, v, 1, 2)
             cfg.head_dim_qk = dims[0]
             cfg.head_dim_vo = dims[-1]
             dims_given = True
@@ -94,16 +98,18 @@ def _parse(argv, cfg):
                 raise _Usage()
             kv_dtype = KV_DTYPES[v]
         elif a == "--device" and v is not None:
-            cfg.device.kind = _capi.AK_DEVICE_CUDA if v == "cuda" else _capi.AK_DEVICE_CPU
+            cfg.device.kind = (_capi.AK_DEVICE_CUDA if _choice(a, v, ("cpu", "cuda")) == "cuda"
+                               else _capi.AK_DEVICE_CPU)
             device_given = True
         elif a == "--page-size" and v is not None:
-            cfg.page_size = _atoi(v)
+            cfg.page_size = _ints(a, v, 1, 1)[0]
         elif a == "--layout" and v is not None:
-            cfg.kv_layout = _capi.AK_LAYOUT_HND if v == "hnd" else _capi.AK_LAYOUT_NHD
+            cfg.kv_layout = (_capi.AK_LAYOUT_HND if _choice(a, v, ("nhd", "hnd")) == "hnd"
+                             else _capi.AK_LAYOUT_NHD)
         elif a == "--window" and v is not None:
-            cfg.window_left = _atoi(v)
+            cfg.window_left = _ints(a, v, 1, 1)[0]
         elif a == "--soft-cap" and v is not None:
-            cfg.logits_soft_cap = _atof(v)
+            cfg.logits_soft_cap = _float(a, v)
         elif a == "--workload" and v is not None:
             if v not in ("any", "decode"):
                 raise _Usage()
@@ -167,8 +173,8 @@ def main(argv=None, prog="python -m attnkit"):
     cfg.num_qo_heads, cfg.num_kv_heads = 32, 8
     try:
         device_given, what, kv = _parse(argv, cfg)
-    except _Usage:
-        sys.stderr.write(USAGE.format(prog))
+    except _Usage as e:
+        sys.stderr.write((f"{e}\n" if str(e) else "") + USAGE.format(prog))
         return 2
     if what == "help":
         sys.stdout.write(USAGE.format(prog))

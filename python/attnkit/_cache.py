@@ -32,15 +32,15 @@ class KVCache:
 
     def __init__(self, num_blocks, page_size=16, num_kv_heads=8, head_dim=128, num_layers=1,
                  dtype="f16", layout="NHD", device="cpu", head_dim_vo=None, mla=False):
-        from . import _check, _dtype_code, _enum_value, _LAYOUTS, _lib, _parse_device
+        from . import _c_int, _check, _dtype_code, _enum_value, _LAYOUTS, _lib, _parse_device
         _declare(_lib)
         self._lib, self._check, self._h = _lib, _check, None
         c = _capi.ak_kv_cache_config()
         _lib.ak_kv_cache_config_init(ctypes.byref(c))
-        c.num_layers, c.num_blocks, c.page_size, c.num_kv_heads = (int(num_layers), int(num_blocks),
-                                                                   int(page_size), int(num_kv_heads))
-        c.head_dim_qk = int(head_dim)
-        c.head_dim_vo = int(head_dim if head_dim_vo is None else head_dim_vo)
+        c.num_layers, c.num_blocks = _c_int(num_layers, "num_layers"), _c_int(num_blocks, "num_blocks")
+        c.page_size, c.num_kv_heads = _c_int(page_size, "page_size"), _c_int(num_kv_heads, "num_kv_heads")
+        c.head_dim_qk = _c_int(head_dim, "head_dim")
+        c.head_dim_vo = _c_int(head_dim if head_dim_vo is None else head_dim_vo, "head_dim_vo")
         c.mla = int(bool(mla))
         c.dtype = _dtype_code(dtype, "dtype")
         c.layout = _enum_value(_LAYOUTS, layout, "layout")

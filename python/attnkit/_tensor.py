@@ -244,16 +244,20 @@ def host_int_array(obj, name, typecode="i"):
         if obj.dtype != want or obj.stride != contiguous_strides(obj.shape):
             raise InvalidArgument(f"{name}: a View passed here must be a contiguous {want} array")
         return Arg(name, obj.ptr, want, obj.shape, obj.stride, (_capi.AK_DEVICE_CPU, 0), obj)
+    # (shapes from what the buffer or the iteration holds, never from __len__,
+    # which a subclass may make say anything)
     if isinstance(obj, array.array) and obj.typecode == typecode:
-        shape = (len(obj),)
-        return Arg(name, obj.buffer_info()[0], want, shape, (1,), (_capi.AK_DEVICE_CPU, 0), obj)
+        address, count = obj.buffer_info()
+        return Arg(name, address, want, (count,), (1,), (_capi.AK_DEVICE_CPU, 0), obj)
     if isinstance(obj, (list, tuple)):
-        if obj and all(isinstance(r, (list, tuple)) for r in obj):
-            width = max(len(r) for r in obj)
-            shape = (len(obj), width)
-            values = [v for r in obj for v in list(r) + [-1] * (width - len(r))]
+        items = list(iter(obj))
+        if items and all(isinstance(r, (list, tuple)) for r in items):
+            rows = [list(iter(r)) for r in items]
+            width = max(len(r) for r in rows)
+            shape = (len(rows), width)
+            values = [v for r in rows for v in r + [-1] * (width - len(r))]
         else:
-            shape, values = (len(obj),), list(obj)
+            shape, values = (len(items),), items
     else:
         try:
             mv = memoryview(obj)

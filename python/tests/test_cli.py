@@ -97,6 +97,19 @@ class TestMain(unittest.TestCase):
                 self.assertEqual((p.returncode, p.stdout), (2, ""))
                 self.assertTrue(p.stderr.startswith("usage: "), p.stderr)
 
+    def test_bad_values(self):
+        """A value that is not what the option takes: exit 2, the option named, never a wrapped or default value."""
+        bad = [("--heads", "4294967328/32"), ("--heads", "32/8junk"), ("--heads", "32"),
+               ("--head-dim", "4294967424"), ("--head-dim", "128/64/32"), ("--page-size", "99999999999"),
+               ("--page-size", "abc"), ("--window", "abc"), ("--device", "gpu"), ("--layout", "xyz"),
+               ("--soft-cap", "1e99"), ("--soft-cap", "")]
+        for cmd in self.info_commands():
+            for opt, value in bad:
+                with self.subTest(cmd=cmd[-1], opt=opt, value=value):
+                    p = run([*cmd, "--device", "cpu", opt, value])
+                    self.assertEqual((p.returncode, p.stdout), (2, ""))
+                    self.assertTrue(p.stderr.startswith(f"{opt} '{value}': expected "), p.stderr)
+
     def test_bad_override(self):
         """AK_BACKEND=nope: the backends listed once (in the explanation), the
         error in one line; a misspelt name gets the closest one."""

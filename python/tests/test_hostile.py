@@ -121,6 +121,43 @@ class TestPlan(unittest.TestCase):
         self.assertIn("limits.max_tokens = 2147483647", cm.exception.message)
 
 
+class TestPythonValues(unittest.TestCase):
+    """Python values that ctypes would wrap or misread: refused, naming the field."""
+
+    def test_ints_outside_a_c_int(self):
+        cases = [(lambda: attnkit.Config(num_qo_heads=2**32 + 1).to_c(), "config.num_qo_heads"),
+                 (lambda: attnkit.Config(page_size=2**32 + 16).to_c(), "config.page_size"),
+                 (lambda: attnkit.Config(window_left=-2**63).to_c(), "config.window_left"),
+                 (lambda: attnkit.Config(head_dim=1.9).to_c(), "config.head_dim_qk"),
+                 (lambda: attnkit.Limits(max_reqs=2**32 + 4).to_c(), "limits.max_reqs"),
+                 (lambda: attnkit.kv_marks_words(2**32 + 1, 1, 1), "num_blocks"),
+                 (lambda: attnkit.KVCache(2**32 + 2), "num_blocks")]
+        for make, field in cases:
+            with self.subTest(field=field):
+                with self.assertRaises(attnkit.InvalidArgument) as cm:
+                    make()
+                self.assertIn(field, cm.exception.message)
+        self.assertEqual(attnkit.Config(head_dim=128.0).to_c().head_dim_qk, 128)
+
+    def test_lists_whose_len_lies(self):
+        class Lying(list):
+            def __init__(self, values, n):
+                super().__init__(values)
+                self.n = n
+
+            def __len__(self):
+                return self.n
+
+        sc = Small()
+        with attnkit.Backend(sc.cfg, sc.limits(max_reqs=4, max_tokens=8, max_blocks_per_req=64), name="cpu") as b:
+            # the lengths the lists hold, not what __len__ says: planned, or refused by them
+            b.plan(Lying([0, 1], 2001), Lying([1], 2000), block_table=Lying([0], 2000), block_table_stride=1)
+            b.plan(Lying([0, 1], 9), Lying([5], 9), Lying([Lying([0, 1], 9)], 9))
+            with self.assertRaises(attnkit.InvalidArgument) as cm:
+                b.plan(Lying([0, 1, 2], 2), Lying([1], 2), [[0], [1]])
+            self.assertIn("qo_indptr has 3 entries, expected num_reqs + 1 = 2", cm.exception.message)
+
+
 class TestViews(unittest.TestCase):
     """A paged view whose block stride is below a block: refused by kv_update
     and run through one check, the cache unchanged."""

@@ -178,6 +178,7 @@ ak_status ak_batch_meta_sizes(const ak_batch *batch, const ak_attn_config *cfg,
                               const ak_limits *lim, int *num_tokens, int *num_kv_indices)
 {
     AK_TRY(ak_config_validate(cfg));
+    if (lim) AK_TRY(ak_limits_validate(lim));
     int tokens = 0;
     int64_t indices = 0;
     AK_TRY(validate(batch, cfg, lim, 0, &tokens, &indices));
@@ -190,6 +191,7 @@ ak_status ak_batch_build_meta(const ak_batch *b, const ak_attn_config *cfg, cons
                               ak_batch_meta *meta)
 {
     AK_TRY(ak_config_validate(cfg));
+    if (lim) AK_TRY(ak_limits_validate(lim));
     int tokens = 0;
     int64_t indices = 0;
     if (!meta) return ak_set_error(AK_ERR_INVALID_ARG, "meta is NULL");

@@ -183,7 +183,9 @@ void ak_run_args_init(ak_run_args *args)
 int ak_cpu_num_threads(void)
 {
     const char *env = getenv("AK_NUM_THREADS");
-    if (env && atoi(env) > 0) return atoi(env);
+    char *end = NULL;
+    const long n = env ? strtol(env, &end, 10) : 0;
+    if (env && end != env && *end == '\0' && n > 0) return n < AK_MAX_CPU_THREADS ? (int)n : AK_MAX_CPU_THREADS;
 #ifdef _OPENMP
     return omp_get_max_threads();
 #else
@@ -329,14 +331,14 @@ ak_meta_capacity ak_meta_capacity_of(const ak_limits *lim)
 ak_status ak_meta_alloc_host(const ak_meta_capacity *cap, ak_batch_meta *meta)
 {
     memset(meta, 0, sizeof *meta);
-    meta->qo_indptr = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
-    meta->kv_indptr = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
-    meta->kv_indices = malloc(sizeof(int32_t) * (size_t)(cap->max_kv_indices + 1));
-    meta->kv_last_page_len = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
+    meta->qo_indptr = malloc(sizeof(int32_t) * ((size_t)cap->max_reqs + 1));
+    meta->kv_indptr = malloc(sizeof(int32_t) * ((size_t)cap->max_reqs + 1));
+    meta->kv_indices = malloc(sizeof(int32_t) * ((size_t)cap->max_kv_indices + 1));
+    meta->kv_last_page_len = malloc(sizeof(int32_t) * ((size_t)cap->max_reqs + 1));
     /* positions stay NULL: no backend reads them, so plan() skips them */
-    meta->slot_mapping = malloc(sizeof(int64_t) * (size_t)(cap->max_tokens + 1));
+    meta->slot_mapping = malloc(sizeof(int64_t) * ((size_t)cap->max_tokens + 1));
     /* windowed configs: the blocks no query sees are left out (batch.c) */
-    meta->kv_first_block = malloc(sizeof(int32_t) * (size_t)(cap->max_reqs + 1));
+    meta->kv_first_block = malloc(sizeof(int32_t) * ((size_t)cap->max_reqs + 1));
     if (!meta->qo_indptr || !meta->kv_indptr || !meta->kv_indices || !meta->kv_last_page_len ||
         !meta->slot_mapping || !meta->kv_first_block) {
         ak_meta_free_host(meta);

@@ -74,21 +74,27 @@ static ak_status validate_cfg(const ak_kv_cache_config *c)
                             "cfg.head_dim_vo = %d is above cfg.head_dim_qk = %d: with cfg.mla = 1 the value is the "
                             "first head_dim_vo values of each K row",
                             c->head_dim_vo, c->head_dim_qk);
-    /* one pool's bytes, and all layers' K and V pools together, must be a size_t */
+    if (c->device.kind != AK_DEVICE_CPU && c->device.kind != AK_DEVICE_CUDA)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.kind = %d is not a device kind", (int)c->device.kind);
+    if (c->device.index < 0)
+        return ak_set_error(AK_ERR_INVALID_ARG, "cfg.device.index = %d is negative", c->device.index);
+    /* one pool's bytes, and all layers' K and V pools together, must be a
+     * size_t and an int64 (the views address a pool in int64 bytes) */
     size_t bytes = ak_dtype_size(c->dtype), all;
     const int dim = c->head_dim_qk > c->head_dim_vo ? c->head_dim_qk : c->head_dim_vo;
     const int dims[] = {c->num_blocks, c->page_size, c->num_kv_heads, dim};
     int over = 0;
     for (int i = 0; i < 4; i++) over |= __builtin_mul_overflow(bytes, (size_t)dims[i], &bytes);
     const int pools = c->mla ? 1 : 2;
-    over |= __builtin_mul_overflow(bytes, (size_t)c->num_layers * pools, &all);
+    over |= bytes > (size_t)INT64_MAX || __builtin_mul_overflow(bytes, (size_t)c->num_layers * pools, &all) ||
+            all > (size_t)INT64_MAX;
     size_t mark_bytes; /* (cfg.marks: each layer's words) */
     const int64_t words = ak_kv_marks_words(c->num_blocks, c->num_kv_heads, c->page_size);
     over |= words < 0 || __builtin_mul_overflow((size_t)words, sizeof(uint32_t) * (size_t)c->num_layers, &mark_bytes);
     if (over)
         return ak_set_error(AK_ERR_INVALID_ARG,
                             "cfg: num_layers %d x %d pools of num_blocks %d x page_size %d x num_kv_heads %d x "
-                            "head dim %d elements overflow a size_t",
+                            "head dim %d elements overflow INT64_MAX bytes",
                             c->num_layers, pools, c->num_blocks, c->page_size, c->num_kv_heads, dim);
     return AK_OK;
 }
@@ -99,7 +105,7 @@ ak_status ak_kv_cache_create(const ak_kv_cache_config *cfg, ak_kv_cache **out)
     *out = NULL;
     AK_TRY(validate_cfg(cfg));
     if (ak_device_count(cfg->device.kind) <= cfg->device.index)
-        return ak_set_error(AK_ERR_NO_DEVICE, "cfg.device: no %s device %d",
+        return ak_set_error(AK_ERR_NO_DEVICE, "cfg.device: no %s device %d (cfg.device.index)",
                             cfg->device.kind == AK_DEVICE_CUDA ? "CUDA" : "CPU", cfg->device.index);
 
     ak_kv_cache *c = calloc(1, sizeof *c);

@@ -254,7 +254,7 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
         off += sizeof(type) * (size_t)(count);                                 \
     } while (0)
     AK_CARVE_(head, plan_head, 1);
-    AK_CARVE_(req_qo, int32_t, lim->max_reqs + 1);
+    AK_CARVE_(req_qo, int32_t, (size_t)lim->max_reqs + 1);
     AK_CARVE_(req_kv, int32_t, lim->max_reqs);
     AK_CARVE_(items, decode_item, s->max_items);
     *fixed = off;
@@ -263,8 +263,8 @@ static size_t layout_meta(const engine_state *s, char *base, plan_meta *m, size_
     AK_CARVE_(scans, scan_task, s->max_scans);
     AK_CARVE_(kv_indices, int32_t, s->max_indices);
     AK_CARVE_(slot_mapping, int64_t, s->max_slots);
-    AK_CARVE_(qo_indptr, int32_t, lim->max_reqs + 1);
-    AK_CARVE_(kv_indptr, int32_t, lim->max_reqs + 1);
+    AK_CARVE_(qo_indptr, int32_t, (size_t)lim->max_reqs + 1);
+    AK_CARVE_(kv_indptr, int32_t, (size_t)lim->max_reqs + 1);
 #undef AK_CARVE_
     return (off + 255) / 256 * 256;
 }
