@@ -499,6 +499,12 @@ static ak_status cpu_create(const ak_attn_config *cfg, const ak_limits *lim, voi
      * reserve 2 MiB of partials a thread at 16 heads, zeroed at create */
     int split_rows = s->max_tokens_all_heads * cfg->num_qo_heads;
     if (split_rows < AK_CPU_SPLIT_ROWS) split_rows = s->max_rows < AK_CPU_SPLIT_ROWS ? s->max_rows : AK_CPU_SPLIT_ROWS;
+    if ((int64_t)s->part_cap * split_rows > INT32_MAX / 2) {
+        cpu_destroy(s);
+        return ak_set_error(AK_ERR_LIMIT_EXCEEDED,
+                            "%d threads (AK_NUM_THREADS) with rows of %d make a partial pool of %lld rows, too many",
+                            s->threads, split_rows, (long long)s->part_cap * split_rows);
+    }
     s->part_rows = s->part_cap * split_rows;
     /* merge tasks: the split items (at most part_cap / 2) each cut into
      * tasks of at least total rows / (threads x TASKS_PER_THREAD) rows, so
