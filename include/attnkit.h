@@ -196,9 +196,10 @@ AK_API int ak_device_count(ak_device_kind kind);
 AK_API ak_status ak_device_get_info(ak_device dev, ak_device_info *info /* OUT */);
 
 /* Threads the CPU backends run on: AK_NUM_THREADS if it is a whole number
- * > 0 (at most AK_MAX_CPU_THREADS: larger values are taken as that), else
- * OpenMP's default (1 in a build without OpenMP). Read at each backend's
- * create(). */
+ * > 0 (at most AK_MAX_CPU_THREADS: larger values are taken as that: the
+ * backend's per-thread work lists and partial pools are sized by it, and
+ * it is far above a host's cores), else OpenMP's default (1 in a build
+ * without OpenMP). Read at each backend's create(). */
 #define AK_MAX_CPU_THREADS 4096
 AK_API int ak_cpu_num_threads(void);
 

@@ -18,7 +18,9 @@
 #include "attnkit.h"
 #include "bench_device.h"
 #include "bench_scene.h"
+#include "cli_parse.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -249,36 +251,24 @@ static int usage_error(const char *fmt, ...)
     return -1;
 }
 
+/* The most an integer option takes (sizes and counts far inside int) */
+#define OPT_MAX 1000000000L
+
 static int parse_int(const char *opt, const char *s, int lo, int *out)
 {
-    char *end = NULL;
-    const long v = s ? strtol(s, &end, 10) : 0;
     if (!s) return usage_error("%s needs an integer >= %d", opt, lo);
-    if (!*s || *end || v < lo || v > 1000000000L)
-        return usage_error("%s needs an integer >= %d, not '%s'", opt, lo, s);
-    *out = (int)v;
+    if (cli_ints(s, 1, 1, lo, OPT_MAX, out) < 0) return usage_error("%s needs an integer >= %d, not '%s'", opt, lo, s);
     return 0;
 }
 
-/* "A/B", or where least is 1 also "A" (B = A): each the whole of its text,
- * an integer in [1, 1e9] as parse_int takes them. 0, or -1. */
+/* "A/B", or where least is 1 also "A" (B = A): each in [1, OPT_MAX]. 0, or -1. */
 static int parse_pair(const char *s, int least, int *a, int *b)
 {
-    if (!s) return -1;
-    char *end = NULL;
-    const long x = strtol(s, &end, 10);
-    if (end == s || x < 1 || x > 1000000000L) return -1;
-    long y = x;
-    if (*end == '/') {
-        const char *p = end + 1;
-        y = strtol(p, &end, 10);
-        if (end == p || y < 1 || y > 1000000000L) return -1;
-    } else if (least == 2) {
-        return -1;
-    }
-    if (*end) return -1;
-    *a = (int)x;
-    *b = (int)y;
+    int v[2];
+    const int n = s ? cli_ints(s, least, 2, 1, OPT_MAX, v) : -1;
+    if (n < 0) return -1;
+    *a = v[0];
+    *b = v[n - 1];
     return 0;
 }
 
@@ -424,8 +414,10 @@ static int parse_options(int argc, char **argv, options *o)
             if (parse_int(a, v, 1, &o->layers)) return -1;
         } else if (!strcmp(a, "--seed")) {
             char *end = NULL;
+            errno = 0;
             if (v) o->seed = strtoull(v, &end, 10);
-            if (!v || !*v || *end || strchr(v, '-')) return usage_error("%s: expected a non-negative integer", given);
+            if (!v || !isdigit((unsigned char)*v) || *end || errno == ERANGE)
+                return usage_error("%s: expected an integer in [0, 2^64)", given);
         } else {
             takes_value = 0;
             if (!strcmp(a, "--check")) o->check = 1;

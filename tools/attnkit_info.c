@@ -17,33 +17,22 @@
  * backend that cannot), 2 on bad usage (the usage on stderr).
  */
 #include "attnkit.h"
+#include "cli_parse.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Up to n integers of s separated by '/' (at least min of them, each the
- * whole of its text and within int) into out: the count read, or -1 after a
- * message naming opt. */
+/* cli_ints within int, or -1 after a message naming opt */
 static int parse_ints(const char *opt, const char *s, int min, int n, int *out)
 {
-    const char *p = s;
-    for (int k = 0; k < n; k++) {
-        char *end = NULL;
-        errno = 0;
-        const long v = strtol(p, &end, 10);
-        if (end == p || errno == ERANGE || v < INT_MIN || v > INT_MAX) break;
-        out[k] = (int)v;
-        if (*end == '\0' && k + 1 >= min) return k + 1;
-        if (*end != '/') break;
-        p = end + 1;
-    }
-    fprintf(stderr, "%s '%s': expected %s\n", opt, s,
-            min == 2 ? "N/M (integers)" : n == 2 ? "N or N/M (integers)" : "an integer");
-    return -1;
+    const int k = cli_ints(s, min, n, INT_MIN, INT_MAX, out);
+    if (k < 0)
+        fprintf(stderr, "%s '%s': expected %s\n", opt, s,
+                min == 2 ? "N/M (integers)" : n == 2 ? "N or N/M (integers)" : "an integer");
+    return k;
 }
 
 static int parse_dtype(const char *s, ak_dtype *t)

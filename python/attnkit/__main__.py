@@ -17,6 +17,7 @@ Exits 1 when no backend can serve the config, 2 on bad usage (the usage on
 stderr); --help prints it on stdout and exits 0.
 """
 import ctypes
+import math
 import re
 import sys
 
@@ -39,12 +40,17 @@ class _Usage(Exception):
     pass
 
 
-# attnkit-info's conversions, so that the options read alike
+# attnkit-info's conversions (strtol, strtof: ASCII digits, leading blanks), so that the options read alike
+_INT = re.compile(r"\s*[+-]?[0-9]+", re.ASCII)
+_DEC = re.compile(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+_HEX = re.compile(r"\s*[+-]?0[xX]([0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)([pP][+-]?[0-9]+)?", re.ASCII)
+
+
 def _ints(opt, s, least, most):
     """attnkit-info's parse_ints: `least` to `most` integers separated by '/',
     each the whole of its text and within a C int; else a _Usage naming opt."""
     parts = s.split("/")
-    if least <= len(parts) <= most and all(re.fullmatch(r"\s*[+-]?\d+", p) for p in parts):
+    if least <= len(parts) <= most and all(_INT.fullmatch(p) for p in parts):
         values = [int(p) for p in parts]
         if all(-2**31 <= x < 2**31 for x in values):
             return values
@@ -59,11 +65,11 @@ def _choice(opt, s, choices):
 
 
 def _float(opt, s):
-    """strtof of the whole text, finite as a float32"""
-    if re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", s):
-        x = float(s)
-        if abs(x) <= 3.4028234663852886e38:
-            return x
+    """A decimal or hexadecimal number, the whole text, finite once a float32
+    (as attnkit-info's strtof and isfinite)"""
+    x = float(s) if _DEC.fullmatch(s) else float.fromhex(s) if _HEX.fullmatch(s) else None
+    if x is not None and math.isfinite(ctypes.c_float(x).value):
+        return x
     raise _Usage(f"{opt} '{s}': expected a number")
 
 

@@ -50,14 +50,17 @@ class KVCache:
         self._h = h
 
     def _ids(self, ids):
-        ids = list(ids)
+        from . import _c_int
+        ids = [_c_int(i, "ids") for i in ids]
         return len(ids), (ctypes.c_int32 * max(len(ids), 1))(*ids)
 
     def alloc(self, n):
         """n fresh blocks (reference count 1), all or none."""
-        out = (ctypes.c_int32 * max(int(n), 1))()
-        self._check(self._lib.ak_kv_cache_alloc(self._h, int(n), out))
-        return list(out[:int(n)])
+        from . import _c_int
+        n = _c_int(n, "n")
+        out = (ctypes.c_int32 * max(n, 1))()
+        self._check(self._lib.ak_kv_cache_alloc(self._h, n, out))
+        return list(out[:n])
 
     def share(self, ids):
         """Adds one reference to each block named (a name twice adds two)."""

@@ -102,13 +102,21 @@ class TestMain(unittest.TestCase):
         bad = [("--heads", "4294967328/32"), ("--heads", "32/8junk"), ("--heads", "32"),
                ("--head-dim", "4294967424"), ("--head-dim", "128/64/32"), ("--page-size", "99999999999"),
                ("--page-size", "abc"), ("--window", "abc"), ("--device", "gpu"), ("--layout", "xyz"),
-               ("--soft-cap", "1e99"), ("--soft-cap", "")]
+               ("--soft-cap", "1e99"), ("--soft-cap", ""), ("--heads", "\uff13\uff12/8")]
         for cmd in self.info_commands():
             for opt, value in bad:
                 with self.subTest(cmd=cmd[-1], opt=opt, value=value):
                     p = run([*cmd, "--device", "cpu", opt, value])
                     self.assertEqual((p.returncode, p.stdout), (2, ""))
                     self.assertTrue(p.stderr.startswith(f"{opt} '{value}': expected "), p.stderr)
+
+    def test_values_read_as_c_reads_them(self):
+        """strtof's hexadecimal floats and values that round to FLT_MAX; strtol's leading blanks."""
+        for cmd in self.info_commands():
+            for args in (["--soft-cap", "0x10"], ["--soft-cap", "3.4028235e38"], ["--heads", " 32/ 8"]):
+                with self.subTest(cmd=cmd[-1], args=args):
+                    p = run([*cmd, "--device", "cpu", *args])
+                    self.assertEqual((p.returncode, p.stderr), (0, ""))
 
     def test_bad_override(self):
         """AK_BACKEND=nope: the backends listed once (in the explanation), the

@@ -282,6 +282,9 @@ class TestAllocator(unittest.TestCase):
         self.refused(lambda: self.c.share([-1]), attnkit.InvalidArgument, "block_ids[0] = -1")
         e = self.refused(lambda: self.c.alloc(8), attnkit.Error, "only 7 of 8 are free")
         self.assertEqual(e.status, AK_ERR_OUT_OF_BLOCKS)
+        # ints ctypes would wrap into small ones (-(2^32) + 3 into 3): refused before C sees them
+        self.refused(lambda: self.c.alloc(-(2**32) + 3), attnkit.InvalidArgument, "n = -4294967293")
+        self.refused(lambda: self.c.free([a + 2**32]), attnkit.InvalidArgument, "ids = ")
 
     def test_threads_share_one_allocator(self):
         errors, stop = [], time.monotonic() + 0.5

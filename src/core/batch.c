@@ -44,7 +44,7 @@ int ak_batch_table_on_device(const ak_batch *b, const ak_attn_config *cfg)
            b->device_block_table && cfg->device.kind != AK_DEVICE_CPU;
 }
 
-/* 1 if some request of b has keys (kv_lens non-NULL) */
+/* 1 if some request of b has keys (b->kv_lens must be non-NULL: validate checks it first) */
 static int any_keys(const ak_batch *b)
 {
     for (int r = 0; r < b->num_reqs; r++)

@@ -48,9 +48,9 @@ ak_status ak_convert(const void *src, ak_dtype src_dtype, void *dst, ak_dtype ds
                             (int)(src_ok ? dst_dtype : src_dtype));
     /* in place to a wider dtype, element i's bytes overlap those of later
      * elements of src: the last element first */
-    const int down = src == dst && ak_dtype_size(dst_dtype) > ak_dtype_size(src_dtype);
+    const int last_first = src == dst && ak_dtype_size(dst_dtype) > ak_dtype_size(src_dtype);
     for (size_t k = 0; k < n; k++) {
-        const int64_t i = (int64_t)(down ? n - 1 - k : k);
+        const int64_t i = (int64_t)(last_first ? n - 1 - k : k);
         ak_store_from_f32(dst, dst_dtype, i, ak_load_as_f32(src, src_dtype, i));
     }
     return AK_OK;

@@ -27,8 +27,9 @@ ak_status ak_set_error(ak_status s, const char *fmt, ...)
 /* ak_last_error()'s message, kept across an internal call whose failure
  * answers a question (a device probe) rather than failing the caller's call:
  * the last failed call's message stays what the caller reads. */
+#define AK_ERROR_LEN 2048 /* ak_last_error()'s buffer, a thread's */
 typedef struct ak_error_kept {
-    char text[2048];
+    char text[AK_ERROR_LEN];
 } ak_error_kept;
 void ak_error_keep(ak_error_kept *k /* OUT */);
 void ak_error_restore(const ak_error_kept *k);

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char ak_error_buf[sizeof(ak_error_kept)];
+static _Thread_local char ak_error_buf[AK_ERROR_LEN];
 
 const char *ak_status_str(ak_status s)
 {
