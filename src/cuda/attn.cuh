@@ -729,6 +729,61 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
     return raise;
 }
 
+#if AK_PREFILL_ABLATE == 4
+/* (experiment) the exponentials against the reference m held so far, the
+ * tile's maxima beside them; a raise rescales P after (no overflow guard) */
+template <int NT>
+__device__ __forceinline__ bool softmax_rows_stale(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
+{
+    const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
+    float x[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        x[0] = fmaxf(x[0], fmaxf(s[n][0], s[n][1]));
+        x[1] = fmaxf(x[1], fmaxf(s[n][2], s[n][3]));
+        s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
+        s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
+        s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
+        s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
+        sum[0] += s[n][0] + s[n][1];
+        sum[1] += s[n][2] + s[n][3];
+    }
+    float tmax[2];
+    bool lane_raise = false;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float y = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 1));
+        y = fmaxf(y, __shfl_xor_sync(0xffffffffu, y, 2));
+        tmax[h] = y * sc;
+        lane_raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && y > -INFINITY);
+    }
+    f[0] = f[1] = 1.0f;
+    const bool raise = __any_sync(0xffffffffu, lane_raise);
+    if (raise) {
+        float fp[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float ref = h ? ref1 : ref0;
+            const float m_new = fmaxf(m[h], tmax[h]);
+            f[h] = m_new == -INFINITY || m[h] == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
+            fp[h] = m_new == -INFINITY ? 1.0f : exp2f(ref - m_new);
+            m[h] = m_new;
+            sum[h] *= fp[h];
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            s[n][0] *= fp[0];
+            s[n][1] *= fp[0];
+            s[n][2] *= fp[1];
+            s[n][3] *= fp[1];
+        }
+    }
+    d[0] = d[0] * f[0] + sum[0];
+    d[1] = d[1] * f[1] + sum[1];
+    return raise;
+}
+#endif
+
 /* The final state of a row whose online softmax ended with max m (base 2,
  * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its
  * o accumulator is multiplied by, and its LSE (natural log). With a sink

@@ -136,7 +136,11 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
         for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
     }
     const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
+#if AK_PREFILL_ABLATE == 4
+    return softmax_rows_stale(s, sc, m, d, f);
+#else
     return softmax_rows(s, sc, m, d, f);
+#endif
 }
 
 /* The block's shared-memory barriers. Tile number g of the block (over all
