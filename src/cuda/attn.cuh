@@ -729,60 +729,61 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
     return raise;
 }
 
-#if AK_PREFILL_ABLATE == 4
-/* (experiment) the exponentials against the reference m held so far, the
- * tile's maxima beside them; a raise rescales P after (no overflow guard) */
+/* softmax_rows with the exponentials ahead of the maxima, for a warp whose
+ * rows all have a reference m already (the caller's vote): P = exp2(s sc -
+ * m) at once, and the tile's maxima taken from P (monotonic in s) as the
+ * exponentials land, so that nothing waits for a chain of maxima before the
+ * multi-function unit starts. Where the warp's vote then raises m (a row's
+ * P past 2^RESCALE_SLACK, rare once a row has seen its first keys), P and
+ * its sum are scaled after by the factor that moves m, as o is. A row
+ * whose P passed 2^AHEAD_RANGE (or overflowed) has lost values: the warp
+ * leaves m and d as they were and returns SOFTMAX_FAR, s spent (the caller
+ * computes S again and takes softmax_rows). Else returns SOFTMAX_RAISED if
+ * m moved, with f as softmax_rows. */
+#define AHEAD_RANGE 120 /* (2^120: sums of 128 such stay finite in f32) */
+enum { SOFTMAX_RAISED = 1, SOFTMAX_FAR = 2 };
 template <int NT>
-__device__ __forceinline__ bool softmax_rows_stale(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2], float (&f)[2])
+__device__ __forceinline__ int softmax_rows_ahead(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2],
+                                                  float (&f)[2])
 {
-    const float ref0 = m[0] == -INFINITY ? 0.0f : m[0], ref1 = m[1] == -INFINITY ? 0.0f : m[1];
-    float x[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+    float x[2] = {0.0f, 0.0f}, sum[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = exp2f(fmaf(s[n][e], sc, -m[e / 2]));
         x[0] = fmaxf(x[0], fmaxf(s[n][0], s[n][1]));
         x[1] = fmaxf(x[1], fmaxf(s[n][2], s[n][3]));
-        s[n][0] = exp2f(fmaf(s[n][0], sc, -ref0));
-        s[n][1] = exp2f(fmaf(s[n][1], sc, -ref0));
-        s[n][2] = exp2f(fmaf(s[n][2], sc, -ref1));
-        s[n][3] = exp2f(fmaf(s[n][3], sc, -ref1));
         sum[0] += s[n][0] + s[n][1];
         sum[1] += s[n][2] + s[n][3];
     }
-    float tmax[2];
-    bool lane_raise = false;
+    bool raise = false, far = false;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        float y = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 1));
-        y = fmaxf(y, __shfl_xor_sync(0xffffffffu, y, 2));
-        tmax[h] = y * sc;
-        lane_raise |= tmax[h] > m[h] + RESCALE_SLACK || (m[h] == -INFINITY && y > -INFINITY);
+        x[h] = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 1));
+        x[h] = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 2));
+        raise |= x[h] > exp2f(RESCALE_SLACK);
+        far |= x[h] > exp2f(AHEAD_RANGE); /* (an overflow's +inf too) */
     }
     f[0] = f[1] = 1.0f;
-    const bool raise = __any_sync(0xffffffffu, lane_raise);
-    if (raise) {
-        float fp[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float ref = h ? ref1 : ref0;
-            const float m_new = fmaxf(m[h], tmax[h]);
-            f[h] = m_new == -INFINITY || m[h] == -INFINITY ? 1.0f : exp2f(m[h] - m_new);
-            fp[h] = m_new == -INFINITY ? 1.0f : exp2f(ref - m_new);
-            m[h] = m_new;
-            sum[h] *= fp[h];
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            s[n][0] *= fp[0];
-            s[n][1] *= fp[0];
-            s[n][2] *= fp[1];
-            s[n][3] *= fp[1];
-        }
+    if (!__any_sync(0xffffffffu, raise)) {
+        d[0] += sum[0];
+        d[1] += sum[1];
+        return 0;
     }
-    d[0] = d[0] * f[0] + sum[0];
-    d[1] = d[1] * f[1] + sum[1];
-    return raise;
+    if (__any_sync(0xffffffffu, far)) return SOFTMAX_FAR;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float up = x[h] > 1.0f ? __log2f(x[h]) : 0.0f; /* m's raise */
+        m[h] += up;
+        f[h] = exp2f(-up);
+        d[h] = (d[h] + sum[h]) * f[h];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] *= f[e / 2];
+    return SOFTMAX_RAISED;
 }
-#endif
 
 /* The final state of a row whose online softmax ended with max m (base 2,
  * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its

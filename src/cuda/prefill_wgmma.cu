@@ -159,6 +159,42 @@ __device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, i
 /* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
+/* S of a key tile for a warp's 16 rows (its q rows from row0, in qs) in
+ * wgmma's accumulator layout, by f32 FMAs from the shared memory the MMA
+ * read it from (sw128 rows of ROWS q rows, KEYS keys): for the rare tile
+ * whose exponentials ahead went out of range (softmax_rows_ahead), which
+ * a warp redoes alone, without its warpgroup's MMA. */
+template <int DQK, int ROWS, int KEYS, int NT, typename T>
+__device__ __forceinline__ void s_by_fma(const T *qs, const T *ks, int row0, int lane, float (&s)[NT][4])
+{
+    typedef dtype_traits<T> dt;
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < DQK / 8; c++) { /* 8 columns a step */
+        uint4 q[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) q[h] = *(const uint4 *)(qs + sw128<ROWS>(row0 + lane / 4 + 8 * h, c));
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const uint4 k = *(const uint4 *)(ks + sw128<KEYS>(n * 8 + 2 * (lane % 4) + j, c));
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t qw[4] = {q[h].x, q[h].y, q[h].z, q[h].w}, kw[4] = {k.x, k.y, k.z, k.w};
+                    float acc = s[n][2 * h + j];
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        const float2 a = dt::unpack(qw[w]), b = dt::unpack(kw[w]);
+                        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+                    }
+                    s[n][2 * h + j] = acc;
+                }
+            }
+    }
+}
+
 template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
@@ -255,7 +291,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 #pragma unroll
             for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-            auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
+            auto k_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP; };
+            auto v_of = [&](int t) { return k_of(t) + KEYS * DP; };
             /* V of tile t landed, and is visible to wgmma (the producer's
              * cp.async writes are generic-proxy writes; each wait is
              * followed by the fence before an MMA may read them. Leaving it
@@ -317,7 +354,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
              * operands, 16 elements (32 bytes) of the head dim a step */
             auto issue_s = [&](int t, float (&s)[NT][4]) {
-                const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * DP;
+                const T *ks = k_of(t);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; kk++) {
@@ -329,12 +366,14 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             };
             /* s (landed) -> P, with the masks this warp's rows need at tile t
              * and the bad-key marks of set (-1: none) */
-            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2]) {
+            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2], bool ahead) {
                 const int t0 = it.kv_begin + t * KEYS;
                 const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
                                     (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
-                return tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
-                                           set >= 0 ? bad_keys[set] : NULL, m, d, f);
+                const uint32_t *bad = set >= 0 ? bad_keys[set] : NULL;
+                return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad,
+                                                                m, d, f)
+                             : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m, d, f);
             };
 
             if (tr::PIPE && n_tiles > 0) {
@@ -354,7 +393,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     release_k(0);
                     if (n_tiles == 1) mbar_arrive(&bar.q_empty); /* (below) */
-                    softmax(0, set, s, f); /* o is still 0: no rescale */
+                    softmax(0, set, s, f, false); /* o is still 0: no rescale */
                     pack_p<NT, T>(s, pa);
                     PF_CLK(wg, k, 6);
                 }
@@ -378,20 +417,29 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     pass_turn();
                     wgmma_wait<1>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                    release_k(t);
-                    /* After the item's last S, q is read no more: the
-                     * producer copies the next item's q under this item's
-                     * last softmax, P.V and epilogue. Measured (H100,
-                     * llama3-8b, page 128, against freeing it after the last
-                     * P.V): 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128
-                     * 4 x 4096 and 1 x 16384 the same */
-                    if (t == n_tiles - 1) mbar_arrive(&bar.q_empty);
-                    const bool raise = softmax(t, set, s, f);
+                    /* the exponentials ahead of the maxima (attn.cuh) where
+                     * the warp's rows all have a reference max; where they
+                     * went past AHEAD_RANGE, S again by this warp alone (so
+                     * K and q are kept until then), and the usual path */
+                    const bool ahead = __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+                    int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
+                    if (got & SOFTMAX_FAR) {
+                        if (ahead) s_by_fma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
+                        got = softmax(t, set, s, f, false);
+                    }
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                     release_v(t - 1);
-                    if (raise) scale_rows<DN>(o, f);
+                    if (got & SOFTMAX_RAISED) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pa);
+                    release_k(t);
+                    /* After the item's last S, q is read no more: the
+                     * producer copies the next item's q under this item's
+                     * last P.V and epilogue. Measured (H100, llama3-8b, page
+                     * 128, against freeing it after the last P.V): 16 x 1024
+                     * 1.08x faster, d64 4 x 4096 1.02x, d128 4 x 4096 and 1 x
+                     * 16384 the same */
+                    if (t == n_tiles - 1) mbar_arrive(&bar.q_empty);
                 }
                 PF_CLK(wg, k, 7);
                 wait_v(n_tiles - 1);
@@ -410,7 +458,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     release_k(t); /* (the next K loads under this softmax and P.V) */
-                    if (softmax(t, set, s, f)) scale_rows<DN>(o, f);
+                    if (softmax(t, set, s, f, false)) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pn);
                     wait_v(t);
                     issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
