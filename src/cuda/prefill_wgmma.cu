@@ -159,39 +159,28 @@ __device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, i
 /* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
-/* S of a key tile for a warp's 16 rows (its q rows from row0, in qs) in
- * wgmma's accumulator layout, by f32 FMAs from the shared memory the MMA
- * read it from (sw128 rows of ROWS q rows, KEYS keys): for the rare tile
- * whose exponentials ahead went out of range (softmax_rows_ahead), which
- * a warp redoes alone, without its warpgroup's MMA. */
+/* S of a key tile for a warp's 16 rows (its q rows from row0 in qs, sw128
+ * rows of ROWS; the tile's K in ks, of KEYS) by mma.sync, whose m16n8
+ * accumulators are the warp's part of the warpgroup MMA's: for the rare
+ * tile whose exponentials ahead went out of range (softmax_rows_ahead),
+ * which a warp redoes alone. */
 template <int DQK, int ROWS, int KEYS, int NT, typename T>
-__device__ __forceinline__ void s_by_fma(const T *qs, const T *ks, int row0, int lane, float (&s)[NT][4])
+__device__ __forceinline__ void s_by_mma(const T *qs, const T *ks, int row0, int lane, float (&s)[NT][4])
 {
-    typedef dtype_traits<T> dt;
+    const int mi = lane / 8, r8 = lane % 8;
 #pragma unroll
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll 1
-    for (int c = 0; c < DQK / 8; c++) { /* 8 columns a step */
-        uint4 q[2];
+    for (int kk = 0; kk < DQK / 16; kk++) {
+        uint32_t a[4];
+        ldmatrix_x4(a, qs + sw128<ROWS>(row0 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
 #pragma unroll
-        for (int h = 0; h < 2; h++) q[h] = *(const uint4 *)(qs + sw128<ROWS>(row0 + lane / 4 + 8 * h, c));
-#pragma unroll
-        for (int n = 0; n < NT; n++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const uint4 k = *(const uint4 *)(ks + sw128<KEYS>(n * 8 + 2 * (lane % 4) + j, c));
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t qw[4] = {q[h].x, q[h].y, q[h].z, q[h].w}, kw[4] = {k.x, k.y, k.z, k.w};
-                    float acc = s[n][2 * h + j];
-#pragma unroll
-                    for (int w = 0; w < 4; w++) {
-                        const float2 a = dt::unpack(qw[w]), b = dt::unpack(kw[w]);
-                        acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
-                    }
-                    s[n][2 * h + j] = acc;
-                }
-            }
+        for (int nb = 0; nb < NT / 2; nb++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, ks + sw128<KEYS>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
+            mma_16816<T>(s[2 * nb], a, b);
+            mma_16816<T>(s[2 * nb + 1], a, b + 2);
+        }
     }
 }
 
@@ -424,7 +413,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     const bool ahead = __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
                     int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
                     if (got & SOFTMAX_FAR) {
-                        if (ahead) s_by_fma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
+                        if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
                         got = softmax(t, set, s, f, false);
                     }
                     wgmma_wait<0>();
