@@ -146,9 +146,10 @@ __device__ __forceinline__ int tile_softmax(const attn_params &p, float (&s)[NT]
 /* The block's shared-memory barriers. Tile number g of the block (over all
  * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
  * its V are filled and freed apart (K is done with once S is, V only after
- * P.V, a tile later in prefill_wgmma.cu where the two overlap; there K
- * once the tile's softmax is, which may compute S again, and an item's
- * last K once its o, staged in it, is stored), so the producer runs up to STAGES
+ * P.V, a tile later in prefill_wgmma.cu where the two overlap; there the
+ * K of a tile with its exponentials ahead once its softmax is, which may
+ * compute S again, and an item's last K once its o, staged in it, is
+ * stored), so the producer runs up to STAGES
  * tiles ahead of S. *_full: the producers' copies landed; *_empty: every
  * consumer that reads it is done. q_full and q_empty: the same for q, once
  * an item, an item without key tiles too (it has no q to load, but the
