@@ -156,9 +156,6 @@ __device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, i
     }
 }
 
-/* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
- * O += P V on the tensor cores with the online softmax between, then the
- * epilogue. */
 /* S of a key tile for a warp's 16 rows (its q rows from row0 in qs, sw128
  * rows of ROWS; the tile's K in ks, of KEYS) by mma.sync, whose m16n8
  * accumulators are the warp's part of the warpgroup MMA's: for the rare
@@ -184,6 +181,9 @@ __device__ __forceinline__ void s_by_mma(const T *qs, const T *ks, int row0, int
     }
 }
 
+/* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
+ * O += P V on the tensor cores with the online softmax between, then the
+ * epilogue. */
 template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
