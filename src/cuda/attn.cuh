@@ -736,11 +736,13 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
  * multi-function unit starts. Where the warp's vote then raises m (a row's
  * P past 2^RESCALE_SLACK, rare once a row has seen its first keys), P and
  * its sum are scaled after by the factor that moves m, as o is. A row
- * whose P passed 2^AHEAD_RANGE (or overflowed) has lost values: the warp
- * leaves m and d as they were and returns SOFTMAX_FAR, s spent (the caller
- * computes S again and takes softmax_rows). Else returns SOFTMAX_RAISED if
+ * whose P passed 2^AHEAD_RANGE may have overflowed (exp2 does past 2^128;
+ * the margin keeps the sums finite): the warp leaves m and d as they were
+ * (the NaN rule's marks aside, which the usual path makes again) and
+ * returns SOFTMAX_FAR, s spent (the caller computes S again and takes
+ * softmax_rows). Else returns SOFTMAX_RAISED if
  * m moved, with f as softmax_rows. */
-#define AHEAD_RANGE 120 /* (2^120: sums of 128 such stay finite in f32) */
+#define AHEAD_RANGE 120 /* (2^120: a thread's sum of 2 NT such stays finite in f32) */
 enum { SOFTMAX_RAISED = 1, SOFTMAX_FAR = 2 };
 template <int NT>
 __device__ __forceinline__ int softmax_rows_ahead(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2],
@@ -773,9 +775,9 @@ __device__ __forceinline__ int softmax_rows_ahead(float (&s)[NT][4], float sc, f
     if (__any_sync(0xffffffffu, far)) return SOFTMAX_FAR;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        const float up = x[h] > 1.0f ? __log2f(x[h]) : 0.0f; /* m's raise */
-        m[h] += up;
-        f[h] = exp2f(-up);
+        const float m_new = m[h] + (x[h] > 1.0f ? __log2f(x[h]) : 0.0f);
+        f[h] = exp2f(m[h] - m_new); /* (m_new as stored: later tiles' frame) */
+        m[h] = m_new;
         d[h] = (d[h] + sum[h]) * f[h];
     }
 #pragma unroll
