@@ -113,6 +113,9 @@ typedef struct attn_case {
      * are the first head_dim_vo values of the K rows; the cache is K-only
      * (ragged: no V tensor) */
     int mla;
+    /* logit_scale > 0: cfg.sm_scale = logit_scale / sqrt(head_dim_qk) (else
+     * 0, the default 1 / sqrt(head_dim_qk)) */
+    float logit_scale;
 } attn_case;
 
 /* Case tables list attn_case's fields in order up to the last they need
@@ -165,7 +168,10 @@ void run_case(test_ctx *t, const attn_case *tc);
 
 /* Error measures. */
 double rel_err_f(const float *x, const double *ref, int64_t n);
-double max_lse_err(const float *x, const double *ref, int64_t n); /* inf if -inf mismatch */
+/* The largest |x - ref| of an LSE, in units of max(1, |ref| / 64) (an f32
+ * LSE past 64 in magnitude holds it to 2^-18 relative, not absolute); inf
+ * where one is infinite and the other not. */
+double max_lse_err(const float *x, const double *ref, int64_t n);
 double tolerance(ak_dtype dtype);  /* relative error allowed for o in this dtype */
 
 /* Test suites. */

@@ -768,10 +768,38 @@ static void run_soft_caps(test_ctx *t)
         }
 }
 
+/* Logits far apart: sm_scale up to 4096 / sqrt(d), where a later key
+ * tile's maximum passes a row's running one by hundreds (base 2), on every
+ * backend against cpu_ref: the online softmax's raises, and the Hopper
+ * prefill's exponentials ahead of the maxima with their recomputation past
+ * AHEAD_RANGE (attn.cuh). Prefills over several key tiles, a chunk on a
+ * prefix and a decode; both paths of the NaN rule (short requests run
+ * checked). */
+static void run_logit_scales(test_ctx *t)
+{
+    static const float scales[] = {16.0f, 256.0f, 4096.0f};
+    static const struct {
+        int hq, hk, d, causal;
+        ak_dtype dtype;
+    } shapes[] = {{8, 2, 128, 1, AK_BF16}, {6, 2, 64, 1, AK_BF16}, {4, 2, 96, 1, AK_F16}, {4, 4, 128, 0, AK_F16}};
+    static char name[96];
+    for (size_t s = 0; s < sizeof scales / sizeof *scales; s++)
+        for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
+            attn_case tc = {NULL, shapes[h].hq, shapes[h].hk, shapes[h].d, shapes[h].d, shapes[h].dtype, 0, 0,
+                            shapes[h].causal, -1, 0.0f, 16, NHD, PAGED, 4, {{300, 300}, {200, 700}, {1, 1100}, {24, 24}},
+                            .logit_scale = scales[s]};
+            snprintf(name, sizeof name, "logit scale %g d%d %s%s", scales[s], shapes[h].d,
+                     ak_dtype_name(shapes[h].dtype), shapes[h].causal ? "" : " non-causal");
+            tc.name = name;
+            run_case(t, &tc);
+        }
+}
+
 void test_hostile(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof edge_cases / sizeof *edge_cases; i++) run_case(t, &edge_cases[i]);
     run_soft_caps(t);
+    run_logit_scales(t);
 
     const char *names[16];
     const int nb = t_backends(t, names, 16);
