@@ -168,9 +168,10 @@ void run_case(test_ctx *t, const attn_case *tc);
 
 /* Error measures. */
 double rel_err_f(const float *x, const double *ref, int64_t n);
-/* The largest |x - ref| of an LSE, in units of max(1, |ref| / 64) (an f32
- * LSE past 64 in magnitude holds it to 2^-18 relative, not absolute); inf
- * where one is infinite and the other not. */
+/* The largest |x - ref| of an LSE, in units of max(1, |ref| / 64):
+ * absolute up to 64, relative past it, where an f32 LSE's own rounding
+ * (2^-24 |ref|) outgrows an absolute bound; inf where one is infinite and
+ * the other not. */
 double max_lse_err(const float *x, const double *ref, int64_t n);
 double tolerance(ak_dtype dtype);  /* relative error allowed for o in this dtype */
 

@@ -770,10 +770,9 @@ static void run_soft_caps(test_ctx *t)
 
 /* Logits far apart: sm_scale up to 4096 / sqrt(d), where a later key
  * tile's maximum passes a row's running one by hundreds (base 2), on every
- * backend against cpu_ref: the online softmax's raises, and the Hopper
- * prefill's exponentials ahead of the maxima with their recomputation past
- * AHEAD_RANGE (attn.cuh). Prefills over several key tiles, a chunk on a
- * prefix and a decode; both paths of the NaN rule (short requests run
+ * backend against cpu_ref: the online softmax's raises (attn.cuh's lazy
+ * rescale) far past its margin. Prefills over several key tiles, a chunk on
+ * a prefix and a decode; both paths of the NaN rule (short requests run
  * checked). */
 static void run_logit_scales(test_ctx *t)
 {
