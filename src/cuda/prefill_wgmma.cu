@@ -407,17 +407,21 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_wait<1>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     /* The exponentials ahead of the maxima (attn.cuh) where
-                     * the warp's rows all have a reference max, but on an
-                     * item's last tile; where they went past AHEAD_RANGE, S
-                     * again by this warp alone (so K is kept until then),
-                     * and the usual path. After the item's last S, q is read
+                     * the warp's rows all have a reference max, on the clean
+                     * path (the NaN rule's checks take the usual one: with
+                     * both in the checked loop ptxas reloaded 9 spilled
+                     * values a tile at d128), but on an item's last tile;
+                     * where they went past AHEAD_RANGE, S again by this
+                     * warp alone (so K is kept until then), and the usual
+                     * path. After the item's last S, q is read
                      * no more: the producer copies the next item's q under
                      * this item's last softmax, P.V and epilogue. Measured
                      * (H100, llama3-8b, page 128, against freeing it after
                      * the last P.V): 16 x 1024 1.08x faster, d64 4 x 4096
                      * 1.02x, d128 4 x 4096 and 1 x 16384 the same */
                     const bool last = t == n_tiles - 1;
-                    const bool ahead = !last && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+                    const bool ahead =
+                        !CHECK && !last && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
                     if (!ahead) release_k(t);
                     if (last) mbar_arrive(&bar.q_empty);
                     int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
