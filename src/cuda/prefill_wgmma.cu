@@ -410,31 +410,36 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                      * the warp's rows all have a reference max, on the clean
                      * path (the NaN rule's checks take the usual one: with
                      * both in the checked loop ptxas reloaded 9 spilled
-                     * values a tile at d128), but on an item's last tile;
-                     * where they went past AHEAD_RANGE, S again by this
-                     * warp alone (so K is kept until then), and the usual
-                     * path. After the item's last S, q is read
-                     * no more: the producer copies the next item's q under
-                     * this item's last softmax, P.V and epilogue. Measured
-                     * (H100, llama3-8b, page 128, against freeing it after
-                     * the last P.V): 16 x 1024 1.08x faster, d64 4 x 4096
-                     * 1.02x, d128 4 x 4096 and 1 x 16384 the same */
+                     * values a tile at d128); where they went past
+                     * AHEAD_RANGE, S again by this warp alone (so K and, on
+                     * an item's last tile, q are kept until then), and the
+                     * usual path. After the item's last S (or its softmax
+                     * ahead), q is read no more: the producer copies the
+                     * next item's q under this item's last softmax, P.V and
+                     * epilogue. Measured (H100, llama3-8b, page 128, against
+                     * freeing it after the last P.V): 16 x 1024 1.08x
+                     * faster, d64 4 x 4096 1.02x, d128 4 x 4096 and 1 x
+                     * 16384 the same */
                     const bool last = t == n_tiles - 1;
-                    const bool ahead =
-                        !CHECK && !last && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
-                    if (!ahead) release_k(t);
-                    if (last) mbar_arrive(&bar.q_empty);
+                    const bool ahead = !CHECK && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+                    if (!ahead) {
+                        release_k(t);
+                        if (last) mbar_arrive(&bar.q_empty);
+                    }
                     int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
                     if (got & SOFTMAX_FAR) {
                         if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
                         got = softmax(t, set, s, f, false);
+                    }
+                    if (ahead) {
+                        release_k(t);
+                        if (last) mbar_arrive(&bar.q_empty);
                     }
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                     release_v(t - 1);
                     if (got & SOFTMAX_RAISED) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pa);
-                    if (ahead) release_k(t);
                 }
                 PF_CLK(wg, k, 7);
                 wait_v(n_tiles - 1);
