@@ -286,8 +286,11 @@ int scene_build(scene *sc, const attn_case *tc, ak_device dev, uint64_t *rng)
         const int L = tc->reqs[r].kv_len;
         sc->k[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dqk + 1));
         sc->v[r] = malloc(sizeof(float) * ((size_t)L * Hk * Dvo + 1));
-        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++)
-            sc->k[r][i] = kv_value(sc, 0, (int)(i / Dqk % Hk), 2.0f * scn_uniform(rng));
+        for (int64_t i = 0; i < (int64_t)L * Hk * Dqk; i++) {
+            const int64_t j = i / ((int64_t)Hk * Dqk); /* the key */
+            const float drift = tc->drift_step ? (j >= L / 2 ? tc->key_drift : 0.0f) : tc->key_drift * (float)j / (float)L;
+            sc->k[r][i] = kv_value(sc, 0, (int)(i / Dqk % Hk), 2.0f * scn_uniform(rng) + (i % 2 ? drift : -drift));
+        }
         for (int64_t i = 0; i < (int64_t)L * Hk * Dvo; i++)
             sc->v[r][i] = tc->mla ? sc->k[r][i / Dvo * Dqk + i % Dvo] /* MLA: the start of the K row */
                                   : kv_value(sc, 1, (int)(i / Dvo % Hk), scn_uniform(rng));

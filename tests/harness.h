@@ -116,6 +116,14 @@ typedef struct attn_case {
     /* logit_scale > 0: cfg.sm_scale = logit_scale / sqrt(head_dim_qk) (else
      * 0, the default 1 / sqrt(head_dim_qk)) */
     float logit_scale;
+    /* key_drift > 0: K row j of a request of L keys gets key_drift x j / L
+     * (drift_step: key_drift from key L / 2 on, 0 before) added along a
+     * fixed direction of alternating signs, so that a query row's logits
+     * climb (or fall, as its q leans along that direction) from key tile to
+     * key tile: the online softmax raises its reference max again and again
+     * (or once, at the step) */
+    float key_drift;
+    int drift_step;
 } attn_case;
 
 /* Case tables list attn_case's fields in order up to the last they need

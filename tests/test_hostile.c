@@ -794,11 +794,40 @@ static void run_logit_scales(test_ctx *t)
         }
 }
 
+/* Logits that climb or fall from key tile to key tile (attn_case's
+ * key_drift): a ramp (the reference max raised on many tiles, by a few
+ * units at a time) and a step halfway (raised once, by 4-12 units base 2
+ * for most rows: a tile of P all past 8 and none past 2^8, then all past
+ * 2^8), at the shapes of run_logit_scales. */
+static void run_logit_drifts(test_ctx *t)
+{
+    static const struct {
+        float drift;
+        int step;
+    } drifts[] = {{40.0f, 0}, {200.0f, 0}, {5.0f, 1}, {12.0f, 1}};
+    static const struct {
+        int hq, hk, d, causal;
+        ak_dtype dtype;
+    } shapes[] = {{8, 2, 128, 1, AK_BF16}, {6, 2, 64, 1, AK_BF16}, {4, 2, 96, 1, AK_F16}, {4, 4, 128, 0, AK_F16}};
+    static char name[96];
+    for (size_t k = 0; k < sizeof drifts / sizeof *drifts; k++)
+        for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
+            attn_case tc = {NULL, shapes[h].hq, shapes[h].hk, shapes[h].d, shapes[h].d, shapes[h].dtype, 0, 0,
+                            shapes[h].causal, -1, 0.0f, 16, NHD, PAGED, 4, {{300, 300}, {200, 700}, {1, 1100}, {24, 24}},
+                            .key_drift = drifts[k].drift, .drift_step = drifts[k].step};
+            snprintf(name, sizeof name, "logit drift %s %g d%d %s%s", drifts[k].step ? "step" : "ramp",
+                     drifts[k].drift, shapes[h].d, ak_dtype_name(shapes[h].dtype), shapes[h].causal ? "" : " non-causal");
+            tc.name = name;
+            run_case(t, &tc);
+        }
+}
+
 void test_hostile(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof edge_cases / sizeof *edge_cases; i++) run_case(t, &edge_cases[i]);
     run_soft_caps(t);
     run_logit_scales(t);
+    run_logit_drifts(t);
 
     const char *names[16];
     const int nb = t_backends(t, names, 16);
