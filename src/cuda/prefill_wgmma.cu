@@ -197,8 +197,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr int DN = DVN / 8;      /* n tiles of o */
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
     /* The epilogue stages o in qs (STAGED: q's buffer is free only after it)
-     * or not, q's buffer then freed as soon as the last S is done (see
-     * below). Measured (H100, against staged, when q was freed after the
+     * or not, q's buffer then freed as soon as the last S is done (its
+     * softmax, where that tile went ahead: see below). Measured (H100, against staged, when q was freed after the
      * last P V and o went out as 16-byte rows from qs): 3-4% faster at d128
      * 16 x 1024, 2.5% at 4 x 4096, the same at d64, 2.5% slower at d256. */
     constexpr bool STAGED = !tr::PIPE;
@@ -208,12 +208,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * which its next loads and barriers wait. Two consumer warpgroups only
      * (a K tile of 128 keys holds their 128 rows of o at DP 128; at DP 64
      * three warpgroups' 192 rows do not fit a tile's 128 key rows). Named
-     * barriers OS_LAST + 2 (os_n % 2) + w: the other warpgroup's last S of
-     * the os_n-th such item is done (its arrival, w's wait). Two sets in
+     * barriers OS_LAST + 2 (os_n % 2) + w: the other warpgroup is done with
+     * the last K tile of the os_n-th such item (its last S, or softmax
+     * where that tile went ahead: its arrival, w's wait). Two sets in
      * turn: warpgroup 0 may reach the next such item's last S (a one-tile
      * item) before warpgroup 1 waits for this one's, and a named barrier
      * counts arrivals, not whose they are; it cannot get two items ahead,
-     * its epilogue waits for warpgroup 1's last S. OS_ROWS + w: warpgroup
+     * its epilogue waits for warpgroup 1's arrival. OS_ROWS + w: warpgroup
      * w's rows are in shared memory.
      * Measured (H200, against 4-byte stores from registers, same run): 16 x
      * 1024 0.93 of the time, 64 x 512 0.90, 4 x 4096 0.98, non-causal 4 x
@@ -413,13 +414,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                      * values a tile at d128); where they went past
                      * AHEAD_RANGE, S again by this warp alone (so K and, on
                      * an item's last tile, q are kept until then), and the
-                     * usual path. After the item's last S (or its softmax
-                     * ahead), q is read no more: the producer copies the
-                     * next item's q under this item's last softmax, P.V and
-                     * epilogue. Measured (H100, llama3-8b, page 128, against
-                     * freeing it after the last P.V): 16 x 1024 1.08x
-                     * faster, d64 4 x 4096 1.02x, d128 4 x 4096 and 1 x
-                     * 16384 the same */
+                     * usual path. After the item's last S (its softmax,
+                     * where that tile went ahead), q is read no more: the
+                     * producer copies the next item's q under the rest of
+                     * this item. Measured (H100, llama3-8b, page 128, q
+                     * freed after the last S against after the last P.V):
+                     * 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128 4 x
+                     * 4096 and 1 x 16384 the same */
                     const bool last = t == n_tiles - 1;
                     const bool ahead = !CHECK && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
                     if (!ahead) {
@@ -489,7 +490,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             if (ostore) {
                 const int st = (g0 - 1) % STAGES; /* the last tile's */
                 T *os = stages + st * 2 * KEYS * DP;
-                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup is done with it */
                 PF_CLK(wg, k, 12);
                 os_n++;
                 stage_o<KEYS, OCHUNKS>(os, o, inv, warp_row0, lane);

@@ -280,8 +280,9 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * its q rows into qs, for the item's KV head and query heads (heads_of). The first
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
- * last S; after its epilogue where that stages o there): the copy of that
- * tile runs under the end of the previous item. TMA: the kernel takes the
+ * last S, or its last softmax where that tile went ahead; after its
+ * epilogue where that stages o there): the copy of that tile runs under
+ * the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile, half of one, or 32 or
  * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole,
  * below kv_end or, causal, below the request's kv_len, paged on pages of
