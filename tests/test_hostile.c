@@ -768,28 +768,38 @@ static void run_soft_caps(test_ctx *t)
         }
 }
 
+/* The shapes of the logit tables below, as cases: prefills over several
+ * key tiles, a chunk on a prefix and a decode, so both paths of the NaN
+ * rule (short requests run checked); named WHAT and the shape. */
+static const struct {
+    int hq, hk, d, causal;
+    ak_dtype dtype;
+} logit_shapes[] = {{8, 2, 128, 1, AK_BF16}, {6, 2, 64, 1, AK_BF16}, {4, 2, 96, 1, AK_F16}, {4, 4, 128, 0, AK_F16}};
+
+static attn_case logit_case(size_t h, const char *what)
+{
+    static char name[96];
+    snprintf(name, sizeof name, "%s d%d %s%s", what, logit_shapes[h].d, ak_dtype_name(logit_shapes[h].dtype),
+             logit_shapes[h].causal ? "" : " non-causal");
+    attn_case tc = {name, logit_shapes[h].hq, logit_shapes[h].hk, logit_shapes[h].d, logit_shapes[h].d,
+                    logit_shapes[h].dtype, 0, 0, logit_shapes[h].causal, -1, 0.0f, 16, NHD, PAGED, 4,
+                    {{300, 300}, {200, 700}, {1, 1100}, {24, 24}}};
+    return tc;
+}
+
 /* Logits far apart: sm_scale up to 4096 / sqrt(d), where a later key
  * tile's maximum passes a row's running one by hundreds (base 2), on every
  * backend against cpu_ref: the online softmax's raises (attn.cuh's lazy
- * rescale) far past its margin. Prefills over several key tiles, a chunk on
- * a prefix and a decode; both paths of the NaN rule (short requests run
- * checked). */
+ * rescale) far past its margin. */
 static void run_logit_scales(test_ctx *t)
 {
     static const float scales[] = {16.0f, 256.0f, 4096.0f};
-    static const struct {
-        int hq, hk, d, causal;
-        ak_dtype dtype;
-    } shapes[] = {{8, 2, 128, 1, AK_BF16}, {6, 2, 64, 1, AK_BF16}, {4, 2, 96, 1, AK_F16}, {4, 4, 128, 0, AK_F16}};
-    static char name[96];
+    char what[48];
     for (size_t s = 0; s < sizeof scales / sizeof *scales; s++)
-        for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
-            attn_case tc = {NULL, shapes[h].hq, shapes[h].hk, shapes[h].d, shapes[h].d, shapes[h].dtype, 0, 0,
-                            shapes[h].causal, -1, 0.0f, 16, NHD, PAGED, 4, {{300, 300}, {200, 700}, {1, 1100}, {24, 24}},
-                            .logit_scale = scales[s]};
-            snprintf(name, sizeof name, "logit scale %g d%d %s%s", scales[s], shapes[h].d,
-                     ak_dtype_name(shapes[h].dtype), shapes[h].causal ? "" : " non-causal");
-            tc.name = name;
+        for (size_t h = 0; h < sizeof logit_shapes / sizeof *logit_shapes; h++) {
+            snprintf(what, sizeof what, "logit scale %g", scales[s]);
+            attn_case tc = logit_case(h, what);
+            tc.logit_scale = scales[s];
             run_case(t, &tc);
         }
 }
@@ -798,26 +808,20 @@ static void run_logit_scales(test_ctx *t)
  * key_drift): a ramp (the reference max raised on many tiles, by a few
  * units at a time) and a step halfway (raised once, by 4-12 units base 2
  * for most rows: a tile of P all past 8 and none past 2^8, then all past
- * 2^8), at the shapes of run_logit_scales. */
+ * 2^8). */
 static void run_logit_drifts(test_ctx *t)
 {
     static const struct {
         float drift;
         int step;
     } drifts[] = {{40.0f, 0}, {200.0f, 0}, {5.0f, 1}, {12.0f, 1}};
-    static const struct {
-        int hq, hk, d, causal;
-        ak_dtype dtype;
-    } shapes[] = {{8, 2, 128, 1, AK_BF16}, {6, 2, 64, 1, AK_BF16}, {4, 2, 96, 1, AK_F16}, {4, 4, 128, 0, AK_F16}};
-    static char name[96];
+    char what[48];
     for (size_t k = 0; k < sizeof drifts / sizeof *drifts; k++)
-        for (size_t h = 0; h < sizeof shapes / sizeof *shapes; h++) {
-            attn_case tc = {NULL, shapes[h].hq, shapes[h].hk, shapes[h].d, shapes[h].d, shapes[h].dtype, 0, 0,
-                            shapes[h].causal, -1, 0.0f, 16, NHD, PAGED, 4, {{300, 300}, {200, 700}, {1, 1100}, {24, 24}},
-                            .key_drift = drifts[k].drift, .drift_step = drifts[k].step};
-            snprintf(name, sizeof name, "logit drift %s %g d%d %s%s", drifts[k].step ? "step" : "ramp",
-                     drifts[k].drift, shapes[h].d, ak_dtype_name(shapes[h].dtype), shapes[h].causal ? "" : " non-causal");
-            tc.name = name;
+        for (size_t h = 0; h < sizeof logit_shapes / sizeof *logit_shapes; h++) {
+            snprintf(what, sizeof what, "logit drift %s %g", drifts[k].step ? "step" : "ramp", drifts[k].drift);
+            attn_case tc = logit_case(h, what);
+            tc.key_drift = drifts[k].drift;
+            tc.drift_step = drifts[k].step;
             run_case(t, &tc);
         }
 }
