@@ -769,8 +769,9 @@ static void run_soft_caps(test_ctx *t)
 }
 
 /* The shapes of the logit tables below, as cases: prefills over several
- * key tiles, a chunk on a prefix and a decode, so both paths of the NaN
- * rule (short requests run checked); named WHAT and the shape. */
+ * key tiles, a chunk on a prefix and a decode (short requests: on CUDA the
+ * NaN rule's checked path, and its clean one by run_logit_case); named
+ * WHAT and the shape. */
 static const struct {
     int hq, hk, d, causal;
     ak_dtype dtype;
@@ -787,6 +788,34 @@ static attn_case logit_case(size_t h, const char *what)
     return tc;
 }
 
+/* run_case, and on a CUDA device again with the shorter requests' K/V rows
+ * scanned (AK_CUDA_SCAN_SHORT_ROWS=1, "scanned" in the name): their items
+ * then take the NaN rule's clean path, whose softmax differs from the
+ * checked one's (the Hopper prefill's exponentials ahead of the maxima),
+ * where without it these short requests run checked. */
+typedef struct logit_run {
+    test_ctx *t;
+    const attn_case *tc;
+} logit_run;
+
+static void logit_run_case(void *arg)
+{
+    const logit_run *r = (const logit_run *)arg;
+    run_case(r->t, r->tc);
+}
+
+static void run_logit_case(test_ctx *t, const attn_case *tc)
+{
+    run_case(t, tc);
+    if (t->device.kind != AK_DEVICE_CUDA) return;
+    char name[128];
+    snprintf(name, sizeof name, "%s scanned", tc->name);
+    attn_case scanned = *tc;
+    scanned.name = name;
+    const logit_run r = {t, &scanned};
+    t_with_env("AK_CUDA_SCAN_SHORT_ROWS", "1", logit_run_case, (void *)&r);
+}
+
 /* Logits far apart: sm_scale up to 4096 / sqrt(d), where a later key
  * tile's maximum passes a row's running one by hundreds (base 2), on every
  * backend against cpu_ref: the online softmax's raises (attn.cuh's lazy
@@ -800,7 +829,7 @@ static void run_logit_scales(test_ctx *t)
             snprintf(what, sizeof what, "logit scale %g", scales[s]);
             attn_case tc = logit_case(h, what);
             tc.logit_scale = scales[s];
-            run_case(t, &tc);
+            run_logit_case(t, &tc);
         }
 }
 
@@ -822,7 +851,7 @@ static void run_logit_drifts(test_ctx *t)
             attn_case tc = logit_case(h, what);
             tc.key_drift = drifts[k].drift;
             tc.drift_step = drifts[k].step;
-            run_case(t, &tc);
+            run_logit_case(t, &tc);
         }
 }
 
