@@ -173,6 +173,10 @@ ak_status scene_run(const scene *sc, const char *name, float *o, float *lse, cha
  * accepts it, against cpu_ref (itself against dense_attention): the case
  * table's runner (test_attn.c), for case tables in other files too. */
 void run_case(test_ctx *t, const attn_case *tc);
+/* run_case with the environment variable var set to value (NULL: unset)
+ * while it runs (the backends read their switches at create), as before
+ * after it. */
+void run_case_env(test_ctx *t, const attn_case *tc, const char *var, const char *value);
 
 /* Error measures. */
 double rel_err_f(const float *x, const double *ref, int64_t n);

@@ -513,6 +513,23 @@ void run_case(test_ctx *t, const attn_case *tc)
     free(l);
 }
 
+typedef struct case_env_arg {
+    test_ctx *t;
+    const attn_case *tc;
+} case_env_arg;
+
+static void run_case_of(void *arg)
+{
+    const case_env_arg *a = (const case_env_arg *)arg;
+    run_case(a->t, a->tc);
+}
+
+void run_case_env(test_ctx *t, const attn_case *tc, const char *var, const char *value)
+{
+    const case_env_arg a = {t, tc};
+    t_with_env(var, value, run_case_of, (void *)&a);
+}
+
 /* A sweep case's shape: 2 KV heads of a GQA group, no window. */
 static attn_case sweep_case(int head_dim, int group, ak_dtype dtype, int causal)
 {
@@ -623,17 +640,6 @@ static void run_tail_cut(test_ctx *t)
  * that path too, and the backend's description names the boxes, or the
  * switch where it decides; a value other than 0 or 1 is refused, naming the
  * variable. On a GPU only (the CPU backends do not read it). */
-typedef struct boxes_off_arg {
-    test_ctx *t;
-    const attn_case *tc;
-} boxes_off_arg;
-
-static void run_boxes_off(void *arg)
-{
-    const boxes_off_arg *a = (const boxes_off_arg *)arg;
-    run_case(a->t, a->tc);
-}
-
 typedef struct describe_arg {
     const ak_attn_config *cfg;
     const ak_device_info *dev;
@@ -670,14 +676,13 @@ static void run_page_boxes_off(test_ctx *t)
     tc.num_reqs = 3;
     const req_spec reqs[3] = {{300, 300}, {77, 610}, {1, 45}};
     memcpy(tc.reqs, reqs, sizeof reqs);
-    boxes_off_arg a = {t, &tc};
-    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "0", run_boxes_off, &a);
+    run_case_env(t, &tc, "AK_CUDA_PREFILL_TMA_SMALL", "0");
     tc.name = "prefill page 32 K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0) f16 d96 hnd";
     tc.head_dim_qk = tc.head_dim_vo = 96;
     tc.dtype = AK_F16;
     tc.page_size = 32;
     tc.layout = AK_LAYOUT_HND;
-    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "0", run_boxes_off, &a);
+    run_case_env(t, &tc, "AK_CUDA_PREFILL_TMA_SMALL", "0");
 
     const char *name = "the Hopper prefill's description names its K/V boxes and AK_CUDA_PREFILL_TMA_SMALL";
     if (!t_selected(t, name) || (t->backend && strcmp(t->backend, "cuda_paged") != 0) ||

@@ -790,20 +790,8 @@ static attn_case logit_case(size_t h, const char *what)
 
 /* run_case, and on a CUDA device again with the shorter requests' K/V rows
  * scanned (AK_CUDA_SCAN_SHORT_ROWS=1, "scanned" in the name): their items
- * then take the NaN rule's clean path, whose softmax differs from the
- * checked one's (the Hopper prefill's exponentials ahead of the maxima),
- * where without it these short requests run checked. */
-typedef struct logit_run {
-    test_ctx *t;
-    const attn_case *tc;
-} logit_run;
-
-static void logit_run_case(void *arg)
-{
-    const logit_run *r = (const logit_run *)arg;
-    run_case(r->t, r->tc);
-}
-
+ * then take the NaN rule's clean path (a loop of its own in the kernels
+ * that have one), where without it these short requests run checked. */
 static void run_logit_case(test_ctx *t, const attn_case *tc)
 {
     run_case(t, tc);
@@ -812,8 +800,7 @@ static void run_logit_case(test_ctx *t, const attn_case *tc)
     snprintf(name, sizeof name, "%s scanned", tc->name);
     attn_case scanned = *tc;
     scanned.name = name;
-    const logit_run r = {t, &scanned};
-    t_with_env("AK_CUDA_SCAN_SHORT_ROWS", "1", logit_run_case, (void *)&r);
+    run_case_env(t, &scanned, "AK_CUDA_SCAN_SHORT_ROWS", "1");
 }
 
 /* Logits far apart: sm_scale up to 4096 / sqrt(d), where a later key
