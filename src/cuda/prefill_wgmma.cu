@@ -198,9 +198,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
     /* The epilogue stages o in qs (STAGED: q's buffer is free only after it)
      * or not, q's buffer then freed as soon as the last S is done (its
-     * softmax, where that tile went ahead: see below). Measured (H100, against staged, when q was freed after the
-     * last P V and o went out as 16-byte rows from qs): 3-4% faster at d128
-     * 16 x 1024, 2.5% at 4 x 4096, the same at d64, 2.5% slower at d256. */
+     * softmax, where that tile went ahead: see below). Measured (H100,
+     * against staged, when q was freed after the last P V and o went out as
+     * 16-byte rows from qs): 3-4% faster at d128 16 x 1024, 2.5% at 4 x
+     * 4096, the same at d64, 2.5% slower at d256. */
     constexpr bool STAGED = !tr::PIPE;
     /* OSTORE: an item whose rows are all real output rows (p.o_box) writes
      * o by TMA from the shared memory of its last key tile's K (whose
