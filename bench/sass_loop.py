@@ -12,8 +12,9 @@ where a toolkit lacks it, PyPI's nvidia-cuda-cuobjdump wheel carries it
 For each instance of prefill_wgmma_kernel (every head-dim pair, f16 and
 bf16, each pass) it finds the key-tile loops: the loops (a backward branch
 and its target) that hold a tile's warpgroup MMAs and its 64 exponentials
-a thread, one for each path of the NaN rule (attn.cuh: clean, the
-smallest; checked, about twice as long) and each addressing (paged,
+a thread, one for each path of the NaN rule (attn.cuh: checked, and
+clean, the one with two softmaxes, 128 exponentials, where its tiles go
+ahead of the maxima, else the smaller) and each addressing (paged,
 ragged). Of each it prints:
 
   - its length in instructions and its warpgroup MMAs (HGMMA);
@@ -150,11 +151,17 @@ def main():
         if not loops:
             continue
         print(f"{name}: {len(code)} instructions, {len(loops)} key-tile loop(s)")
+        two_paths = any(describe(code, f, l)[2] >= 128 for f, l in loops)
         for first, last in loops:
             found += 1
             text, before, n_exp, after_max, n_mma, ops = describe(code, first, last)
-            # (two of each: the kernel's two addressings, paged and ragged)
-            path = "clean" if last - first < 1.5 * (loops[0][1] - loops[0][0]) else "checked"
+            # (two of each: the kernel's two addressings, paged and ragged). The clean loop holds two
+            # softmaxes where its tiles go ahead (attn.cuh's softmax_rows_ahead beside softmax_rows:
+            # 128 exponentials and more); else it is the shorter
+            if two_paths:
+                path = "clean" if n_exp >= 128 else "checked"
+            else:
+                path = "clean" if last - first < 1.5 * (loops[0][1] - loops[0][0]) else "checked"
             print(f"  {path}: {last - first + 1} instructions, {n_mma} HGMMA; {text}")
             print(f"    the last P V's wait: {'after' if after_max else 'BEFORE'} the row maxima, "
                   f"after {before} of {n_exp} exponentials")

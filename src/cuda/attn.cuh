@@ -729,6 +729,70 @@ __device__ __forceinline__ bool softmax_rows(float (&s)[NT][4], float sc, float 
     return raise;
 }
 
+/* softmax_rows with the exponentials ahead of the maxima, for a warp whose
+ * rows all have a reference m already (the caller's vote): P = exp2(s sc -
+ * m) at once, and on most tiles no maxima at all. P >= 0, so a lane's sum
+ * of its P of a row (which d needs anyway) bounds each of them: where no
+ * lane's sum passed 2^RESCALE_SLACK, no P did, and m stays, as the lazy
+ * rescale would keep it. Only where some lane's sum passed (a P past 8 at
+ * least, as 2 NT of them at most 1 sum to 32) does the warp take the
+ * tile's maxima from P (monotonic in s) and raise every row whose max
+ * passed 1 to it: P, its sum and o are then scaled by the factor that
+ * moves m (so the row's P are at most 1 again, and a later tile's sum
+ * passes only where its logits passed m by 3 or more). A row whose P passed
+ * 2^AHEAD_RANGE may have overflowed (exp2 does past 2^128; the margin keeps
+ * the sums finite): the warp leaves m and d as they were and returns
+ * SOFTMAX_FAR, s spent (the caller computes S again and takes
+ * softmax_rows). Else returns SOFTMAX_RAISED if m moved, with f as
+ * softmax_rows. */
+#define AHEAD_RANGE 120 /* (2^120: a thread's sum of 2 NT such stays finite in f32) */
+enum { SOFTMAX_RAISED = 1, SOFTMAX_FAR = 2 };
+template <int NT>
+__device__ __forceinline__ int softmax_rows_ahead(float (&s)[NT][4], float sc, float (&m)[2], float (&d)[2],
+                                                  float (&f)[2])
+{
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] = exp2f(fmaf(s[n][e], sc, -m[e / 2]));
+        sum[0] += s[n][0] + s[n][1];
+        sum[1] += s[n][2] + s[n][3];
+    }
+    f[0] = f[1] = 1.0f;
+    if (!__any_sync(0xffffffffu, fmaxf(sum[0], sum[1]) > exp2f(RESCALE_SLACK))) {
+        d[0] += sum[0];
+        d[1] += sum[1];
+        return 0;
+    }
+    float x[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        x[0] = fmaxf(x[0], fmaxf(s[n][0], s[n][1]));
+        x[1] = fmaxf(x[1], fmaxf(s[n][2], s[n][3]));
+    }
+    bool far = false;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        x[h] = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 1));
+        x[h] = fmaxf(x[h], __shfl_xor_sync(0xffffffffu, x[h], 2));
+        far |= x[h] > exp2f(AHEAD_RANGE); /* (an overflow's +inf too) */
+    }
+    if (__any_sync(0xffffffffu, far)) return SOFTMAX_FAR;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float m_new = m[h] + (x[h] > 1.0f ? __log2f(x[h]) : 0.0f);
+        f[h] = exp2f(m[h] - m_new); /* (m_new as stored: later tiles' frame) */
+        m[h] = m_new;
+        d[h] = (d[h] + sum[h]) * f[h];
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[n][e] *= f[e / 2];
+    return SOFTMAX_RAISED;
+}
+
 /* The final state of a row whose online softmax ended with max m (base 2,
  * -inf when no key was seen) and sum d = sum exp2(logit - m): the factor its
  * o accumulator is multiplied by, and its LSE (natural log). With a sink

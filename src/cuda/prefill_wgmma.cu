@@ -156,6 +156,31 @@ __device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, i
     }
 }
 
+/* S of a key tile for a warp's 16 rows (its q rows from row0 in qs, sw128
+ * rows of ROWS; the tile's K in ks, of KEYS) by mma.sync, whose m16n8
+ * accumulators are the warp's part of the warpgroup MMA's: for the rare
+ * tile whose exponentials ahead went out of range (softmax_rows_ahead),
+ * which a warp redoes alone. */
+template <int DQK, int ROWS, int KEYS, int NT, typename T>
+__device__ __forceinline__ void s_by_mma(const T *qs, const T *ks, int row0, int lane, float (&s)[NT][4])
+{
+    const int mi = lane / 8, r8 = lane % 8;
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 1
+    for (int kk = 0; kk < DQK / 16; kk++) {
+        uint32_t a[4];
+        ldmatrix_x4(a, qs + sw128<ROWS>(row0 + (mi % 2) * 8 + r8, 2 * kk + mi / 2));
+#pragma unroll
+        for (int nb = 0; nb < NT / 2; nb++) {
+            uint32_t b[4];
+            ldmatrix_x4(b, ks + sw128<KEYS>(nb * 16 + (mi / 2) * 8 + r8, 2 * kk + mi % 2));
+            mma_16816<T>(s[2 * nb], a, b);
+            mma_16816<T>(s[2 * nb + 1], a, b + 2);
+        }
+    }
+}
+
 /* The consumer warpgroups (threads 0 to CONSUMERS - 1): for each item, S = q K^T and
  * O += P V on the tensor cores with the online softmax between, then the
  * epilogue. */
@@ -172,10 +197,11 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr int DN = DVN / 8;      /* n tiles of o */
     constexpr int OCHUNKS = DVO / 8; /* 16-byte chunks of an output row */
     /* The epilogue stages o in qs (STAGED: q's buffer is free only after it)
-     * or not, q's buffer then freed as soon as the last S is done (see
-     * below). Measured (H100, against staged, when q was freed after the
-     * last P V and o went out as 16-byte rows from qs): 3-4% faster at d128
-     * 16 x 1024, 2.5% at 4 x 4096, the same at d64, 2.5% slower at d256. */
+     * or not, q's buffer then freed as soon as the last S is done (its
+     * softmax, where that tile went ahead: see below). Measured (H100,
+     * against staged, when q was freed after the last P V and o went out as
+     * 16-byte rows from qs): 3-4% faster at d128 16 x 1024, 2.5% at 4 x
+     * 4096, the same at d64, 2.5% slower at d256. */
     constexpr bool STAGED = !tr::PIPE;
     /* OSTORE: an item whose rows are all real output rows (p.o_box) writes
      * o by TMA from the shared memory of its last key tile's K (whose
@@ -183,12 +209,13 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * which its next loads and barriers wait. Two consumer warpgroups only
      * (a K tile of 128 keys holds their 128 rows of o at DP 128; at DP 64
      * three warpgroups' 192 rows do not fit a tile's 128 key rows). Named
-     * barriers OS_LAST + 2 (os_n % 2) + w: the other warpgroup's last S of
-     * the os_n-th such item is done (its arrival, w's wait). Two sets in
+     * barriers OS_LAST + 2 (os_n % 2) + w: the other warpgroup is done with
+     * the last K tile of the os_n-th such item (its last S, or softmax
+     * where that tile went ahead: its arrival, w's wait). Two sets in
      * turn: warpgroup 0 may reach the next such item's last S (a one-tile
      * item) before warpgroup 1 waits for this one's, and a named barrier
      * counts arrivals, not whose they are; it cannot get two items ahead,
-     * its epilogue waits for warpgroup 1's last S. OS_ROWS + w: warpgroup
+     * its epilogue waits for warpgroup 1's arrival. OS_ROWS + w: warpgroup
      * w's rows are in shared memory.
      * Measured (H200, against 4-byte stores from registers, same run): 16 x
      * 1024 0.93 of the time, 64 x 512 0.90, 4 x 4096 0.98, non-causal 4 x
@@ -255,7 +282,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 #pragma unroll
             for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-            auto v_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP + KEYS * DP; };
+            auto k_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP; };
+            auto v_of = [&](int t) { return k_of(t) + KEYS * DP; };
             /* V of tile t landed, and is visible to wgmma (the producer's
              * cp.async writes are generic-proxy writes; each wait is
              * followed by the fence before an MMA may read them. Leaving it
@@ -317,7 +345,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             /* s = q . k of tile t for this warpgroup's 64 rows: K-major
              * operands, 16 elements (32 bytes) of the head dim a step */
             auto issue_s = [&](int t, float (&s)[NT][4]) {
-                const T *ks = stages + ((g0 + t) % STAGES) * 2 * KEYS * DP;
+                const T *ks = k_of(t);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < DQK / 16; kk++) {
@@ -329,12 +357,14 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             };
             /* s (landed) -> P, with the masks this warp's rows need at tile t
              * and the bad-key marks of set (-1: none) */
-            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2]) {
+            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2], bool ahead) {
                 const int t0 = it.kv_begin + t * KEYS;
                 const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
                                     (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
-                return tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
-                                           set >= 0 ? bad_keys[set] : NULL, m, d, f);
+                const uint32_t *bad = set >= 0 ? bad_keys[set] : NULL;
+                return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad,
+                                                                m, d, f)
+                             : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m, d, f);
             };
 
             if (tr::PIPE && n_tiles > 0) {
@@ -354,7 +384,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     release_k(0);
                     if (n_tiles == 1) mbar_arrive(&bar.q_empty); /* (below) */
-                    softmax(0, set, s, f); /* o is still 0: no rescale */
+                    softmax(0, set, s, f, false); /* o is still 0: no rescale */
                     pack_p<NT, T>(s, pa);
                     PF_CLK(wg, k, 6);
                 }
@@ -378,19 +408,39 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     pass_turn();
                     wgmma_wait<1>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                    release_k(t);
-                    /* After the item's last S, q is read no more: the
-                     * producer copies the next item's q under this item's
-                     * last softmax, P.V and epilogue. Measured (H100,
-                     * llama3-8b, page 128, against freeing it after the last
-                     * P.V): 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128
-                     * 4 x 4096 and 1 x 16384 the same */
-                    if (t == n_tiles - 1) mbar_arrive(&bar.q_empty);
-                    const bool raise = softmax(t, set, s, f);
+                    /* The exponentials ahead of the maxima (attn.cuh) where
+                     * the warp's rows all have a reference max, on the clean
+                     * path (the NaN rule's checks take the usual one: with
+                     * both in the checked loop ptxas reloaded 9 spilled
+                     * values a tile at d128); where they went past
+                     * AHEAD_RANGE, S again by this warp alone (so K and, on
+                     * an item's last tile, q are kept until then), and the
+                     * usual path. After the item's last S (its softmax,
+                     * where that tile went ahead), q is read no more: the
+                     * producer copies the next item's q under the rest of
+                     * this item. Measured (H100, llama3-8b, page 128, q
+                     * freed after the last S against after the last P.V):
+                     * 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128 4 x
+                     * 4096 and 1 x 16384 the same */
+                    const bool last = t == n_tiles - 1;
+                    const bool ahead = !CHECK && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+                    if (!ahead) {
+                        release_k(t);
+                        if (last) mbar_arrive(&bar.q_empty);
+                    }
+                    int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
+                    if (got & SOFTMAX_FAR) {
+                        if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
+                        got = softmax(t, set, s, f, false);
+                    }
+                    if (ahead) {
+                        release_k(t);
+                        if (last) mbar_arrive(&bar.q_empty);
+                    }
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
                     release_v(t - 1);
-                    if (raise) scale_rows<DN>(o, f);
+                    if (got & SOFTMAX_RAISED) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pa);
                 }
                 PF_CLK(wg, k, 7);
@@ -410,7 +460,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
                     release_k(t); /* (the next K loads under this softmax and P.V) */
-                    if (softmax(t, set, s, f)) scale_rows<DN>(o, f);
+                    if (softmax(t, set, s, f, false)) scale_rows<DN>(o, f);
                     pack_p<NT, T>(s, pn);
                     wait_v(t);
                     issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
@@ -441,7 +491,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
             if (ostore) {
                 const int st = (g0 - 1) % STAGES; /* the last tile's */
                 T *os = stages + st * 2 * KEYS * DP;
-                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup's last S is done with it */
+                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup is done with it */
                 PF_CLK(wg, k, 12);
                 os_n++;
                 stage_o<KEYS, OCHUNKS>(os, o, inv, warp_row0, lane);

@@ -106,16 +106,19 @@ __device__ __forceinline__ void producer_copy(const attn_params &p, const produc
 /* Turns this warp's 16 rows of S (a tile of keys from t0) into P, in place
  * (f32), with prefill.cu's online softmax and lazy rescale: masks when
  * `masked`, raises m where a row's max passed it by RESCALE_SLACK (base 2)
- * and returns whether any row of the warp did, with the factors o must be
- * scaled by in f (the caller scales o once its last P.V has finished). */
-template <int NT, typename T, bool CHECK>
-__device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
+ * and returns SOFTMAX_RAISED if any row of the warp did, with the factors
+ * o must be scaled by in f (the caller scales o once its last P.V has
+ * finished). AHEAD: by softmax_rows_ahead, which may return SOFTMAX_FAR
+ * (attn.cuh: s is then spent, and the caller computes S again and takes
+ * the usual path). */
+template <int NT, typename T, bool CHECK, bool AHEAD = false>
+__device__ __forceinline__ int tile_softmax(const attn_params &p, float (&s)[NT][4], bool masked, int t0,
                                              int row_pos0, int row_pos1, int kv_end, const uint32_t *bad,
                                              float (&m)[2], float (&d)[2], float (&f)[2])
 {
     if (AK_PREFILL_ABLATE == 1) { /* (a diagnostics build: attn.cuh) */
         f[0] = f[1] = 1.0f;
-        return false;
+        return 0;
     }
     const int lane = threadIdx.x % 32;
     /* the NaN rule, checked path: every raw product a row sees (attn.cuh) */
@@ -136,14 +139,17 @@ __device__ __forceinline__ bool tile_softmax(const attn_params &p, float (&s)[NT
         for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
     }
     const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
-    return softmax_rows(s, sc, m, d, f);
+    if (AHEAD && AK_PREFILL_ABLATE == 0) return softmax_rows_ahead(s, sc, m, d, f);
+    return softmax_rows(s, sc, m, d, f) ? SOFTMAX_RAISED : 0;
 }
 
 /* The block's shared-memory barriers. Tile number g of the block (over all
  * its items) uses stage g % STAGES, for the (g / STAGES)-th time; its K and
  * its V are filled and freed apart (K is done with once S is, V only after
- * P.V, a tile later in prefill_wgmma.cu where the two overlap; an item's
- * last K there once its o, staged in it, is stored), so the producer runs up to STAGES
+ * P.V, a tile later in prefill_wgmma.cu where the two overlap; there the
+ * K of a tile with its exponentials ahead once its softmax is, which may
+ * compute S again, and an item's last K once its o, staged in it, is
+ * stored), so the producer runs up to STAGES
  * tiles ahead of S. *_full: the producers' copies landed; *_empty: every
  * consumer that reads it is done. q_full and q_empty: the same for q, once
  * an item, an item without key tiles too (it has no q to load, but the
@@ -274,8 +280,9 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * its q rows into qs, for the item's KV head and query heads (heads_of). The first
  * tile of an item is issued before the item's q, whose buffer the
  * consumers free only when the previous item is done with it (after its
- * last S; after its epilogue where that stages o there): the copy of that
- * tile runs under the end of the previous item. TMA: the kernel takes the
+ * last S, or its last softmax where that tile went ahead; after its
+ * epilogue where that stages o there): the copy of that tile runs under
+ * the end of the previous item. TMA: the kernel takes the
  * pools' maps (kv_maps), whose boxes are a tile, half of one, or 32 or
  * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole,
  * below kv_end or, causal, below the request's kv_len, paged on pages of
