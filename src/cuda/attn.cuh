@@ -658,7 +658,11 @@ __device__ __forceinline__ void load_q_tile(const attn_params &p, const prefill_
  * what that part costs where the tensor cores wait for it. 1: all of it (P
  * is the raw products, o never rescaled: the pipeline's own ceiling); 2:
  * the row maxima (no max, no shuffle, no raise: the reference stays 0); 3:
- * the exponentials (P = logit - m). 0, every other build: none. */
+ * the exponentials (P = logit - m); 4: the clean loop's rare branches
+ * (prefill_wgmma.cu: every tile after an item's first goes ahead, and one
+ * past AHEAD_RANGE is not computed again, so a row with no key in its
+ * first tile, or logits that far apart, come out wrong). 0, every other
+ * build: none. */
 #ifndef AK_PREFILL_ABLATE
 #define AK_PREFILL_ABLATE 0
 #endif

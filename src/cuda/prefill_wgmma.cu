@@ -423,13 +423,14 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                      * 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128 4 x
                      * 4096 and 1 x 16384 the same */
                     const bool last = t == n_tiles - 1;
-                    const bool ahead = !CHECK && __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY);
+                    const bool ahead = !CHECK && (AK_PREFILL_ABLATE == 4 || /* (a diagnostics build: attn.cuh) */
+                                                   __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY));
                     if (!ahead) {
                         release_k(t);
                         if (last) mbar_arrive(&bar.q_empty);
                     }
                     int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
-                    if (got & SOFTMAX_FAR) {
+                    if ((got & SOFTMAX_FAR) && (AK_PREFILL_ABLATE != 4 || !ahead)) {
                         if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
                         got = softmax(t, set, s, f, false);
                     }

@@ -139,7 +139,7 @@ __device__ __forceinline__ int tile_softmax(const attn_params &p, float (&s)[NT]
         for (int h = 0; h < 2; h++) flag_bad_keys(s, h, lane, bad, d[h]);
     }
     const float sc = p.soft_cap > 0.0f ? 1.0f : p.scale_log2;
-    if (AHEAD && AK_PREFILL_ABLATE == 0) return softmax_rows_ahead(s, sc, m, d, f);
+    if (AHEAD && (AK_PREFILL_ABLATE == 0 || AK_PREFILL_ABLATE == 4)) return softmax_rows_ahead(s, sc, m, d, f);
     return softmax_rows(s, sc, m, d, f) ? SOFTMAX_RAISED : 0;
 }
 
