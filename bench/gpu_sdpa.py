@@ -16,11 +16,14 @@ of a multiple of 16 keys let the prefill copy key tiles by TMA (pages of 64n
 keys in boxes of a tile or half of one, others a box of 32 or 16 rows at a
 time); other sizes copy with cp.async. FLOPs are counted alike on both sides:
 4 * head_dim * num_qo_heads * (keys each query token sees), summed.
+With --kv-marks attnkit's views carry finiteness marks (an engine that
+writes its cache through ak_kv_update has them), so the NaN rule's scan
+pass reads a bit a key rather than the K/V rows.
 
 Needs torch with CUDA; nothing else.
 Usage: python3 bench/gpu_sdpa.py [--shapes 16x1024,4x4096,1x16384] [--head-dims 128]
                                  [--heads 32/8] [--iters 20] [--bench PATH] [--non-causal]
-                                 [--page-size 16]
+                                 [--page-size 16] [--kv-marks]
 Exit status: 0 when every side ran, 1 otherwise, 2 without torch or a GPU.
 """
 
@@ -72,10 +75,11 @@ def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters, causal=True):
     return statistics.median(times), ""
 
 
-def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True, page=16):
+def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True, page=16, marks=False):
     cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
            "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
            "bf16", "--page-size", str(page), "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
+    cmd += ["--kv-marks"] if marks else []
     return bench_median_ms(cmd)
 
 
@@ -88,6 +92,9 @@ def main():
     ap.add_argument("--bench", default=DEFAULT_BENCH)
     ap.add_argument("--non-causal", action="store_true", help="every token sees every key (an encoder)")
     ap.add_argument("--page-size", type=int, default=16, help="attnkit's page size (tokens)")
+    ap.add_argument("--kv-marks", action="store_true",
+                    help="attnkit's paged views with finiteness marks (as ak_kv_update keeps them): the NaN "
+                         "rule's scan reads a bit a key instead of the K/V rows")
     args = ap.parse_args()
     try:
         import torch
@@ -101,9 +108,9 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
     dims = [int(d) for d in args.head_dims.split(",") if d]
     causal = not args.non_causal
-    print("# %s, torch %s, bf16, %s, %d/%d heads, attnkit page size %d; medians of %d calls" % (
+    print("# %s, torch %s, bf16, %s, %d/%d heads, attnkit page size %d%s; medians of %d calls" % (
         torch.cuda.get_device_name(), torch.__version__, "causal" if causal else "non-causal", hq, hk,
-        args.page_size, args.iters))
+        args.page_size, ", finiteness marks" if args.kv_marks else "", args.iters))
     hdr = ("D", "batch", "tokens", "flash_ms", "flash_TF", "cudnn_ms", "cudnn_TF", "attnkit_ms", "attnkit_TF",
            "vs_flash", "vs_cudnn")
     print("%4s %6s %7s %9s %8s %9s %8s %10s %10s %8s %8s" % hdr)
@@ -117,7 +124,8 @@ def main():
                 res[name] = ms
                 if why:
                     notes.append("D%d %dx%d %s: %s" % (dim, batch, seq, name, why))
-            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters, causal, args.page_size)
+            ms, why = attnkit_ms(args.bench, batch, seq, hq, hk, dim, args.iters, causal, args.page_size,
+                                 args.kv_marks)
             res["attnkit"] = ms
             if why:
                 notes.append("D%d %dx%d attnkit: %s" % (dim, batch, seq, why))
