@@ -78,8 +78,8 @@ def sdpa_ms(torch, backend, batch, seq, hq, hk, dim, iters, causal=True):
 def attnkit_ms(bench, batch, seq, hq, hk, dim, iters, causal=True, page=16, marks=False):
     cmd = [bench, "--device", "cuda", "--backend", "cuda_paged", "--workload", "prefill", "--heads",
            "%d/%d" % (hq, hk), "--head-dim", str(dim), "--batch", str(batch), "--q-len", str(seq), "--dtype",
-           "bf16", "--page-size", str(page), "--iters", str(iters), "--json"] + ([] if causal else ["--non-causal"])
-    cmd += ["--kv-marks"] if marks else []
+           "bf16", "--page-size", str(page), "--iters", str(iters), "--json"]
+    cmd += ([] if causal else ["--non-causal"]) + (["--kv-marks"] if marks else [])
     return bench_median_ms(cmd)
 
 
