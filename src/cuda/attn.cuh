@@ -885,12 +885,14 @@ __device__ __forceinline__ bool item_checked(const attn_params &p, const prefill
 /* A one-pass kernel's view of the block's items (item blockIdx.x + k
  * gridDim.x is item k of the block): skip holds a bit for each of the first
  * PASS_MASK_ITEMS, set where the item is the other pass's, written once by
- * the producer warpgroup (pass_mask) before either side takes an item, so
- * that the consumers never read the scan's flags themselves (at DP 256 that
- * check alone made the checked kernel spill). Without scan tasks in the
- * plan, and from item PASS_MASK_ITEMS on, the checked pass takes every
- * item. */
+ * the whole block (pass_mask) before either side takes an item, so that the
+ * consumers never read the scan's flags themselves (at DP 256 that check
+ * alone made the checked kernel spill). Without scan tasks in the plan, and
+ * from item PASS_MASK_ITEMS on, the checked pass takes every item. */
 #define PASS_MASK_ITEMS 4096
+/* the groups of 8 that hold a request's scan flags (engine.cu's
+ * SCAN_TASKS_PER_REQ at most), a thread a group */
+#define PASS_MASK_GROUPS 8
 template <int PASS>
 __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_t *skip, int k)
 {
@@ -899,26 +901,36 @@ __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_
     return !((skip[k / 32] >> (k % 32)) & 1u);
 }
 
-/* skip's bits (zero before), one item a thread of the THREADS that call it:
- * item_checked's test, a thread's own loop over the request's scan flags. */
+/* skip's bits (zero before) by the block's THREADS threads, each an item's
+ * group of 8 scan flags (PASS_MASK_GROUPS threads an item, so that one round
+ * of loads covers a block's items where a thread an item took eight), then
+ * a block barrier: item_checked's test. */
 template <int PASS, int THREADS>
 __device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
 {
-    const int num_items = p.head->counts[COUNT_PREFILL];
-    for (int k = threadIdx.x % THREADS; k < PASS_MASK_ITEMS; k += THREADS) {
+    const int num_items = p.head->counts[COUNT_PREFILL], scanned = scanned_tasks(p);
+    for (int q = threadIdx.x % THREADS; q < PASS_MASK_ITEMS * PASS_MASK_GROUPS; q += THREADS) {
+        const int k = q / PASS_MASK_GROUPS, i0 = q % PASS_MASK_GROUPS * 8;
         const int64_t w = blockIdx.x + (int64_t)k * gridDim.x;
         if (w >= num_items) break;
         const prefill_item it = p.pitems[w];
-        const int kv_head = heads_of(p, it).kv_head;
-        bool checked = it.scan < 0 || it.scan >= scanned_tasks(p);
-        for (int i0 = 0; i0 < it.scan_n && !checked; i0 += 8) { /* (eight loads at once) */
+        bool checked;
+        if (it.scan < 0 || it.scan >= scanned) {
+            checked = i0 == 0; /* (one thread marks it) */
+        } else {
+            const int kv_head = heads_of(p, it).kv_head;
             int32_t any = 0;
 #pragma unroll
             for (int i = i0; i < i0 + 8; i++)
                 if (i < it.scan_n) any |= __ldg(p.scan_flags + (int64_t)(it.scan + i) * p.num_kv_heads + kv_head);
             checked = any != 0;
         }
-        if (checked != (PASS == PASS_CHECKED)) atomicOr(skip + k / 32, 1u << (k % 32));
+        if (checked) atomicOr(skip + k / 32, 1u << (k % 32)); /* (the checked items' bits first) */
+    }
+    __syncthreads();
+    if (PASS == PASS_CHECKED) { /* (the clean items' bits instead) */
+        for (int i = threadIdx.x % THREADS; i < PASS_MASK_ITEMS / 32; i += THREADS) skip[i] = ~skip[i];
+        __syncthreads();
     }
 }
 
@@ -1235,7 +1247,7 @@ attn_kernel ak_cuda_prefill_kernel(prefill_family f, int dqk, int dvo, ak_dtype 
 attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
 /* At DP 256 (where ak_cuda_prefill_wgmma_kernel's kernel takes the items
  * that run checked, PASS_CHECKED): the kernel of the items the scan pass
- * found clean, unchecked, launched after it in the same step; fn NULL for
+ * found clean, unchecked, launched before it in the same step; fn NULL for
  * any other pair. */
 attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype);
 /* head dims 512 (prefill_wide.cu, sm_90a, 16-bit K/V); the wgmma family's

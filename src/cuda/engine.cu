@@ -81,6 +81,7 @@
  * 64 x 512, where its reads bind it (BENCHMARKS.md). */
 #define SCAN_MIN_ROWS 2048
 #define SCAN_TASKS_PER_REQ 64
+static_assert(SCAN_TASKS_PER_REQ <= 8 * PASS_MASK_GROUPS, "attn.cuh's pass_mask tests a request's flags in PASS_MASK_GROUPS groups of 8");
 /* With the pools' finiteness marks (ak_paged_kv.marks) the pass reads a bit
  * a key, about 5 us whatever the keys (H200, BENCHMARKS.md), so the shorter
  * requests are worth it too: each plan gives them tasks of their own, after
@@ -174,7 +175,7 @@ struct engine_state {
     int max_slots;    /* slot-mapping entries (0 when ragged) */
     decode_engine engine;
     attn_kernel dec_k, pre_k, merge_k; /* the kernels run() launches (fn NULL: none) */
-    attn_kernel pre_clean_k;           /* wgmma at DP 256: the clean items' pass, launched after pre_k
+    attn_kernel pre_clean_k;           /* wgmma at DP 256: the clean items' pass, launched before pre_k
                                           (its checked pass), where the scan pass runs; else fn NULL */
     int mla_pack;     /* MLA on mla_wgmma.cu with no window: up to this many query tokens of a request
                          share an item (rows = tokens x heads <= the kernel's 64), so the latent rows
@@ -788,7 +789,8 @@ static ak_status engine_create_inner(engine_state *s)
         const int P = (s->prefill_ctas + rows - 1) / rows;
         /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
          * (it spills), so the items the scan pass finds clean run unchecked
-         * in a kernel of their own after pre_k, which takes the rest. Not
+         * in a kernel of their own, launched before pre_k, which takes the
+         * rest (run()). Not
          * with fewer than two blocks a row: that kernel is bound by DRAM, and
          * the unchecked path saves less than the scan's extra read of K/V
          * costs (deepseek-v3-prefill 128/128 heads 2 x 4096: 170 against
@@ -1813,18 +1815,24 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     if (decode)
         AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
+    /* Two passes (DP 256, with a scan): the clean one first, so that the
+     * checked one, mostly without items, runs its blocks in the clean
+     * pass's tail as its blocks finish (0.97-0.99 of the step's time,
+     * BENCHMARKS.md). Each waits for the kernel before it at its end, so
+     * the merge after the second follows both; the second launches only
+     * once the first's blocks have waited for the scan (wait_first) or
+     * decode has, so it too reads finished flags. */
+    const int two = prefill && s->pre_clean_k.fn && scan;
     if (prefill) {
+        const attn_kernel &k1 = two ? s->pre_clean_k : s->pre_k;
         p.wait_first = s->pdl && scan && !decode;
-        AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas), s->pre_k.threads,
-                             s->pre_k.smem, s->pdl && (decode || scan), cs, p, s->pre_k.tma_map ? &kv_map : NULL));
-        p.wait_first = 0; /* (the clean pass waits at its end, as the kernels after) */
+        AK_TRY(launch_kernel(k1.fn, dim3(s->prefill_ctas), k1.threads, k1.smem, s->pdl && (decode || scan), cs, p,
+                             k1.tma_map ? &kv_map : NULL));
+        p.wait_first = 0; /* (the second pass waits at its end, as the kernels after) */
     }
-    /* (pre_k's dependent: each waits for the kernel before it at its end, so
-     * the merge after it follows both) */
-    if (prefill && s->pre_clean_k.fn && scan)
-        AK_TRY(launch_kernel(s->pre_clean_k.fn, dim3(s->prefill_ctas),
-                             s->pre_clean_k.threads, s->pre_clean_k.smem, s->pdl, cs, p,
-                             s->pre_clean_k.tma_map ? &kv_map : NULL));
+    if (two)
+        AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas), s->pre_k.threads, s->pre_k.smem, s->pdl, cs, p,
+                             s->pre_k.tma_map ? &kv_map : NULL));
     if (merge)
         AK_TRY(launch_kernel(s->merge_k.fn, dim3(s->merge_ctas, c->num_qo_heads * s->merge_k.rows), s->merge_k.threads,
                              (int)(sizeof(float) * (size_t)s->merge_splits), s->pdl && (decode || prefill), cs, p));

@@ -188,7 +188,7 @@ template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        const uint32_t *skip, uint64_t *mask_full, const kv_maps *maps)
+                                                        const uint32_t *skip, const kv_maps *maps)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -239,7 +239,6 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
 
-    if (PASS != PASS_ALL && scanned_tasks(p) > 0) mbar_wait(mask_full, 0); /* the mask is written */
     /* (The next item, and its scan flags, read during this item's
      * epilogue instead: no faster, H200, BENCHMARKS.md) */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
@@ -570,6 +569,24 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     if (wg == 0) bar_sync(1, TURN); /* the last warpgroup's last pass of the turn */
 }
 
+/* Whether any of the block's items is its pass's by the mask (pass_mask,
+ * written), a thread a word of it; past the mask's PASS_MASK_ITEMS every
+ * item is the checked pass's. */
+template <int PASS, int THREADS>
+__device__ __forceinline__ bool block_has_own_items(const attn_params &p, const uint32_t *skip)
+{
+    const int num_items = p.head->counts[COUNT_PREFILL];
+    const int n = num_items > (int)blockIdx.x ? (num_items - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+    if (PASS == PASS_CHECKED && n > PASS_MASK_ITEMS) return true;
+    const int m = n < PASS_MASK_ITEMS ? n : PASS_MASK_ITEMS;
+    bool own = false;
+    for (int i = threadIdx.x % THREADS; i * 32 < m; i += THREADS) {
+        const uint32_t valid = m - i * 32 >= 32 ? ~0u : (1u << (m - i * 32)) - 1;
+        own |= (~skip[i] & valid) != 0;
+    }
+    return own;
+}
+
 /* The kernel's body for one K/V addressing (ADDR: 0 paged, 1 ragged). */
 template <int DQK, int DVO, typename T, int ADDR, int PASS>
 __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const kv_maps *maps)
@@ -588,10 +605,9 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
      * written before a mixed tile's consumer barrier, read after it, and
      * cleared after the next one's, for the one after that */
     __shared__ uint32_t bad_keys[3][KEYS / 32];
-    /* a one-pass kernel's mask of the other pass's items, and its barrier
-     * (attn.cuh's mask_in_pass, prefill_producer) */
+    /* a one-pass kernel's mask of the other pass's items (attn.cuh's
+     * mask_in_pass) */
     __shared__ uint32_t pass_skip[PASS != PASS_ALL ? PASS_MASK_ITEMS / 32 : 1];
-    __shared__ uint64_t mask_full;
     if (PASS != PASS_ALL)
         for (int i = threadIdx.x; i < PASS_MASK_ITEMS / 32; i += blockDim.x) pass_skip[i] = 0;
     if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
@@ -603,7 +619,6 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
             mbar_init(&bar.v_empty[i], CONSUMERS);
         }
         mbar_init(&bar.q_full, tr::PRODUCERS);
-        mbar_init(&mask_full, tr::PRODUCERS);
         mbar_init(&bar.q_empty, CONSUMERS);
     }
     if (p.q_box > 0 && (1 << p.prow_seg_log2) < ROWS) zero_q_pads<ROWS, DP, tr::THREADS>(qs); /* (for q's boxes by segment) */
@@ -617,15 +632,26 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
         asm volatile("griddepcontrol.wait;" ::: "memory");
         return;
     }
+    if (PASS != PASS_ALL && scanned_tasks(p) > 0) {
+        pass_mask<PASS, tr::THREADS>(p, pass_skip);
+        /* a block with no item of its pass (the checked pass's blocks, most
+         * often) goes straight to the end instead of walking the items it
+         * would skip: it then costs the step only its start, in the tail of
+         * the pass before it (engine.cu launches the clean pass first) */
+        if (!__syncthreads_or(block_has_own_items<PASS, tr::THREADS>(p, pass_skip))) {
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+            return;
+        }
+    }
     const int wg = threadIdx.x / 128;
 
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, &mask_full);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, &mask_full, maps);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -287,23 +287,16 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * 16 rows on pages of 16n keys (p.kv_box); a tile they can copy (whole,
  * below kv_end or, causal, below the request's kv_len, paged on pages of
  * whole boxes) goes by TMA, any other by cp.async.
- * A kernel of one pass (PASS: attn.cuh's mask_in_pass) first writes the
- * block's skip mask (pass_mask) and arrives on mask_full (PRODUCERS
- * arrivals), where there are scan tasks, then takes its own items alone. */
+ * A kernel of one pass (PASS: attn.cuh's mask_in_pass) takes its own
+ * items alone, by the block's skip mask (pass_mask). */
 template <typename tr, typename T, int ADDR, bool TMA = false, int PASS = PASS_ALL>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
-                                                 const kv_maps *maps = NULL, uint32_t *skip = NULL,
-                                                 uint64_t *mask_full = NULL)
+                                                 const kv_maps *maps = NULL, const uint32_t *skip = NULL)
 {
     constexpr int DQK = tr::DQK, DVO = tr::DVO;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
-    if (PASS != PASS_ALL && scanned_tasks(p) > 0) {
-        pass_mask<PASS, tr::PRODUCERS>(p, skip);
-        mbar_arrive(mask_full);
-        mbar_wait(mask_full, 0);
-    }
     int g = 0, n = 0; /* tiles and items so far */
     for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
         PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
