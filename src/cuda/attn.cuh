@@ -852,9 +852,10 @@ __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d
 /* The passes of a prefill kernel over the plan's items (the NaN rule's two
  * paths where one kernel cannot hold both: prefill_wgmma.cu at DP 256):
  * PASS_ALL takes every item, PASS_CHECKED the items that run checked, and
- * PASS_CLEAN those the scan pass found clean, run unchecked by a second
- * kernel of the step. An item is in exactly one of the two; without a scan
- * pass every item runs checked. */
+ * PASS_CLEAN those the scan pass found clean, run unchecked by a kernel of
+ * their own (engine.cu launches it first, the checked one after it). An
+ * item is in exactly one of the two; without a scan pass every item runs
+ * checked. */
 enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2 };
 
 /* A compile-time bool as a value: one generic lambda, two paths. */
@@ -902,9 +903,10 @@ __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_
 }
 
 /* skip's bits (zero before) by the block's THREADS threads, each an item's
- * group of 8 scan flags (PASS_MASK_GROUPS threads an item, so that one round
- * of loads covers a block's items where a thread an item took eight), then
- * a block barrier: item_checked's test. */
+ * group of 8 scan flags (PASS_MASK_GROUPS threads an item: one round of
+ * loads, the item's then its flags', covers THREADS / PASS_MASK_GROUPS
+ * items, 48 at DP 256, whose blocks hold about 31 at 4 x 4096; a thread an
+ * item took up to eight), then a block barrier: item_checked's test. */
 template <int PASS, int THREADS>
 __device__ __forceinline__ void pass_mask(const attn_params &p, uint32_t *skip)
 {

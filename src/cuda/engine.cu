@@ -1817,8 +1817,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
                              s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     /* Two passes (DP 256, with a scan): the clean one first, so that the
      * checked one, mostly without items, runs its blocks in the clean
-     * pass's tail as its blocks finish (0.97-0.99 of the step's time,
-     * BENCHMARKS.md). Each waits for the kernel before it at its end, so
+     * pass's tail as its blocks finish (with the empty blocks' early end,
+     * prefill_wgmma.cu: 0.97-0.99 of the step's time where the scan finds
+     * clean items, BENCHMARKS.md). Each waits for the kernel before it at its end, so
      * the merge after the second follows both; the second launches only
      * once the first's blocks have waited for the scan (wait_first) or
      * decode has, so it too reads finished flags. */
