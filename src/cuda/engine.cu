@@ -789,12 +789,11 @@ static ak_status engine_create_inner(engine_state *s)
         const int P = (s->prefill_ctas + rows - 1) / rows;
         /* wgmma at DP 256: the NaN rule's two paths do not fit one kernel
          * (it spills), so the items the scan pass finds clean run unchecked
-         * in a kernel of their own, launched before pre_k, which takes the
-         * rest (run()). Not
-         * with fewer than two blocks a row: that kernel is bound by DRAM, and
-         * the unchecked path saves less than the scan's extra read of K/V
-         * costs (deepseek-v3-prefill 128/128 heads 2 x 4096: 170 against
-         * 303 us, BENCHMARKS.md) */
+         * in a kernel of their own, launched before pre_k (run()), which
+         * takes the rest. Not with fewer than two blocks a row: that kernel
+         * is bound by DRAM, and the unchecked path saves less than the
+         * scan's extra read of K/V costs (deepseek-v3-prefill 128/128 heads
+         * 2 x 4096: 170 against 303 us, BENCHMARKS.md) */
         if (s->pfam == PREFILL_WGMMA && !s->fp8 && s->prefill_ctas >= 2 * rows) {
             s->pre_clean_k = ak_cuda_prefill_wgmma_clean_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype);
             int clean_ctas = 0;
@@ -1819,10 +1818,10 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * checked one, mostly without items, runs its blocks in the clean
      * pass's tail as its blocks finish (with the empty blocks' early end,
      * prefill_wgmma.cu: 0.97-0.99 of the step's time where the scan finds
-     * clean items, BENCHMARKS.md). Each waits for the kernel before it at its end, so
-     * the merge after the second follows both; the second launches only
-     * once the first's blocks have waited for the scan (wait_first) or
-     * decode has, so it too reads finished flags. */
+     * clean items, BENCHMARKS.md). Each waits for the kernel before it at
+     * its end, so the merge after the second follows both; the second
+     * launches only once the first's blocks have waited for the scan
+     * (wait_first) or decode has, so it too reads finished flags. */
     const int two = prefill && s->pre_clean_k.fn && scan;
     if (prefill) {
         const attn_kernel &k1 = two ? s->pre_clean_k : s->pre_k;
