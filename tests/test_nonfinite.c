@@ -939,8 +939,13 @@ void test_nonfinite(test_ctx *t)
     for (int i = 0; i < nb; i++)
         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
             if (cases[c].gpu_only && t->device.kind != AK_DEVICE_CUDA) continue;
-            for (int d = 0; d < 2; d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0, 0);
-            run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1, 0);
+            /* the long cases are there for the CUDA scan pass (their rows
+             * pass its threshold); on the CPU they run in f32 alone, and
+             * the short cases cover bf16 and fp8 K/V */
+            const int cpu_long = t->device.kind == AK_DEVICE_CPU && !strncmp(cases[c].name, "long", 4);
+            for (int d = 0; d < (cpu_long ? 1 : 2); d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0, 0);
+            if (!cpu_long)
+                run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1, 0);
             /* the CUDA scan pass from the pools' finiteness marks (long
              * requests: the cases that have the pass); the shorter
              * requests' prefill with their tasks in every plan */
