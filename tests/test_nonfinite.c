@@ -942,14 +942,15 @@ void test_nonfinite(test_ctx *t)
             /* the long cases are there for the CUDA scan pass (their rows
              * pass its threshold); on the CPU they run in f32 alone, and
              * the short cases cover bf16 and fp8 K/V */
-            const int cpu_long = t->device.kind == AK_DEVICE_CPU && !strncmp(cases[c].name, "long", 4);
+            const int is_long = !strncmp(cases[c].name, "long", 4);
+            const int cpu_long = t->device.kind == AK_DEVICE_CPU && is_long;
             for (int d = 0; d < (cpu_long ? 1 : 2); d++) run_nf_case(t, names[i], &cases[c], dtypes[d], 0, 0);
             if (!cpu_long)
                 run_nf_case(t, names[i], &cases[c], t->device.kind == AK_DEVICE_CUDA ? AK_BF16 : AK_F32, 1, 0);
             /* the CUDA scan pass from the pools' finiteness marks (long
              * requests: the cases that have the pass); the shorter
              * requests' prefill with their tasks in every plan */
-            if (t->device.kind == AK_DEVICE_CUDA && !strncmp(cases[c].name, "long", 4))
+            if (t->device.kind == AK_DEVICE_CUDA && is_long)
                 for (int f = 0; f < 2; f++) run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
             if (t->device.kind == AK_DEVICE_CUDA && short_prefill_case(cases[c].name))
                 for (int f = 0; f < 2; f++) {

@@ -195,7 +195,12 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
  * load under it); K's and V's copies share it. Measured (H200, page 16,
  * d128, against cp.async): one thread issuing every box, a lookup before
  * each, 1.31-1.51x the time; lane 0 of each of four warps, 0.60-0.72x of
- * that; the lanes of one warp, 1.06-1.21x four warps' (BENCHMARKS.md). */
+ * that; the lanes of one warp, 1.06-1.21x four warps' (BENCHMARKS.md).
+ * Against these four warps (H100, llama3-8b 1 x 4096, page 16): the block
+ * ids looked up a tile ahead, 1.02x the time; every box by one thread, its
+ * block ids read at once, 2.27x; the maps prefetched into the TMA unit,
+ * level (BENCHMARKS.md). Pages of 16 keys take 1.03-1.06x the ragged
+ * mode's time, 32 keys 1.05x, 64 keys and more 1.00-1.03x. */
 #define PAGE_BOX_WARPS 4
 struct page_box {
     bool mine;     /* this thread issues box j */
