@@ -1806,13 +1806,13 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * anything else. Prefill is decode's dependent; without decode, the
      * scan's, waiting for it before its items read the flags (wait_first;
      * never under capture, where decode is always launched); else an
-     * ordinary launch. (Without marks the scan reads every K/V row at the
-     * copy's speed. The prefill launched right after the scan's wait, not
-     * waiting for it at all, or beside a scan on a part of the SMs:
-     * 1.02-1.45x the time at d128 16 x 1024, 0.995-1.12x at d256 4 x 4096
-     * (H100, BENCHMARKS.md); likely because the prefill's blocks take
-     * their items at a fixed stride, so a block that starts late ends
-     * late.) */
+     * ordinary launch. (Without marks the scan reads every K/V row,
+     * costing the step about what a copy of them would. The prefill
+     * launched right after the scan's wait, not waiting for it at all, or
+     * beside a scan on a part of the SMs: 1.02-1.45x the time at d128 16 x
+     * 1024, 0.995-1.12x at d256 4 x 4096 (H100, BENCHMARKS.md); likely
+     * because the prefill's blocks take their items at a fixed stride, so
+     * a block that starts late ends late.) */
     if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
         const attn_kernel k = p.kv_marks ? ak_cuda_scan_marks_kernel() : s->scan_k;
         AK_TRY(launch_kernel(k.fn, dim3(s->scan_ctas, c->num_kv_heads), k.threads, 0, s->pdl, cs, p));
