@@ -20,8 +20,8 @@
  * of the same memory (H200, BENCHMARKS.md). So was its reading this pass's
  * units from global memory between its tile copies, the items unchecked
  * first and the bad ones again at the kernel's end: 1.05-1.65x the time,
- * ptxas spilling up to 1.2 KB a thread for the producer's registers
- * (H100, BENCHMARKS.md).
+ * with ptxas spilling (980 bytes of loads a thread at d128, none before),
+ * likely for the producer's 40 registers (H100, BENCHMARKS.md).
  *
  * A task is the K and V rows of keys [k0, k1) of one KV head; a warp reads
  * SCAN_UNROLL rows of lanes at a time, its lanes over the keys' 16-byte
