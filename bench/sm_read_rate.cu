@@ -2,15 +2,16 @@
  * sm_read_rate.cu - how fast N SMs read 64 MB from the GPU's memory and check
  * it for non-finite bf16 elements, as the NaN rule's scan of K/V rows does:
  * one block an SM (its shared memory allows no second), N from 1 to every
- * SM, the L2 cold before each launch (256 MB written between). Two ways:
+ * SM, the L2 cold before each launch (256 MB read between, so that no
+ * dirty line is written back during it). Two ways:
  *
  *   ldg:  each thread keeps U 16-byte loads in flight (T threads a block);
  *   bulk: one thread keeps S copies of C bytes in flight into shared memory
  *         (cp.async.bulk completing on an mbarrier a stage), every thread
  *         checks a landed stage there.
  *
- * It prints each launch's time (the best of 4 after one warm-up) and the
- * bytes a microsecond, of the N SMs and of one. Standalone (not part of
+ * It prints each launch's time (the best of 4 after one warm-up) and GB/s,
+ * of the N SMs and of one (their mean). Standalone (not part of
  * the library's build), sm_90:
  *
  *   nvcc -O3 -arch=sm_90a -o sm_read_rate bench/sm_read_rate.cu && ./sm_read_rate
@@ -37,7 +38,7 @@ __device__ __forceinline__ uint32_t nonfinite_bf16x8(uint4 x)
 }
 
 /* block b reads the b-th of gridDim.x equal parts */
-template <int U> __global__ void ldg_read(const uint4 *src, size_t chunks, uint32_t *bad_out)
+template <int U> __global__ void __launch_bounds__(1024) ldg_read(const uint4 *src, size_t chunks, uint32_t *bad_out)
 {
     const size_t per = (chunks + gridDim.x - 1) / gridDim.x;
     const size_t b0 = blockIdx.x * per, b1 = b0 + per < chunks ? b0 + per : chunks;
@@ -72,9 +73,11 @@ __global__ void bulk_read(const uint8_t *src, size_t bytes, int S, int C, uint32
 {
     extern __shared__ __align__(128) uint8_t sm[];
     uint64_t *full = (uint64_t *)(sm + (size_t)S * C);
-    const size_t per = ((bytes + gridDim.x - 1) / gridDim.x + C - 1) / C * C;
-    const size_t b0 = blockIdx.x * per, b1 = b0 + per < bytes ? b0 + per : bytes;
-    const int n = b1 > b0 ? (int)((b1 - b0 + C - 1) / C) : 0;
+    /* whole copies dealt evenly: block b takes copies [c0, c1) */
+    const size_t copies = (bytes + C - 1) / C;
+    const size_t c0 = blockIdx.x * copies / gridDim.x, c1 = (blockIdx.x + 1) * copies / gridDim.x;
+    const size_t b0 = c0 * C, b1 = c1 * C < bytes ? c1 * C : bytes;
+    const int n = (int)(c1 - c0);
     auto len = [&](int c) { return (uint32_t)(b1 - (b0 + (size_t)c * C) < (size_t)C ? b1 - (b0 + (size_t)c * C) : C); };
     if (threadIdx.x == 0) {
         for (int s = 0; s < S; s++)
@@ -111,8 +114,9 @@ int main()
     CHECK(cudaMalloc(&pool, bytes));
     CHECK(cudaMalloc(&flush, flush_bytes));
     CHECK(cudaMalloc(&bad, sizeof(uint32_t)));
-    CHECK(cudaMemset(pool, 0x3c, bytes)); /* bf16 1.18: finite */
+    CHECK(cudaMemset(pool, 0x3c, bytes)); /* bf16 0x3c3c, about 0.0115: finite */
     CHECK(cudaMemset(bad, 0, sizeof(uint32_t)));
+    CHECK(cudaMemset(flush, 0, flush_bytes));
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int ldg_smem = 200 << 10; /* one block an SM */
@@ -128,14 +132,15 @@ int main()
     } ways[] = {{"ldg, U 8, 384 threads", 0, 384, 0, 0},     {"ldg, U 16, 384 threads", 1, 384, 0, 0},
                 {"ldg, U 8, 1024 threads", 0, 1024, 0, 0},   {"bulk, 12 x 16 KB, 384 threads", 2, 384, 12, 16384},
                 {"bulk, 6 x 32 KB, 384 threads", 2, 384, 6, 32768}, {"bulk, 24 x 8 KB, 384 threads", 2, 384, 24, 8192}};
-    const int counts[] = {1, 2, 4, 8, 16, 24, 32, 48, 66, 132};
+    int counts[] = {1, 2, 4, 8, 16, 24, 32, 48, 66, 132, 0};
+    counts[10] = sms != 132 ? sms : 0; /* (every SM, where there are not 132) */
     printf("%d SMs, %zu MB\n%-32s %5s %10s %10s %12s\n", sms, bytes >> 20, "way", "SMs", "us", "GB/s", "GB/s an SM");
     for (const way &w : ways)
         for (int n : counts) {
-            if (n > sms) continue;
+            if (n == 0 || n > sms) continue;
             float best = 1e30f;
             for (int rep = 0; rep < 5; rep++) {
-                CHECK(cudaMemsetAsync(flush, rep, flush_bytes)); /* the L2 cold */
+                ldg_read<8><<<sms, 1024, ldg_smem>>>((const uint4 *)flush, flush_bytes / 16, bad); /* the L2 cold */
                 CHECK(cudaEventRecord(e0));
                 if (w.kind == 0) ldg_read<8><<<n, w.threads, ldg_smem>>>((const uint4 *)pool, bytes / 16, bad);
                 else if (w.kind == 1) ldg_read<16><<<n, w.threads, ldg_smem>>>((const uint4 *)pool, bytes / 16, bad);
