@@ -1,8 +1,8 @@
 /*
- * sm_read_rate.cu - how fast N SMs read 64 MB from the GPU's memory and check
+ * sm_read_rate.cu - how fast N SMs read 64 MiB from the GPU's memory and check
  * it for non-finite bf16 elements, as the NaN rule's scan of K/V rows does:
  * one block an SM (its shared memory allows no second), N from 1 to every
- * SM, the L2 cold before each launch (256 MB read between, so that no
+ * SM, the L2 cold before each launch (256 MiB read between, so that no
  * dirty line is written back during it). Two ways:
  *
  *   ldg:  each thread keeps U 16-byte loads in flight (T threads a block);
@@ -107,7 +107,7 @@ __global__ void bulk_read(const uint8_t *src, size_t bytes, int S, int C, uint32
 
 int main()
 {
-    const size_t bytes = (size_t)64 << 20; /* K and V of 32/8 heads, d128, 16 x 1024 tokens, bf16 */
+    const size_t bytes = (size_t)64 << 20; /* 64 MiB: K and V of 32/8 heads, d128, 16 x 1024 tokens, bf16 */
     const size_t flush_bytes = (size_t)256 << 20;
     uint8_t *pool, *flush;
     uint32_t *bad;
@@ -134,7 +134,7 @@ int main()
                 {"bulk, 6 x 32 KB, 384 threads", 2, 384, 6, 32768}, {"bulk, 24 x 8 KB, 384 threads", 2, 384, 24, 8192}};
     int counts[] = {1, 2, 4, 8, 16, 24, 32, 48, 66, 132, 0};
     counts[10] = sms != 132 ? sms : 0; /* (every SM, where there are not 132) */
-    printf("%d SMs, %zu MB\n%-32s %5s %10s %10s %12s\n", sms, bytes >> 20, "way", "SMs", "us", "GB/s", "GB/s an SM");
+    printf("%d SMs, %zu MiB\n%-32s %5s %10s %10s %12s\n", sms, bytes >> 20, "way", "SMs", "us", "GB/s", "GB/s an SM");
     for (const way &w : ways)
         for (int n : counts) {
             if (n == 0 || n > sms) continue;
