@@ -380,7 +380,9 @@ static int corrupt_by_update(scene *sc, const corruption *b)
 /* Creates backend `name` for the scene with AK_NUM_THREADS = threads (0: as
  * set), plans, runs; o (f32, [T, Hq, Dvo]) and lse come back. Returns the
  * status; *guards: 0 if a write landed outside o or lse. */
-static ak_status run_raw(const scene *sc, const char *name, int threads, float *o, float *lse, int *guards)
+/* runs: the plan's run this many times, o and lse poisoned before each (a
+ * second run finds whatever state the first left on the device) */
+static ak_status run_raw(const scene *sc, const char *name, int threads, int runs, float *o, float *lse, int *guards)
 {
     const ak_attn_config *c = &sc->cfg;
     const int T = sc->b.num_tokens, Hq = c->num_qo_heads, Dqk = c->head_dim_qk, Dvo = c->head_dim_vo;
@@ -405,10 +407,6 @@ static ak_status run_raw(const scene *sc, const char *name, int threads, float *
     tbuf ob, lb;
     tbuf_alloc(&ob, c->device, oes * (size_t)T * Hq * Dvo);
     tbuf_alloc(&lb, c->device, sizeof(float) * (size_t)T * Hq);
-    for (int64_t i = 0; i < (int64_t)T * Hq * Dvo; i++) ak_store_from_f32(tbuf_host(&ob), c->o_dtype, i, SENTINEL);
-    for (int64_t i = 0; i < (int64_t)T * Hq; i++) ((float *)tbuf_host(&lb))[i] = SENTINEL;
-    tbuf_upload(&ob);
-    tbuf_upload(&lb);
     ak_tensor q = ak_tensor_3d(tbuf_data(&sc->q_buf), c->q_dtype, T, Hq, Dqk);
     q.stride[1] = Dqk + Q_ROW_PAD;
     q.stride[0] = (int64_t)Hq * q.stride[1];
@@ -421,8 +419,14 @@ static ak_status run_raw(const scene *sc, const char *name, int threads, float *
     a.lse = &lt;
     a.kv = &sc->kv;
     st = ak_backend_plan(b, &sc->b.batch, NULL);
-    if (st == AK_OK) st = ak_backend_run(b, &a, NULL);
-    dev_sync(c->device);
+    for (int r = 0; r < runs && st == AK_OK; r++) {
+        for (int64_t i = 0; i < (int64_t)T * Hq * Dvo; i++) ak_store_from_f32(tbuf_host(&ob), c->o_dtype, i, SENTINEL);
+        for (int64_t i = 0; i < (int64_t)T * Hq; i++) ((float *)tbuf_host(&lb))[i] = SENTINEL;
+        tbuf_upload(&ob);
+        tbuf_upload(&lb);
+        st = ak_backend_run(b, &a, NULL);
+        dev_sync(c->device);
+    }
     tbuf_download(&ob);
     tbuf_download(&lb);
     *guards = tbuf_guards_ok(&ob) && tbuf_guards_ok(&lb);
@@ -470,12 +474,19 @@ static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
  * 2: the same with the shorter requests' scan tasks in the plan
  * (AK_CUDA_SCAN_SHORT=1, set by the caller), so that the pass scans every
  * request from the marks; marks 3: no marks, the shorter requests' K/V
- * rows scanned (AK_CUDA_SCAN_SHORT_ROWS=1, set by the caller). */
+ * rows scanned (AK_CUDA_SCAN_SHORT_ROWS=1, set by the caller); marks 4: no
+ * marks, the scan pass before the prefill rather than beside it
+ * (AK_CUDA_SCAN_BESIDE=0, set by the caller). */
 static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
     snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
-             marks == 3 ? " rows short" : marks == 2 ? " marks short" : marks ? " marks" : "", nc->name);
+             marks == 4   ? " scan before"
+             : marks == 3 ? " rows short"
+             : marks == 2 ? " marks short"
+             : marks      ? " marks"
+                          : "",
+             nc->name);
     const int on_scale = nc->bad.where == IN_K_SCALE || nc->bad.where == IN_V_SCALE;
     if (!t_selected(t, name) || on_scale != (on_scale && kv_fp8)) return;
     attn_case tc = nc->shape;
@@ -498,7 +509,10 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     if (view_marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
     else corrupt(&sc, &nc->bad);
     int guards = 1;
-    const ak_status st = updated ? run_raw(&sc, backend, nc->threads, o, l, &guards) : AK_OK;
+    /* twice on the GPU: a run finds whatever state the one before left
+     * there (the clean pass's queue beside the scan pass) */
+    const int runs = sc.cfg.device.kind == AK_DEVICE_CUDA ? 2 : 1;
+    const ak_status st = updated ? run_raw(&sc, backend, nc->threads, runs, o, l, &guards) : AK_OK;
     if (!updated) {
         t_fail(t, backend, name, "ak_kv_update of the corrupted slot: %s", ak_last_error());
     } else if (st == AK_ERR_UNSUPPORTED) {
@@ -592,6 +606,16 @@ static void run_nf_rows_short(void *arg)
     run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 3);
 }
 
+/* The CUDA scan pass before the prefill (AK_CUDA_SCAN_BESIDE=0, set by the
+ * caller). Where the clean requests' items have a kernel of their own (DP
+ * 256) it runs beside it by default: every scanned item unchecked first,
+ * from a queue, and a corrupted request's again, checked, after. */
+static void run_nf_before(void *arg)
+{
+    const nf_run *r = arg;
+    run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 4);
+}
+
 /* ---- ak_kv_update's finiteness marks ------------------------------------------ */
 
 /* The CUDA scan pass reads the marks, not the rows: -inf written into a key
@@ -633,7 +657,7 @@ static void marks_read_case(void *arg)
     if (!rc->no_marks) give_zero_marks(t, &sc, &mb);
     corrupt(&sc, &bad);
     int guards = 1, hits = 0, finite = 0;
-    const ak_status st = run_raw(&sc, backend, 0, o, l, &guards);
+    const ak_status st = run_raw(&sc, backend, 0, 1, o, l, &guards);
     for (int tok = 0; tok < T && st == AK_OK; tok++)
         for (int h = 0; h < Hq; h++)
             if (row_hit(&sc, &bad, tok, h)) {
@@ -951,7 +975,11 @@ void test_nonfinite(test_ctx *t)
              * requests: the cases that have the pass); the shorter
              * requests' prefill with their tasks in every plan */
             if (t->device.kind == AK_DEVICE_CUDA && is_long)
-                for (int f = 0; f < 2; f++) run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
+                for (int f = 0; f < 2; f++) {
+                    run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
+                    nf_run r = {t, names[i], &cases[c], f};
+                    t_with_env("AK_CUDA_SCAN_BESIDE", "0", run_nf_before, &r);
+                }
             if (t->device.kind == AK_DEVICE_CUDA && short_prefill_case(cases[c].name))
                 for (int f = 0; f < 2; f++) {
                     nf_run r = {t, names[i], &cases[c], f};

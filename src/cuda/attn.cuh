@@ -201,6 +201,17 @@ struct attn_params {
      * decode between them, engine.cu's run): it waits for the pass before
      * its items read the flags */
     int wait_first;
+    /* The scan pass beside the clean prefill pass (engine.cu's run, at DP
+     * 256 without marks): the pass, on a few SMs, lets its dependents launch
+     * at once; the clean pass takes every item of a scanned request,
+     * unchecked, from item_queue (below); the checked pass waits for the
+     * clean one to finish (wait_first), then takes the items the flags
+     * mark, which it runs again checked, and the unscanned ones. */
+    int scan_beside;
+    /* [2] a queue of the clean pass's items: the next item past the first
+     * wave's (a block's first item is blockIdx.x), and the blocks done
+     * taking; the last of them sets both to 0 again (zero at creation) */
+    int *item_queue;
 };
 
 #ifdef __CUDACC__
@@ -855,8 +866,11 @@ __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d
  * PASS_CLEAN those the scan pass found clean, run unchecked by a kernel of
  * their own (engine.cu launches it first, the checked one after it). An
  * item is in exactly one of the two; without a scan pass every item runs
- * checked. */
-enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2 };
+ * checked. PASS_QUEUE is the clean pass where the scan pass runs beside
+ * it (attn_params.scan_beside): every item of a scanned request, from a
+ * queue, unchecked; the checked pass then runs those the flags mark
+ * again. */
+enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2, PASS_QUEUE = 3 };
 
 /* A compile-time bool as a value: one generic lambda, two paths. */
 template <bool B> struct bool_c {
@@ -1252,6 +1266,8 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
  * found clean, unchecked, launched before it in the same step; fn NULL for
  * any other pair. */
 attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype);
+/* The same pass from a queue beside the scan pass (PASS_QUEUE). */
+attn_kernel ak_cuda_prefill_wgmma_queue_kernel(int dqk, int dvo, ak_dtype dtype);
 /* head dims 512 (prefill_wide.cu, sm_90a, 16-bit K/V); the wgmma family's
  * kernel for that pair */
 attn_kernel ak_cuda_prefill_wide_kernel(ak_dtype dtype);
@@ -1271,6 +1287,9 @@ attn_kernel ak_cuda_merge_kernel(int dvo, int vec, ak_dtype dtype);
  * the scan tasks; K/V and q rows of whole 16-byte chunks (head dims multiples
  * of 8). */
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype);
+/* The same pass beside the prefill (attn_params.scan_beside): blocks that
+ * each fill an SM, launched alike. */
+attn_kernel ak_cuda_scan_beside_kernel(ak_dtype kv_dtype);
 /* The same tasks and flags from the pools' finiteness marks
  * (attn_params.kv_marks), launched alike in place of it. */
 attn_kernel ak_cuda_scan_marks_kernel(void);

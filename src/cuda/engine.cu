@@ -35,6 +35,7 @@
 #include "visible.h"
 
 #include <algorithm>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,11 @@ struct engine_state {
     int scan_short_rows; /* the shorter requests' tasks scanned from K/V rows without marks: -1 by the rule
                             (rows_worth_rows, SCAN_ROWS_MIN_FLOP), 0 never, 1 always (AK_CUDA_SCAN_SHORT_ROWS) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
+    /* The scan pass beside the clean prefill pass (attn_params.scan_beside)
+     * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE) */
+    int scan_beside;
+    attn_kernel scan_beside_k, pre_queue_k; /* (the scan pass and the clean pass, beside) */
+    int *item_queue; /* device [2]: the clean pass's queue (attn_params.item_queue) */
     int pf_slots;     /* partial slots reserved for prefill splits */
     int max_tasks;
     int merge_ctas;
@@ -314,6 +320,25 @@ static ak_status env_choice(const char *var, const char *a, const char *b, int *
     if (!strcmp(env, a)) *choice = 0;
     else if (!strcmp(env, b)) *choice = 1;
     else return ak_set_error(AK_ERR_INVALID_ARG, "%s=%s: expected %s or %s", var, env, a, b);
+    return AK_OK;
+}
+
+/* AK_CUDA_SCAN_BESIDE: the SMs the scan pass holds beside the clean
+ * prefill pass (engine_state.scan_beside), 0 to run it before the prefill
+ * instead; unset, SCAN_BESIDE_SMS. Anything but a whole number from 0 to
+ * the SMs is an error naming the variable. */
+#define SCAN_BESIDE_SMS 16
+static ak_status scan_beside_sms(int num_sms, int *sms)
+{
+    const char *env = getenv("AK_CUDA_SCAN_BESIDE");
+    *sms = SCAN_BESIDE_SMS < num_sms ? SCAN_BESIDE_SMS : num_sms;
+    if (!env || !*env) return AK_OK;
+    char *end = NULL;
+    errno = 0;
+    const long v = strtol(env, &end, 10);
+    if (errno || end == env || *end || v < 0 || v > num_sms)
+        return ak_set_error(AK_ERR_INVALID_ARG, "AK_CUDA_SCAN_BESIDE=%s: expected the SMs, 0 to %d", env, num_sms);
+    *sms = (int)v;
     return AK_OK;
 }
 
@@ -851,6 +876,14 @@ static ak_status engine_create_inner(engine_state *s)
             AK_TRY(ak_cuda_kernel_occupancy(&s->scan_k, &scan_per_sm));
             s->scan_ctas = info.num_sms * scan_per_sm / cfg->num_kv_heads;
             if (s->scan_ctas < 1) s->scan_ctas = 1;
+            if (s->pre_clean_k.fn && s->pdl) AK_TRY(scan_beside_sms(info.num_sms, &s->scan_beside));
+            if (s->scan_beside) {
+                s->scan_beside_k = ak_cuda_scan_beside_kernel(cfg->kv_dtype);
+                s->pre_queue_k = ak_cuda_prefill_wgmma_queue_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype);
+                int queue_ctas = 0;
+                if (s->pre_queue_k.fn) AK_TRY(ak_cuda_kernel_occupancy(&s->pre_queue_k, &queue_ctas));
+                if (!s->pre_queue_k.fn || queue_ctas != ctas_per_sm) s->scan_beside = 0; /* (never) */
+            }
         }
         if (!s->scan_k.fn) s->pre_clean_k.fn = NULL; /* no item is found clean: pre_k takes them all */
         s->tiles = (pf_tile *)malloc(sizeof(pf_tile) * (size_t)s->max_ptiles);
@@ -895,7 +928,7 @@ static ak_status engine_create_inner(engine_state *s)
     const size_t partial = ((size_t)s->max_partials + s->pf_slots) * cfg->num_qo_heads;
     const size_t flags = (size_t)s->max_scans * cfg->num_kv_heads;
     const size_t dev_bytes = meta_bytes + partial * cfg->head_dim_vo * sizeof(float) + partial * sizeof(float) +
-                             flags * sizeof(int32_t);
+                             flags * sizeof(int32_t) + 2 * sizeof(int);
     AK_CUDA_TRY(cudaMalloc((void **)&s->dev, dev_bytes));
     /* zeroed once: no kernel can ever read garbage metadata */
     AK_CUDA_TRY(cudaMemset(s->dev, 0, dev_bytes));
@@ -905,6 +938,7 @@ static ak_status engine_create_inner(engine_state *s)
     s->o_tmp = (float *)(s->dev + meta_bytes);
     s->lse_tmp = s->o_tmp + partial * cfg->head_dim_vo;
     s->scan_flags = (int32_t *)(s->lse_tmp + partial);
+    s->item_queue = (int *)(s->scan_flags + flags);
     for (int i = 0; i < NUM_STAGING; i++) {
         AK_CUDA_TRY(cudaMallocHost((void **)&s->stg[i].host, meta_bytes));
         memset(s->stg[i].host, 0, meta_bytes);
@@ -1755,6 +1789,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.tasks = s->d.tasks;
     p.scans = s->d.scans;
     p.scan_flags = s->scan_flags;
+    p.item_queue = s->item_queue;
     p.num_qo_heads = c->num_qo_heads;
     p.num_kv_heads = c->num_kv_heads;
     p.group = c->num_qo_heads / c->num_kv_heads;
@@ -1813,13 +1848,6 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * 1024, 0.995-1.12x at d256 4 x 4096 (H100, BENCHMARKS.md); likely
      * because the prefill's blocks take their items at a fixed stride, so
      * a block that starts late ends late.) */
-    if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
-        const attn_kernel k = p.kv_marks ? ak_cuda_scan_marks_kernel() : s->scan_k;
-        AK_TRY(launch_kernel(k.fn, dim3(s->scan_ctas, c->num_kv_heads), k.threads, 0, s->pdl, cs, p));
-    }
-    if (decode)
-        AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
-                             s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     /* Two passes (DP 256, with a scan): the clean one first, so that the
      * checked one, mostly without items, runs its blocks in the clean
      * pass's tail as its blocks finish (with the empty blocks' early end,
@@ -1829,12 +1857,30 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * launches only once the first's blocks have waited for the scan
      * (wait_first) or decode has, so it too reads finished flags. */
     const int two = prefill && s->pre_clean_k.fn && scan;
+    /* Beside (s->scan_beside SMs, from rows, with no decode between): the
+     * scan pass holds a few SMs and lets the clean pass start at once on
+     * the others; that pass takes every scanned request's items unchecked
+     * from a queue (a block that starts late, once the scan is done, takes
+     * fewer), and the checked pass waits for it to finish, then runs the
+     * items the flags mark again, checked (attn_params.scan_beside). */
+    p.scan_beside = two && !decode && !p.kv_marks && s->scan_beside > 0;
+    if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
+        const attn_kernel k = p.kv_marks ? ak_cuda_scan_marks_kernel() : p.scan_beside ? s->scan_beside_k : s->scan_k;
+        const int ctas = p.scan_beside ? (s->scan_beside + c->num_kv_heads - 1) / c->num_kv_heads : s->scan_ctas;
+        AK_TRY(launch_kernel(k.fn, dim3(ctas, c->num_kv_heads), k.threads, 0, s->pdl, cs, p));
+    }
+    if (decode)
+        AK_TRY(launch_kernel(s->dec_k.fn, dim3(s->decode_ctas, c->num_kv_heads * s->row_tiles), s->dec_k.threads,
+                             s->dec_k.smem, s->pdl, cs, p, s->dec_k.tma_map ? &k_map : NULL));
     if (prefill) {
-        const attn_kernel &k1 = two ? s->pre_clean_k : s->pre_k;
-        p.wait_first = s->pdl && scan && !decode;
+        const attn_kernel &k1 = p.scan_beside ? s->pre_queue_k : two ? s->pre_clean_k : s->pre_k;
+        p.wait_first = s->pdl && scan && !decode && !p.scan_beside;
         AK_TRY(launch_kernel(k1.fn, dim3(s->prefill_ctas), k1.threads, k1.smem, s->pdl && (decode || scan), cs, p,
                              k1.tma_map ? &kv_map : NULL));
-        p.wait_first = 0; /* (the second pass waits at its end, as the kernels after) */
+        /* (the second pass waits at its end, as the kernels after; beside,
+         * at its start too: for the flags, and for the clean pass's writes
+         * of the items it runs again) */
+        p.wait_first = p.scan_beside;
     }
     if (two)
         AK_TRY(launch_kernel(s->pre_k.fn, dim3(s->prefill_ctas), s->pre_k.threads, s->pre_k.smem, s->pdl, cs, p,

@@ -188,7 +188,7 @@ template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        const uint32_t *skip, const kv_maps *maps)
+                                                        const uint32_t *skip, const kv_maps *maps, item_ring *ring)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -241,11 +241,14 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
 
     /* (The next item, and its scan flags, read during this item's
      * epilogue instead: no faster, H200, BENCHMARKS.md) */
-    for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
+    constexpr bool queue = PASS == PASS_QUEUE; /* (the producer's queue: producer.cuh) */
+    for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
+        if (queue) w = queue_take(*ring, k);
+        if (w >= num_items) break;
         PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
         const prefill_item it = p.pitems[w];
-        if (it.ntok == 0) continue; /* padding */
-        if (!mask_in_pass<PASS>(p, skip, k)) continue; /* the other pass's (the producer's mask) */
+        /* padding, the other pass's (the producer's mask) */
+        if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue;
         const item_heads ih = heads_of(p, it);
         const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         /* the item's path (the NaN rule, attn.cuh): checked, or not */
@@ -556,7 +559,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         };
         /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
          * the items of each path are a kernel's pass of their own */
-        if constexpr (PASS == PASS_CLEAN) {
+        if constexpr (PASS == PASS_CLEAN || PASS == PASS_QUEUE) {
             item(bool_c<false>());
         } else if constexpr (PASS == PASS_CHECKED) {
             item(bool_c<true>());
@@ -607,11 +610,14 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     __shared__ uint32_t bad_keys[3][KEYS / 32];
     /* a one-pass kernel's mask of the other pass's items (attn.cuh's
      * mask_in_pass) */
-    __shared__ uint32_t pass_skip[PASS != PASS_ALL ? PASS_MASK_ITEMS / 32 : 1];
-    if (PASS != PASS_ALL)
+    __shared__ uint32_t pass_skip[PASS == PASS_CHECKED || PASS == PASS_CLEAN ? PASS_MASK_ITEMS / 32 : 1];
+    if (PASS == PASS_CHECKED || PASS == PASS_CLEAN)
         for (int i = threadIdx.x; i < PASS_MASK_ITEMS / 32; i += blockDim.x) pass_skip[i] = 0;
     if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
+    /* PASS_QUEUE: the items from the queue (producer.cuh's item_ring) */
+    __shared__ item_ring ring[1];
     if (threadIdx.x == 0) {
+        for (int i = 0; i < ITEM_RING && PASS == PASS_QUEUE; i++) mbar_init(&ring->full[i], 1);
         for (int i = 0; i < STAGES; i++) {
             mbar_init(&bar.k_full[i], tr::PRODUCERS);
             mbar_init(&bar.k_empty[i], CONSUMERS);
@@ -628,11 +634,11 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* the clean pass of a plan with no scan tasks has nothing to do: its
      * blocks need not load the items they would skip (measured: 14 us at
      * deepseek-v3-prefill 16 x 1024, BENCHMARKS.md) */
-    if (PASS == PASS_CLEAN && scanned_tasks(p) == 0) {
+    if ((PASS == PASS_CLEAN || PASS == PASS_QUEUE) && scanned_tasks(p) == 0) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
         return;
     }
-    if (PASS != PASS_ALL && scanned_tasks(p) > 0) {
+    if ((PASS == PASS_CHECKED || PASS == PASS_CLEAN) && scanned_tasks(p) > 0) {
         pass_mask<PASS, tr::THREADS>(p, pass_skip);
         /* a block with no item of its pass (the checked pass's blocks, most
          * often) goes straight to the end instead of walking the items it
@@ -648,10 +654,10 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, ring);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps, ring);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -687,7 +693,7 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
         return k;
     }
 };
-template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info {
+template <int DQK, int DVO, typename T, int PASS> struct wgmma_prefill_pass_info {
     static attn_kernel get()
     {
         typedef wg_traits<DQK, DVO> tr;
@@ -695,19 +701,24 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info {
             const attn_kernel none = {NULL, 0, 0, 0};
             return none;
         } else {
-            const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS_CLEAN>,
+            const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS>,
                                    tr::THREADS, tr::SMEM_BYTES, tr::ROWS, 0, 1};
             return k;
         }
     }
 };
+template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info : wgmma_prefill_pass_info<DQK, DVO, T, PASS_CLEAN> {
+};
+template <int DQK, int DVO, typename T> struct wgmma_prefill_queue_info : wgmma_prefill_pass_info<DQK, DVO, T, PASS_QUEUE> {
+};
 
 /* A pair's kernel of the first pass (the wide one at 512/512, outside the
- * table), or with clean that of the clean pass (none but at DP 256); none
- * in a build without sm_90a. */
+ * table), or with clean that of the clean pass (2: from the queue; none but
+ * at DP 256); none in a build without sm_90a. */
 static attn_kernel wgmma_prefill_kernel_of(int dqk, int dvo, ak_dtype dtype, int clean)
 {
 #if defined(AK_WGMMA)
+    if (clean == 2) return kernel_table<wgmma_prefill_queue_info>(dqk, dvo, dtype);
     if (clean) return kernel_table<wgmma_prefill_clean_info>(dqk, dvo, dtype);
     if (dqk == 512 && dvo == 512) return ak_cuda_prefill_wide_kernel(dtype);
     return kernel_table<wgmma_prefill_info>(dqk, dvo, dtype);
@@ -748,6 +759,11 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype)
 attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
 {
     return wgmma_prefill_kernel_of(dqk, dvo, dtype, 1);
+}
+
+attn_kernel ak_cuda_prefill_wgmma_queue_kernel(int dqk, int dvo, ak_dtype dtype)
+{
+    return wgmma_prefill_kernel_of(dqk, dvo, dtype, 2);
 }
 
 /* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of

@@ -279,6 +279,54 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
     fence_proxy_async();
 }
 
+/* The clean pass's items from a queue (attn_params.scan_beside and
+ * item_queue): the block's k-th item in slot k % ITEM_RING, posted by the
+ * producer's thread 0 (its index, or num_items at the end) with an
+ * arrival on the slot's barrier, read by the producers and the consumers
+ * alike. A slot is written again four items on: by then every reader has
+ * read it (the producer posts item k only after its consumers freed q of
+ * item k - 2, whose tiles every producer thread had copied). A block's
+ * first item is blockIdx.x, as without the queue; past it, the next of
+ * the queue's, so that a block that starts late (on an SM the scan pass
+ * held) takes fewer. */
+#define ITEM_RING 4
+struct item_ring {
+    uint64_t full[ITEM_RING];
+    int w[ITEM_RING];
+};
+
+/* The clean pass's own items from the queue: every item of a scanned
+ * request (the checked pass runs those the flags mark again, after it) */
+__device__ __forceinline__ bool queue_own(const attn_params &p, const prefill_item &it)
+{
+    return it.ntok > 0 && it.scan >= 0 && it.scan < scanned_tasks(p);
+}
+
+/* By the producer's thread 0: the block's k-th item into the ring. The
+ * last block done taking sets the queue back to 0 for the next launch (no
+ * block takes from it after that). */
+__device__ __forceinline__ void queue_post(const attn_params &p, item_ring &r, int k, int num_items)
+{
+    int w = k == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(p.item_queue, 1);
+    while (w < num_items && !queue_own(p, p.pitems[w])) w = (int)gridDim.x + atomicAdd(p.item_queue, 1);
+    if (w >= num_items) {
+        w = num_items;
+        __threadfence(); /* (this block's last take before its count) */
+        if (atomicAdd(p.item_queue + 1, 1) == (int)gridDim.x - 1) {
+            p.item_queue[0] = 0;
+            p.item_queue[1] = 0;
+        }
+    }
+    r.w[k % ITEM_RING] = w;
+    mbar_arrive(&r.full[k % ITEM_RING]);
+}
+
+__device__ __forceinline__ int queue_take(item_ring &r, int k)
+{
+    mbar_wait(&r.full[k % ITEM_RING], (k / ITEM_RING) & 1);
+    return ((volatile int *)r.w)[k % ITEM_RING];
+}
+
 /* The producer warpgroup of the warp-specialized prefill kernels (tr: their
  * traits: DQK, DVO, DP, ROWS, KEYS, STAGES, PRODUCERS): for each of the
  * block's items (in the consumers' order), its K/V tiles into the stages and
@@ -296,17 +344,24 @@ template <int ROWS, int DP, int THREADS, typename T> __device__ __forceinline__ 
  * items alone, by the block's skip mask (pass_mask). */
 template <typename tr, typename T, int ADDR, bool TMA = false, int PASS = PASS_ALL>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
-                                                 const kv_maps *maps = NULL, const uint32_t *skip = NULL)
+                                                 const kv_maps *maps = NULL, const uint32_t *skip = NULL,
+                                                 item_ring *ring = NULL)
 {
     constexpr int DQK = tr::DQK, DVO = tr::DVO;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
     const int num_items = p.head->counts[COUNT_PREFILL];
     const int32_t *table = p.head->kv_table;
     int g = 0, n = 0; /* tiles and items so far */
-    for (int w = blockIdx.x, k = 0; w < num_items; w += gridDim.x, k++) {
+    constexpr bool queue = PASS == PASS_QUEUE; /* (items from the queue: queue_post) */
+    for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
+        if (queue) {
+            if (threadIdx.x % tr::PRODUCERS == 0) queue_post(p, *ring, k, num_items);
+            w = queue_take(*ring, k);
+        }
+        if (w >= num_items) break;
         PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
         const prefill_item it = p.pitems[w];
-        if (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k)) continue; /* padding, the other pass's */
+        if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue; /* padding, the other pass's */
         const item_heads ih = heads_of(p, it);
         const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
         const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;

@@ -39,6 +39,12 @@
  * latency, ~4 KB per microsecond per block, far below copy speed). */
 #define SCAN_UNROLL 8
 
+/* Beside the prefill (attn_params.scan_beside): blocks of this many groups
+ * of SCAN_THREADS, one block an SM, so that the pass holds few SMs whole
+ * (an SM read fastest with 1024 threads, 8 loads of 16 bytes in flight
+ * each: bench/sm_read_rate.cu, BENCHMARKS.md) */
+#define SCAN_BESIDE_GROUPS 4
+
 /* Whether an element of a 16-byte chunk of T is NaN or infinite (fp8
  * e4m3, uint8_t: NaN; it has no infinity). */
 template <typename T> __device__ __forceinline__ uint32_t nonfinite_chunk(const uint4 x)
@@ -74,9 +80,13 @@ __host__ __device__ __forceinline__ int scan_row_keys(int per) { return per <= 3
  * L2 while its loads are in flight (a prefetch a lane, or a bulk prefetch
  * a row) is slower: 37-40 us against 29-30 at 16 x 1024, 70-76 against
  * 47-48 at 64 x 512 (H200, BENCHMARKS.md) */
-template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCKS_PER_SM) scan_kernel(const attn_params p)
+template <typename T, int GROUPS>
+__global__ void __launch_bounds__(SCAN_THREADS *GROUPS, GROUPS == 1 ? SCAN_BLOCKS_PER_SM : 1) scan_kernel(const attn_params p)
 {
-    const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    /* GROUPS > 1 (p.scan_beside): a block fills an SM, its GROUPS groups of
+     * SCAN_THREADS each a block of the loop below (vb of vgrid) */
+    const int kv_head = blockIdx.y, lane = threadIdx.x % 32, warp = threadIdx.x % SCAN_THREADS / 32;
+    const int group = threadIdx.x / SCAN_THREADS, vb = blockIdx.x * GROUPS + group, vgrid = gridDim.x * GROUPS;
     constexpr int WARPS = SCAN_THREADS / 32, U = SCAN_UNROLL;
     const int n = scanned_tasks(p);
     const int32_t *table = p.head->kv_table;
@@ -95,16 +105,19 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
      * qwen2.5-7b 1 x 4096 0.971 (0.983), llama3-8b 0.974 (0.992),
      * BENCHMARKS.md */
     constexpr int RING = 4;
-    __shared__ uint32_t s_bad[RING], s_cnt[RING], s_gen[RING];
-    if (threadIdx.x < RING) s_bad[threadIdx.x] = s_cnt[threadIdx.x] = s_gen[threadIdx.x] = 0;
+    __shared__ uint32_t s_ring[GROUPS][3][RING];
+    uint32_t *s_bad = s_ring[group][0], *s_cnt = s_ring[group][1], *s_gen = s_ring[group][2];
+    if (threadIdx.x < GROUPS * 3 * RING) (&s_ring[0][0][0])[threadIdx.x] = 0;
     __syncthreads();
 #if __CUDA_ARCH__ >= 900
     /* a programmatic dependent of the kernel before it (engine.cu): K/V
      * (that kernel may write them) and the flags (it may read them) only
      * once it is done */
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    /* beside the clean prefill pass, which reads no flag: it starts now */
+    if (p.scan_beside) asm volatile("griddepcontrol.launch_dependents;");
 #endif
-    for (int w = blockIdx.x; w < n; w += gridDim.x) {
+    for (int w = vb; w < n; w += vgrid) {
         const scan_task t = p.scans[w];
         uint32_t bad = 0;
         for (int key0 = t.k0 + warp * kl * U; key0 < t.k1; key0 += rows) {
@@ -130,7 +143,7 @@ template <typename T> __global__ void __launch_bounds__(SCAN_THREADS, SCAN_BLOCK
                 for (int u = 0; u < U; u++) bad |= nonfinite_chunk<T>(x[u]);
             }
         }
-        const int k = (w - blockIdx.x) / gridDim.x, slot = k % RING;
+        const int k = (w - vb) / vgrid, slot = k % RING;
         const bool wbad = __any_sync(0xffffffffu, bad != 0);
         if (lane == 0) {
             while (atomicAdd(&s_gen[slot], 0) != k / RING) { /* the slot's task RING before, done */
@@ -204,9 +217,19 @@ int ak_cuda_scan_task_keys(int dqk, int dvo, ak_dtype kv_dtype)
 
 attn_kernel ak_cuda_scan_kernel(ak_dtype kv_dtype)
 {
-    const attn_kernel k = {kv_dtype == AK_FP8_E4M3 ? scan_kernel<uint8_t>
-                           : kv_dtype == AK_F16    ? scan_kernel<__half>
-                                                   : scan_kernel<__nv_bfloat16>,
+    const attn_kernel k = {kv_dtype == AK_FP8_E4M3 ? scan_kernel<uint8_t, 1>
+                           : kv_dtype == AK_F16    ? scan_kernel<__half, 1>
+                                                   : scan_kernel<__nv_bfloat16, 1>,
                            SCAN_THREADS, 0, 0};
+    return k;
+}
+
+attn_kernel ak_cuda_scan_beside_kernel(ak_dtype kv_dtype)
+{
+    constexpr int G = SCAN_BESIDE_GROUPS;
+    const attn_kernel k = {kv_dtype == AK_FP8_E4M3 ? scan_kernel<uint8_t, G>
+                           : kv_dtype == AK_F16    ? scan_kernel<__half, G>
+                                                   : scan_kernel<__nv_bfloat16, G>,
+                           SCAN_THREADS * G, 0, 0};
     return k;
 }
