@@ -475,13 +475,13 @@ static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
  * (AK_CUDA_SCAN_SHORT=1, set by the caller), so that the pass scans every
  * request from the marks; marks 3: no marks, the shorter requests' K/V
  * rows scanned (AK_CUDA_SCAN_SHORT_ROWS=1, set by the caller); marks 4: no
- * marks, the scan pass before the prefill rather than beside it
- * (AK_CUDA_SCAN_BESIDE=0, set by the caller). */
+ * marks, the scan pass beside the prefill (AK_CUDA_SCAN_BESIDE, set by the
+ * caller), the plan run twice. */
 static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
     snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
-             marks == 4   ? " scan before"
+             marks == 4   ? " scan beside"
              : marks == 3 ? " rows short"
              : marks == 2 ? " marks short"
              : marks      ? " marks"
@@ -509,10 +509,7 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     if (view_marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
     else corrupt(&sc, &nc->bad);
     int guards = 1;
-    /* twice on the GPU: a run finds whatever state the one before left
-     * there (the clean pass's queue beside the scan pass) */
-    const int runs = sc.cfg.device.kind == AK_DEVICE_CUDA ? 2 : 1;
-    const ak_status st = updated ? run_raw(&sc, backend, nc->threads, runs, o, l, &guards) : AK_OK;
+    const ak_status st = updated ? run_raw(&sc, backend, nc->threads, marks == 4 ? 2 : 1, o, l, &guards) : AK_OK;
     if (!updated) {
         t_fail(t, backend, name, "ak_kv_update of the corrupted slot: %s", ak_last_error());
     } else if (st == AK_ERR_UNSUPPORTED) {
@@ -606,11 +603,12 @@ static void run_nf_rows_short(void *arg)
     run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 3);
 }
 
-/* The CUDA scan pass before the prefill (AK_CUDA_SCAN_BESIDE=0, set by the
- * caller). Where the clean requests' items have a kernel of their own (DP
- * 256) it runs beside it by default: every scanned item unchecked first,
- * from a queue, and a corrupted request's again, checked, after. */
-static void run_nf_before(void *arg)
+/* The CUDA scan pass beside the prefill (AK_CUDA_SCAN_BESIDE, set by the
+ * caller; at DP 256, where the clean requests' items have a kernel of
+ * their own): every scanned item runs unchecked first, from a queue, and a
+ * corrupted request's again, checked, after. Run twice, so that the second
+ * run takes its items from the queue the first left. */
+static void run_nf_beside(void *arg)
 {
     const nf_run *r = arg;
     run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 4);
@@ -978,7 +976,7 @@ void test_nonfinite(test_ctx *t)
                 for (int f = 0; f < 2; f++) {
                     run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
                     nf_run r = {t, names[i], &cases[c], f};
-                    t_with_env("AK_CUDA_SCAN_BESIDE", "0", run_nf_before, &r);
+                    t_with_env("AK_CUDA_SCAN_BESIDE", "8", run_nf_beside, &r);
                 }
             if (t->device.kind == AK_DEVICE_CUDA && short_prefill_case(cases[c].name))
                 for (int f = 0; f < 2; f++) {

@@ -219,7 +219,8 @@ struct engine_state {
                             (rows_worth_rows, SCAN_ROWS_MIN_FLOP), 0 never, 1 always (AK_CUDA_SCAN_SHORT_ROWS) */
     int32_t *scan_flags; /* device [max_scans][num_kv_heads] */
     /* The scan pass beside the clean prefill pass (attn_params.scan_beside)
-     * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE) */
+     * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE); fewer than
+     * the KV heads: before it too (a block a head at least) */
     int scan_beside;
     attn_kernel scan_beside_k, pre_queue_k; /* (the scan pass and the clean pass, beside) */
     int *item_queue; /* device [2]: the clean pass's queue (attn_params.item_queue) */
@@ -325,9 +326,10 @@ static ak_status env_choice(const char *var, const char *a, const char *b, int *
 
 /* AK_CUDA_SCAN_BESIDE: the SMs the scan pass holds beside the clean
  * prefill pass (engine_state.scan_beside), 0 to run it before the prefill
- * instead; unset, SCAN_BESIDE_SMS. Anything but a whole number from 0 to
- * the SMs is an error naming the variable. */
-#define SCAN_BESIDE_SMS 16
+ * instead; unset, SCAN_BESIDE_SMS (0 until the whole GPU suite has run
+ * with it on: BENCHMARKS.md). Anything but a whole number from 0 to the
+ * SMs is an error naming the variable. */
+#define SCAN_BESIDE_SMS 0
 static ak_status scan_beside_sms(int num_sms, int *sms)
 {
     const char *env = getenv("AK_CUDA_SCAN_BESIDE");
@@ -1846,8 +1848,9 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * launched right after the scan's wait, not waiting for it at all, or
      * beside a scan on a part of the SMs: 1.02-1.45x the time at d128 16 x
      * 1024, 0.995-1.12x at d256 4 x 4096 (H100, BENCHMARKS.md); likely
-     * because the prefill's blocks take their items at a fixed stride, so
-     * a block that starts late ends late.) */
+     * because the prefill's blocks took their items at a fixed stride, so
+     * a block that started late ended late. Beside, below, the clean pass
+     * takes them from a queue.) */
     /* Two passes (DP 256, with a scan): the clean one first, so that the
      * checked one, mostly without items, runs its blocks in the clean
      * pass's tail as its blocks finish (with the empty blocks' early end,
@@ -1863,7 +1866,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
      * from a queue (a block that starts late, once the scan is done, takes
      * fewer), and the checked pass waits for it to finish, then runs the
      * items the flags mark again, checked (attn_params.scan_beside). */
-    p.scan_beside = two && !decode && !p.kv_marks && s->scan_beside > 0;
+    p.scan_beside = two && !decode && !p.kv_marks && s->scan_beside >= c->num_kv_heads;
     if (scan) { /* (from the pools' marks where the view has them: a bit a key instead of its rows) */
         const attn_kernel k = p.kv_marks ? ak_cuda_scan_marks_kernel() : p.scan_beside ? s->scan_beside_k : s->scan_k;
         const int ctas = p.scan_beside ? (s->scan_beside + c->num_kv_heads - 1) / c->num_kv_heads : s->scan_ctas;

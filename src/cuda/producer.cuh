@@ -313,6 +313,7 @@ __device__ __forceinline__ void queue_post(const attn_params &p, item_ring &r, i
         w = num_items;
         __threadfence(); /* (this block's last take before its count) */
         if (atomicAdd(p.item_queue + 1, 1) == (int)gridDim.x - 1) {
+            __threadfence(); /* (every block's takes before the resets) */
             p.item_queue[0] = 0;
             p.item_queue[1] = 0;
         }
