@@ -475,13 +475,15 @@ static void with_scan_short(const char *value, void (*fn)(void *), void *arg)
  * (AK_CUDA_SCAN_SHORT=1, set by the caller), so that the pass scans every
  * request from the marks; marks 3: no marks, the shorter requests' K/V
  * rows scanned (AK_CUDA_SCAN_SHORT_ROWS=1, set by the caller); marks 4: no
- * marks, the scan pass beside the prefill (AK_CUDA_SCAN_BESIDE, set by the
- * caller), the plan run twice. */
+ * marks, the scan pass beside the prefill on 8 SMs (AK_CUDA_SCAN_BESIDE=8,
+ * set by the caller), the plan run twice; marks 5: no marks, the scan pass
+ * before the prefill (AK_CUDA_SCAN_BESIDE=0, set by the caller). */
 static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_dtype dtype, int kv_fp8, int marks)
 {
     char name[160];
     snprintf(name, sizeof name, "nonfinite %s%s%s: %s", ak_dtype_name(dtype), kv_fp8 ? " fp8_e4m3 KV" : "",
-             marks == 4   ? " scan beside"
+             marks == 5   ? " scan before"
+             : marks == 4 ? " scan beside"
              : marks == 3 ? " rows short"
              : marks == 2 ? " marks short"
              : marks      ? " marks"
@@ -612,6 +614,15 @@ static void run_nf_beside(void *arg)
 {
     const nf_run *r = arg;
     run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 4);
+}
+
+/* The same cases with the scan pass before the prefill
+ * (AK_CUDA_SCAN_BESIDE=0, set by the caller; the default runs it beside
+ * where it can): every scanned item waits for the flags. */
+static void run_nf_before(void *arg)
+{
+    const nf_run *r = arg;
+    run_nf_case(r->t, r->backend, r->nc, AK_BF16, r->kv_fp8, 5);
 }
 
 /* ---- ak_kv_update's finiteness marks ------------------------------------------ */
@@ -977,6 +988,7 @@ void test_nonfinite(test_ctx *t)
                     run_nf_case(t, names[i], &cases[c], AK_BF16, f, 1);
                     nf_run r = {t, names[i], &cases[c], f};
                     t_with_env("AK_CUDA_SCAN_BESIDE", "8", run_nf_beside, &r);
+                    t_with_env("AK_CUDA_SCAN_BESIDE", "0", run_nf_before, &r);
                 }
             if (t->device.kind == AK_DEVICE_CUDA && short_prefill_case(cases[c].name))
                 for (int f = 0; f < 2; f++) {

@@ -326,10 +326,11 @@ static ak_status env_choice(const char *var, const char *a, const char *b, int *
 
 /* AK_CUDA_SCAN_BESIDE: the SMs the scan pass holds beside the clean
  * prefill pass (engine_state.scan_beside), 0 to run it before the prefill
- * instead; unset, SCAN_BESIDE_SMS (0 until the whole GPU suite has run
- * with it on: BENCHMARKS.md). Anything but a whole number from 0 to the
- * SMs is an error naming the variable. */
-#define SCAN_BESIDE_SMS 0
+ * instead; unset, SCAN_BESIDE_SMS (16: at d256 0.976-0.995 of the time
+ * of the pass before on an H100, 0.985-1.004 on an H200, the whole GPU
+ * suite passing with it: BENCHMARKS.md). Anything but a whole number from
+ * 0 to the SMs is an error naming the variable. */
+#define SCAN_BESIDE_SMS 16
 static ak_status scan_beside_sms(int num_sms, int *sms)
 {
     const char *env = getenv("AK_CUDA_SCAN_BESIDE");
