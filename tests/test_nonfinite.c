@@ -103,6 +103,8 @@ typedef struct nf_case {
     {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED,                                                  \
      5, {{256, 256}, {256, 256}, {256, 256}, {256, 256}, {256, 256}}}
 #define LONG_MIXED4(qk, vo) {NULL, 64, 4, qk, vo, AK_F32, 0, 0, 1, -1, 0, 16, NHD, PAGED, 2, {{264, 264}, {256, 256}}}
+/* a long request beside a short one the scan pass leaves out (page 128) */
+#define LONG_SHORT(qk, vo) {NULL, 16, 1, qk, vo, AK_F32, 0, 0, 1, -1, 0, 128, NHD, PAGED, 2, {{260, 260}, {3, 500}}}
 
 /* MLA (cfg.mla: one latent row a key, V the start of it): 16 heads over
  * rows of 576 / 512, or 4 over 72 / 40 (head dims the cpu backends take,
@@ -220,6 +222,15 @@ static const nf_case cases[] = {
     {"long d192/128 prefill: NaN in a value's last dim", LONG_DIMS(192, 128), {IN_V, NAN, 1, 5, 0, 0, 127}, 0},
     {"long d128 prefill: NaN in a key only the last rows see", LONG_DIMS(128, 128), {IN_K, NAN, 0, 201, 0, 0, 77},
      0},
+    /* a long request and 3 tokens verified on a context of 500 (48 rows,
+     * too few for the scan pass): in one step the long request's items
+     * run by its flags, the short one's checked */
+    {"long d128 prefill beside verified tokens: NaN in a key the tokens see", LONG_SHORT(128, 128),
+     {IN_K, NAN, 1, 321, 0, 0, 40}, 0},
+    {"long d128 prefill beside verified tokens: +inf in a value of the long request", LONG_SHORT(128, 128),
+     {IN_V, INFINITY, 0, 77, 0, 0, 100}, 0},
+    {"long d256 prefill beside verified tokens: NaN in a value the tokens see", LONG_SHORT(256, 256),
+     {IN_V, NAN, 1, 450, 0, 0, 200}, 0},
     {"long d192/128 prefill: -inf in a key of a new token, which only later rows see", LONG_DIMS(192, 128),
      {IN_K, -INFINITY, 1, 100, 0, 0, 150}, 0},
     /* -inf in K: on the unchecked path the key would just vanish (a finite row) */
