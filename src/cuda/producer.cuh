@@ -159,6 +159,19 @@ template <int STAGES> struct ws_barriers {
     uint64_t k_full[STAGES], k_empty[STAGES], v_full[STAGES], v_empty[STAGES], q_full, q_empty;
 };
 
+/* p.kv_box is a power of two (ak_cuda_prefill_tma_rows: 128, 64, 32 or
+ * 16 rows): the boxes in n keys, and whether key t starts one, by a shift
+ * and a mask. A division and a remainder by it took the producer 40-odd
+ * of the page-box path's 183 instructions a tile and warp, besides each
+ * warp's byte count worked out for K and for V (tma_page_copy), and the
+ * producer's instructions take issue slots from the consumers on the
+ * same schedulers: without them (H100, page 16 against the kernel before,
+ * same run) llama3-8b and qwen2.5-7b 1 x 4096 0.955 and 0.961 of the
+ * time, phi3-mini 4 x 4096 0.946, 16 x 1024 0.968, page 32 0.960, page 128
+ * 16 x 1024 0.985 (Nsight Compute and A/B: BENCHMARKS.md). */
+__device__ __forceinline__ int kv_boxes(const attn_params &p, int n) { return n >> (__ffs(p.kv_box) - 1); }
+__device__ __forceinline__ bool kv_box_start(const attn_params &p, int t) { return (t & (p.kv_box - 1)) == 0; }
+
 /* A whole tile of K or V (map; D of its columns real, in D / 64 rounded up
  * column blocks, the columns past D zero-filled by the map's bounds) by
  * TMA into dst, completing on full, in boxes of a tile or half of one
@@ -199,8 +212,9 @@ __device__ __forceinline__ void tma_tile_copy(const CUtensorMap *map, const int3
  * Against these four warps (H100, llama3-8b 1 x 4096, page 16): the block
  * ids looked up a tile ahead, 1.02x the time; every box by one thread, its
  * block ids read at once, 2.27x; the maps prefetched into the TMA unit,
- * level (BENCHMARKS.md). Pages of 16 keys take 1.03-1.06x the ragged
- * mode's time, 32 keys 1.05x, 64 keys and more 1.00-1.03x. */
+ * level (BENCHMARKS.md). Pages of 16 keys take 1.025-1.030x the ragged
+ * mode's time at 1 x 4096 (H100; 1.054-1.058x before the tile tests by
+ * masks, kv_boxes, in the same run), 64 keys and more 1.00-1.03x. */
 #define PAGE_BOX_WARPS 4
 struct page_box {
     bool mine;     /* this thread issues box j */
@@ -214,7 +228,7 @@ __device__ __forceinline__ page_box page_box_of(const attn_params &p, const int3
     const int warp = threadIdx.x % PRODUCERS / 32;
     page_box b;
     b.j = warp + PAGE_BOX_WARPS * (threadIdx.x % 32);
-    b.mine = warp < PAGE_BOX_WARPS && b.j < KEYS / p.kv_box;
+    b.mine = warp < PAGE_BOX_WARPS && b.j < kv_boxes(p, KEYS);
     b.slot = 0;
     b.block = b.mine ? (int32_t)kv_block_of<0>(p, table, page_base, t0 + b.j * p.kv_box, b.slot) : 0;
     return b;
@@ -223,16 +237,20 @@ __device__ __forceinline__ page_box page_box_of(const attn_params &p, const int3
 /* The tile by its page boxes (page_box_of): lane 0 of each issuing warp
  * arrives with its warp's bytes before any lane of the warp issues; every
  * other thread arrives (the barrier's count as for cp.async); each thread
- * with a box issues it, a column block at a time. */
+ * with a box issues it, a column block at a time. A tile is 4 or 8 boxes
+ * (p.kv_box 32 or 16), so each warp's are KEYS / PAGE_BOX_WARPS rows. */
 template <int D, int KEYS, int PRODUCERS, typename T>
 __device__ __forceinline__ void tma_page_copy(const attn_params &p, const CUtensorMap *map, const page_box &b,
                                               int kv_head, T *dst, uint64_t *full)
 {
     static_assert(PRODUCERS >= 32 * PAGE_BOX_WARPS, "a warp a box");
     constexpr int NCB = (D + 63) / 64;
-    const int warp = threadIdx.x % PRODUCERS / 32, boxes = KEYS / p.kv_box;
-    const int n = warp < PAGE_BOX_WARPS ? (boxes - warp + PAGE_BOX_WARPS - 1) / PAGE_BOX_WARPS : 0; /* the warp's */
-    if (threadIdx.x % 32 == 0 && n > 0) mbar_arrive_expect_tx(full, (uint32_t)(n * p.kv_box * NCB * 128));
+    const int warp = threadIdx.x % PRODUCERS / 32;
+    /* (a tile of fewer keys, where boxes of 32 rows leave a warp none:
+     * counted; no kernel takes this path with one) */
+    const int n = KEYS % (32 * PAGE_BOX_WARPS) == 0 ? (warp < PAGE_BOX_WARPS ? KEYS / PAGE_BOX_WARPS : 0)
+                  : warp < kv_boxes(p, KEYS) ? p.kv_box : 0;
+    if (threadIdx.x % 32 == 0 && n > 0) mbar_arrive_expect_tx(full, (uint32_t)(n * NCB * 128));
     else mbar_arrive(full);
     __syncwarp();
     if (!b.mine) return;
@@ -394,8 +412,8 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
              * (32 or 16 rows, pages of 16n keys). (Thread 0 arriving for
              * the warpgroup on these tiles, warps 1-3 waiting asleep
              * instead of polling: 1-11% slower, BENCHMARKS.md) */
-            if (TMA && p.kv_box >= 64 && (ADDR == 1 || t0 % p.kv_box == 0) && t0 + KEYS <= tma_end) {
-                const int boxes = KEYS / p.kv_box;
+            if (TMA && p.kv_box >= 64 && (ADDR == 1 || kv_box_start(p, t0)) && t0 + KEYS <= tma_end) {
+                const int boxes = kv_boxes(p, KEYS);
                 int32_t block[2] = {0, 0};
                 int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
                 if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
@@ -410,7 +428,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                 g++;
                 return;
             }
-            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && t0 % p.kv_box == 0 && t0 + KEYS <= tma_end) {
+            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && kv_box_start(p, t0) && t0 + KEYS <= tma_end) {
                 const page_box b = page_box_of<tr::PRODUCERS, KEYS>(p, table, it.page_base, t0);
                 if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
                 tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
