@@ -748,6 +748,79 @@ static void run_page_boxes_off(test_ctx *t)
           buf[2], buf[3], ak_status_str(e.created), e.error, bad);
 }
 
+/* AK_CUDA_PREFILL=mma|wgmma forces the prefill family (engine.cu's
+ * choose_prefill): mma is taken on any GPU the tensor-core kernels run on,
+ * wgmma on compute capability 9.0 with a build for sm_90a and 16-bit K/V,
+ * and a force that cannot hold (fp8 K/V, which the wgmma kernel has no
+ * instance for) or a value that is neither is refused at create, naming
+ * the variable, never ignored. */
+static void run_prefill_force(test_ctx *t)
+{
+    const char *name = "AK_CUDA_PREFILL forces a prefill family; an impossible or unknown value is refused";
+    if (t->device.kind != AK_DEVICE_CUDA || !t_selected(t, name) ||
+        (t->backend && strcmp(t->backend, "cuda_paged") != 0) || !t_storage_selected(t, AK_KV_PAGED))
+        return;
+    const char *portable = getenv("AK_CUDA_PORTABLE");
+    if (portable && *portable && strcmp(portable, "0") != 0) {
+        t_skip(t, NULL, name, "AK_CUDA_PORTABLE=%s sends every prefill to the portable kernel", portable);
+        return;
+    }
+    ak_device_info dev;
+    if (ak_device_get_info(t->device, &dev) != AK_OK || dev.cc_major < 8) {
+        t_skip(t, NULL, name, "no GPU of compute capability 8.0 or later");
+        return;
+    }
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.device = t->device;
+    cfg.num_qo_heads = 8;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim_qk = cfg.head_dim_vo = 128;
+    cfg.page_size = 128;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    ak_attn_config fp8 = cfg;
+    fp8.kv_dtype = AK_FP8_E4M3;
+    enum { MMA, WGMMA, FP8_WGMMA, FP8_MMA, UNKNOWN, N };
+    const ak_attn_config *cfgs[N] = {&cfg, &cfg, &fp8, &fp8, &cfg};
+    const char *value[N] = {"mma", "wgmma", "wgmma", "mma", "simd"};
+    char buf[N][1024];
+    describe_arg d[N];
+    for (int i = 0; i < N; i++) {
+        memset(&d[i], 0, sizeof d[i]);
+        d[i].cfg = cfgs[i];
+        d[i].dev = &dev;
+        d[i].buf = buf[i];
+        d[i].cap = sizeof buf[i];
+        buf[i][0] = 0;
+        t_with_env("AK_CUDA_PREFILL", value[i], describe_paged, &d[i]);
+    }
+    /* wgmma runs where the unforced choice takes it: cc 9.0 and a build
+     * with the kernel (the default description names it then) */
+    char unforced[1024] = "";
+    describe_arg u;
+    memset(&u, 0, sizeof u);
+    u.cfg = &cfg;
+    u.dev = &dev;
+    u.buf = unforced;
+    u.cap = sizeof unforced;
+    t_with_env("AK_CUDA_PREFILL", NULL, describe_paged, &u);
+    const int wg = dev.cc_major == 9 && dev.cc_minor == 0 && strstr(unforced, "wgmma") != NULL;
+    int ok = d[MMA].created == AK_OK && strstr(buf[MMA], "mma.sync") != NULL && strstr(buf[MMA], "wgmma") == NULL;
+    ok &= d[FP8_MMA].created == AK_OK && strstr(buf[FP8_MMA], "mma.sync") != NULL;
+    if (wg)
+        ok &= d[WGMMA].created == AK_OK && strstr(buf[WGMMA], "wgmma") != NULL;
+    else
+        ok &= d[WGMMA].created == AK_ERR_UNSUPPORTED && strstr(d[WGMMA].error, "AK_CUDA_PREFILL=wgmma") != NULL;
+    ok &= d[FP8_WGMMA].created == AK_ERR_UNSUPPORTED && strstr(d[FP8_WGMMA].error, "AK_CUDA_PREFILL=wgmma") != NULL &&
+          strstr(d[FP8_WGMMA].error, "fp8") != NULL && strstr(buf[FP8_WGMMA], "AK_CUDA_PREFILL=wgmma") != NULL;
+    ok &= d[UNKNOWN].created == AK_ERR_INVALID_ARG && strstr(d[UNKNOWN].error, "AK_CUDA_PREFILL=simd") != NULL;
+    CHECK(t, name, ok, "mma: %s (%s) | wgmma%s: %s / %s | fp8 wgmma: %s / %s | fp8 mma: %s (%s) | simd: %s / %s",
+          ak_status_str(d[MMA].created), buf[MMA], wg ? " (runs here)" : " (cannot run here)",
+          ak_status_str(d[WGMMA].created), d[WGMMA].created == AK_OK ? buf[WGMMA] : d[WGMMA].error,
+          ak_status_str(d[FP8_WGMMA].created), d[FP8_WGMMA].error, ak_status_str(d[FP8_MMA].created), buf[FP8_MMA],
+          ak_status_str(d[UNKNOWN].created), d[UNKNOWN].error);
+}
+
 void test_attn_cases(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
@@ -755,4 +828,5 @@ void test_attn_cases(test_ctx *t)
     run_ragged_sweep(t);
     run_tail_cut(t);
     run_page_boxes_off(t);
+    run_prefill_force(t);
 }

@@ -118,6 +118,7 @@ template <int DQK_, int DVO_> struct wg_traits {
      * the barriers (ws_barriers) */
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + (4 * STAGES + 2) * 8;
     static_assert((ROWS * CHUNKS) % PRODUCERS == 0, "q chunks divide among the producers");
+    static_assert(ROWS * DVN <= 2 * KEYS * DP, "a tile's o (ROWS rows a column block) fits a K/V stage");
     static_assert(CONSUMER_REGS == (CWG == 2 ? 232 : 160), "the consumers' registers measured above");
     /* the most a block may use (DP 128: 230,512 bytes, and 48 static) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
@@ -497,9 +498,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup is done with it */
                 PF_CLK(wg, k, 12);
                 os_n++;
-                stage_o<KEYS, OCHUNKS>(os, o, inv, warp_row0, lane);
+                stage_o<ROWS, OCHUNKS>(os, o, inv, warp_row0, lane);
                 PF_CLK(wg, k, 13);
-                store_o_tma<KEYS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
+                store_o_tma<ROWS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
                 if (p.lse && lane % 4 == 0) {
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
