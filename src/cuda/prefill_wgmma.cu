@@ -58,7 +58,11 @@
  * thread, o DVN / 2; at DP 256 both fit the consumers' 232 registers
  * (nvcc 13's ptxas spills 40 bytes in the clean pass, 96 in the checked
  * one), and Q and one stage fill the shared memory (below). The TMA boxes
- * (ak_cuda_prefill_tma_rows) follow it. */
+ * (ak_cuda_prefill_tma_rows) follow it. 64 keys measured slower at every
+ * head dim: at DP 256 (PIPE's comment), and on an H100 at d128 1.06x the
+ * time at 16 x 1024 and 1.13x at 4 x 4096, at d64 1.02-1.17x (a build
+ * whose o staging was wrong at DP 64-128, so these are indicative;
+ * BENCHMARKS.md, 2026-12-07). */
 #define WG_KEYS 128
 
 template <int DQK_, int DVO_> struct wg_traits {
