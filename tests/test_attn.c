@@ -665,6 +665,34 @@ static void describe_paged(void *arg)
     ak_backend_destroy(b);
 }
 
+/* describe_paged of cfg with var set to value (NULL: unset) for the call */
+static void describe_with(const char *var, const char *value, const ak_attn_config *cfg, const ak_device_info *dev,
+                          char *buf, size_t cap, describe_arg *d)
+{
+    memset(d, 0, sizeof *d);
+    d->cfg = cfg;
+    d->dev = dev;
+    d->buf = buf;
+    d->cap = cap;
+    buf[0] = 0;
+    t_with_env(var, value, describe_paged, d);
+}
+
+/* The configuration the selector tests describe: bf16, 8/2 heads of 128,
+ * on the test's device, pages of page_size keys */
+static ak_attn_config gqa4_bf16_d128(const test_ctx *t, int page_size)
+{
+    ak_attn_config cfg;
+    ak_attn_config_init(&cfg);
+    cfg.device = t->device;
+    cfg.num_qo_heads = 8;
+    cfg.num_kv_heads = 2;
+    cfg.head_dim_qk = cfg.head_dim_vo = 128;
+    cfg.page_size = page_size;
+    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    return cfg;
+}
+
 static void run_page_boxes_off(test_ctx *t)
 {
     if (t->device.kind != AK_DEVICE_CUDA) return;
@@ -698,26 +726,13 @@ static void run_page_boxes_off(test_ctx *t)
         t_skip(t, NULL, name, "not a GPU of compute capability 9.0");
         return;
     }
-    ak_attn_config cfg;
-    ak_attn_config_init(&cfg);
-    cfg.device = t->device;
-    cfg.num_qo_heads = 8;
-    cfg.num_kv_heads = 2;
-    cfg.head_dim_qk = cfg.head_dim_vo = 128;
-    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
     char buf[4][1024], bad[1024];
     describe_arg d[4], e;
     const int pages[4] = {16, 16, 32, 128};
     const char *env[4] = {NULL, "0", NULL, "0"};
     for (int i = 0; i < 4; i++) {
-        ak_attn_config c = cfg;
-        c.page_size = pages[i];
-        memset(&d[i], 0, sizeof d[i]);
-        d[i].cfg = &c;
-        d[i].dev = &dev;
-        d[i].buf = buf[i];
-        d[i].cap = sizeof buf[i];
-        t_with_env("AK_CUDA_PREFILL_TMA_SMALL", env[i], describe_paged, &d[i]);
+        const ak_attn_config c = gqa4_bf16_d128(t, pages[i]);
+        describe_with("AK_CUDA_PREFILL_TMA_SMALL", env[i], &c, &dev, buf[i], sizeof buf[i], &d[i]);
     }
     if (d[0].described != AK_OK) {
         CHECK(t, name, 0, "cuda_paged cannot describe a bf16 d128 prefill on this GPU: %s", buf[0]);
@@ -728,14 +743,8 @@ static void run_page_boxes_off(test_ctx *t)
                               "AK_CUDA_PORTABLE=1): %s", buf[0]);
         return;
     }
-    ak_attn_config c = cfg;
-    c.page_size = 16;
-    memset(&e, 0, sizeof e);
-    e.cfg = &c;
-    e.dev = &dev;
-    e.buf = bad;
-    e.cap = sizeof bad;
-    t_with_env("AK_CUDA_PREFILL_TMA_SMALL", "yes", describe_paged, &e);
+    const ak_attn_config c = gqa4_bf16_d128(t, 16);
+    describe_with("AK_CUDA_PREFILL_TMA_SMALL", "yes", &c, &dev, bad, sizeof bad, &e);
     int ok = 1;
     for (int i = 0; i < 4; i++) ok &= d[i].described == AK_OK && d[i].created == AK_OK;
     ok &= strstr(buf[0], "boxes of 16 keys") != NULL && strstr(buf[2], "boxes of 32 keys") != NULL;
@@ -770,14 +779,7 @@ static void run_prefill_force(test_ctx *t)
         t_skip(t, NULL, name, "no GPU of compute capability 8.0 or later");
         return;
     }
-    ak_attn_config cfg;
-    ak_attn_config_init(&cfg);
-    cfg.device = t->device;
-    cfg.num_qo_heads = 8;
-    cfg.num_kv_heads = 2;
-    cfg.head_dim_qk = cfg.head_dim_vo = 128;
-    cfg.page_size = 128;
-    cfg.q_dtype = cfg.kv_dtype = cfg.o_dtype = AK_BF16;
+    const ak_attn_config cfg = gqa4_bf16_d128(t, 128);
     ak_attn_config fp8 = cfg;
     fp8.kv_dtype = AK_FP8_E4M3;
     enum { MMA, WGMMA, FP8_WGMMA, FP8_MMA, UNKNOWN, N };
@@ -785,25 +787,12 @@ static void run_prefill_force(test_ctx *t)
     const char *value[N] = {"mma", "wgmma", "wgmma", "mma", "simd"};
     char buf[N][1024];
     describe_arg d[N];
-    for (int i = 0; i < N; i++) {
-        memset(&d[i], 0, sizeof d[i]);
-        d[i].cfg = cfgs[i];
-        d[i].dev = &dev;
-        d[i].buf = buf[i];
-        d[i].cap = sizeof buf[i];
-        buf[i][0] = 0;
-        t_with_env("AK_CUDA_PREFILL", value[i], describe_paged, &d[i]);
-    }
+    for (int i = 0; i < N; i++) describe_with("AK_CUDA_PREFILL", value[i], cfgs[i], &dev, buf[i], sizeof buf[i], &d[i]);
     /* wgmma runs where the unforced choice takes it: cc 9.0 and a build
      * with the kernel (the default description names it then) */
-    char unforced[1024] = "";
+    char unforced[1024];
     describe_arg u;
-    memset(&u, 0, sizeof u);
-    u.cfg = &cfg;
-    u.dev = &dev;
-    u.buf = unforced;
-    u.cap = sizeof unforced;
-    t_with_env("AK_CUDA_PREFILL", NULL, describe_paged, &u);
+    describe_with("AK_CUDA_PREFILL", NULL, &cfg, &dev, unforced, sizeof unforced, &u);
     const int wg = dev.cc_major == 9 && dev.cc_minor == 0 && strstr(unforced, "wgmma") != NULL;
     int ok = d[MMA].created == AK_OK && strstr(buf[MMA], "mma.sync") != NULL && strstr(buf[MMA], "wgmma") == NULL;
     ok &= d[FP8_MMA].created == AK_OK && strstr(buf[FP8_MMA], "mma.sync") != NULL;
