@@ -58,11 +58,10 @@
  * thread, o DVN / 2; at DP 256 both fit the consumers' 232 registers
  * (nvcc 13's ptxas spills 40 bytes in the clean pass, 96 in the checked
  * one), and Q and one stage fill the shared memory (below). The TMA boxes
- * (ak_cuda_prefill_tma_rows) follow it. 64 keys measured slower at every
- * head dim: at DP 256 (PIPE's comment), and on an H100 at d128 1.06x the
- * time at 16 x 1024 and 1.13x at 4 x 4096, at d64 1.02-1.17x (a build
- * whose o staging was wrong at DP 64-128, so these are indicative;
- * BENCHMARKS.md, 2026-12-07). */
+ * (ak_cuda_prefill_tma_rows) follow it. 64 keys measured slower: at DP
+ * 256 (PIPE's comment); on an H100 at d64 1.02-1.17x the time, at d128
+ * 1.01-1.13x (indicative: that kernel's o, 128 rows, overran the 64-key K
+ * tile OSTORE stages it in; BENCHMARKS.md, 2026-12-07). */
 #define WG_KEYS 128
 
 template <int DQK_, int DVO_> struct wg_traits {
@@ -122,7 +121,6 @@ template <int DQK_, int DVO_> struct wg_traits {
      * the barriers (ws_barriers) */
     static constexpr int SMEM_BYTES = Q_BYTES + STAGES * STAGE_BYTES + 1024 + (4 * STAGES + 2) * 8;
     static_assert((ROWS * CHUNKS) % PRODUCERS == 0, "q chunks divide among the producers");
-    static_assert(ROWS * DVN <= 2 * KEYS * DP, "a tile's o (ROWS rows a column block) fits a K/V stage");
     static_assert(CONSUMER_REGS == (CWG == 2 ? 232 : 160), "the consumers' registers measured above");
     /* the most a block may use (DP 128: 230,512 bytes, and 48 static) */
     static_assert(SMEM_BYTES <= 227 * 1024, "shared memory per block on sm_90");
@@ -229,6 +227,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
      * 4096 0.98 (BENCHMARKS.md). Earlier (H100), the same staging with
      * 16-byte rows stored by the warps was 2% slower at 16 x 1024 */
     constexpr bool OSTORE = tr::PIPE && CWG == 2;
+    static_assert(!OSTORE || ROWS * DVN <= KEYS * DP, "o (ROWS rows a column block) fits the last tile's K");
     constexpr int OS_LAST = 2 + CWG, OS_ROWS = 6 + CWG;
     int os_n = 0; /* items whose o went by TMA from a K stage */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
