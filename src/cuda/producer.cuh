@@ -456,7 +456,10 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
         n++;
         /* q's rows, unless no key tile follows (then nothing reads them);
          * q_full completes once an item either way, so that the consumers
-         * never run a phase of q_empty ahead of this wait */
+         * never run a phase of q_empty ahead of this wait. (A barrier pair
+         * and a box a consumer warpgroup, each warpgroup's rows copied once
+         * that warpgroup is done with the last item's: 2-18% slower, ptxas
+         * spilling in both roles; BENCHMARKS.md, 2026-12-07) */
         const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1; /* (a box a segment, or the tile) */
         if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && it.ntok == boxes * p.q_box) {
             tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
