@@ -1088,9 +1088,10 @@ template <int NT>
 __device__ __forceinline__ void mask_row(const attn_params &p, float (&s)[NT][4], int h, int pos, int t0, int kv_end,
                                          int lane)
 {
-    /* (Without a window, one compare of a constant a key against the row's
-     * last key, about 96 instructions fewer a warp a masked tile at d128:
-     * level on the H100, BENCHMARKS.md) */
+    /* (Tried without a window: one compare of a constant a key against the
+     * row's last visible key and a select, about 96 instructions fewer a
+     * warp a masked tile at d128; level on the H100, not kept:
+     * BENCHMARKS.md, 2026-12-07) */
     const int hi = ak_visible_hi(pos, kv_end, p.causal);
     const int lo = ak_visible_lo(pos, p.window_left);
 #pragma unroll

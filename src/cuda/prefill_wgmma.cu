@@ -145,9 +145,10 @@ __device__ __forceinline__ void stage_o(T *buf, const float (&o)[DN][4], const f
  * staged theirs (named barrier `rows`); then `release` gets the
  * warpgroup's 128 arrivals, once the store has read them. (Released after
  * the next item's first S is issued instead, its other warps then not
- * waiting at that turn for this thread's warp: level on the H200 and the
- * H100; staged there too, o held in registers until then: ptxas waits for
- * that S before reading o, or spills o packed; BENCHMARKS.md.) */
+ * waiting at that turn for this thread's warp: about level on the H200
+ * and the H100. Staged there too, o held in registers until then, built
+ * and not run: ptxas waits for that S before reading o, or spills o
+ * packed. BENCHMARKS.md, 2026-12-04 and 2026-12-07.) */
 template <int R, int NCB, typename T>
 __device__ __forceinline__ void store_o_tma(const kv_maps *maps, const T *buf, int wg, int head0, int tok, int rows,
                                             uint64_t *release)
