@@ -32,7 +32,10 @@
  * no block barrier at all. Within a consumer, S of tile t is issued with
  * P.V of tile t - 1 (the softmax of t overlaps that P.V; at DP 256 the two
  * run in turn, one stage: see PIPE); between the two,
- * named barriers make them take turns (a ring) at issuing their MMAs. An
+ * named barriers make them take turns (a ring) at issuing their MMAs.
+ * (Each warpgroup on items of its own instead, as cuDNN's kernel at d128,
+ * with S, softmax and P V in turn within a warpgroup: 1.5-2.3x the time;
+ * BENCHMARKS.md, 2026-12-07.) An
  * item whose rows are all output rows writes o by TMA from shared memory
  * (the last key tile's K stage, or at DP 256 q's rows), one store a column
  * block, instead of 4-byte stores from registers (OSTORE). Measured
