@@ -810,6 +810,48 @@ static void run_prefill_force(test_ctx *t)
           ak_status_str(d[UNKNOWN].created), d[UNKNOWN].error);
 }
 
+/* The Hopper prefill finds non-finite inputs itself (attn.cuh's "NaN rule
+ * found in the kernel"), and its description says so; AK_CUDA_NAN_DETECT=0
+ * keeps the scan pass, as a window does (the last token's rows no longer see
+ * every key); any other value is refused at create, naming the variable.
+ * (That both paths give the rule's rows: test_nonfinite.c, whose scan
+ * variants run with the switch at 0.) */
+static void run_nan_detect_switch(test_ctx *t)
+{
+    const char *name = "the Hopper prefill finds non-finite inputs itself; AK_CUDA_NAN_DETECT=0 or a window keeps "
+                       "the scan pass; an unknown value is refused";
+    if (t->device.kind != AK_DEVICE_CUDA || !t_selected(t, name) ||
+        (t->backend && strcmp(t->backend, "cuda_paged") != 0) || !t_storage_selected(t, AK_KV_PAGED))
+        return;
+    ak_device_info dev;
+    if (ak_device_get_info(t->device, &dev) != AK_OK || dev.cc_major != 9) {
+        t_skip(t, NULL, name, "not a GPU of compute capability 9.0");
+        return;
+    }
+    const ak_attn_config cfg = gqa4_bf16_d128(t, 128);
+    ak_attn_config win = cfg;
+    win.window_left = 256;
+    enum { ON, OFF, WINDOW, UNKNOWN, N };
+    const ak_attn_config *cfgs[N] = {&cfg, &cfg, &win, &cfg};
+    const char *value[N] = {NULL, "0", NULL, "yes"};
+    char buf[N][1024];
+    describe_arg d[N];
+    for (int i = 0; i < N; i++) describe_with("AK_CUDA_NAN_DETECT", value[i], cfgs[i], &dev, buf[i], sizeof buf[i], &d[i]);
+    if (!strstr(buf[ON], "wgmma")) {
+        t_skip(t, NULL, name, "no wgmma prefill here (a build without sm_90a, AK_CUDA_PREFILL=mma or "
+                              "AK_CUDA_PORTABLE=1): %s", buf[ON]);
+        return;
+    }
+    const char *found = "found by the kernel itself", *scan = "a scan pass first";
+    int ok = d[ON].created == AK_OK && strstr(buf[ON], found) && !strstr(buf[ON], scan);
+    ok &= d[OFF].created == AK_OK && strstr(buf[OFF], scan) && !strstr(buf[OFF], found);
+    ok &= d[WINDOW].created == AK_OK && strstr(buf[WINDOW], scan) && !strstr(buf[WINDOW], found);
+    ok &= d[UNKNOWN].created == AK_ERR_INVALID_ARG && strstr(d[UNKNOWN].error, "AK_CUDA_NAN_DETECT=yes") != NULL &&
+          strstr(buf[UNKNOWN], "AK_CUDA_NAN_DETECT=yes") != NULL;
+    CHECK(t, name, ok, "unset: %s | 0: %s | window: %s | yes: %s / %s (%s)", buf[ON], buf[OFF], buf[WINDOW],
+          ak_status_str(d[UNKNOWN].created), d[UNKNOWN].error, buf[UNKNOWN]);
+}
+
 void test_attn_cases(test_ctx *t)
 {
     for (size_t i = 0; i < sizeof fixed_cases / sizeof *fixed_cases; i++) run_case(t, &fixed_cases[i]);
@@ -818,4 +860,5 @@ void test_attn_cases(test_ctx *t)
     run_tail_cut(t);
     run_page_boxes_off(t);
     run_prefill_force(t);
+    run_nan_detect_switch(t);
 }

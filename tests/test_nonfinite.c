@@ -33,11 +33,18 @@
 typedef enum target { IN_Q, IN_K, IN_V, IN_K_SCALE, IN_V_SCALE } target;
 
 /* One non-finite element and where it goes. In q: token `tok`, head `head`;
- * in K or V: request `req`, key `key`, KV head `head`. */
+ * in K or V: request `req`, key `key`, KV head `head`. q_sign (K only): q's
+ * element `dim` of every token and query head of KV head `head` given this
+ * sign first (and the reference computed from that q), so that an infinity
+ * of that sign in K turns every product with it to +inf and one of the
+ * other to -inf: with -inf, no row that sees the key shows it in its
+ * softmax (P 0), the case the CUDA prefill's unchecked path finds only
+ * from its last token's products (attn.cuh) */
 typedef struct corruption {
     target where;
     float value;
     int req, key, tok, head, dim;
+    int q_sign;
 } corruption;
 
 typedef struct nf_case {
@@ -116,6 +123,8 @@ typedef struct nf_case {
 #define MLA_DEC MLA(-1, 3, {{1, 40}, {1, 300}, {1, 3000}})
 #define MLA_VER MLA(-1, 3, {{4, 300}, {8, 70}, {1, 3000}})
 #define MLA_WIN MLA(20, 2, {{6, 300}, {1, 50}})
+#define Q_POS(...) {__VA_ARGS__, 1}
+#define Q_NEG(...) {__VA_ARGS__, -1}
 static const nf_case cases[] = {
     {"mla empty last chunk: NaN in V of last key", MLA(-1, 1, {{8, 1285}}), {IN_K, NAN, 0, 1284, 0, 0, 1}, 4},
     {"mla empty last chunk: NaN in q", MLA(-1, 1, {{8, 1285}}), {IN_Q, NAN, 0, 0, 0, 3, 1}, 4},
@@ -246,6 +255,24 @@ static const nf_case cases[] = {
      * request's items (checked), then a clean one */
     {"long d64 prefill, a block's checked item then clean item: -inf in a key only later rows see",
      LONG_MIXED4(64, 64), {IN_K, -INFINITY, 0, 40, 0, 0, 63}, 0, 1},
+    /* an infinity in K against q of that dim of one sign (q_sign): every
+     * product with it -inf, so every row that sees the key has P 0 there
+     * and must still be NaN; in the diagonal tile of earlier items (the
+     * later rows alone see it), in a prefix, in a split chunk, in warpgroup
+     * 0's half of a tile whose last token warpgroup 1 holds */
+    {"gqa4 prefill: +inf in a key against q of the other sign, only later rows see", GQA4_BATCH(128),
+     Q_NEG(IN_K, INFINITY, 0, 70, 0, 6, 127), 0},
+    {"gqa4 prefill page 16: -inf in a key against q of its sign, in the first tile", GQA4_BATCH(16),
+     Q_POS(IN_K, -INFINITY, 0, 3, 0, 2, 0), 0},
+    {"long prefill: -inf in a key of the prefix against q of its sign", LONG_BATCH,
+     Q_POS(IN_K, -INFINITY, 1, 100, 0, 0, 63), 0},
+    {"long d128 prefill: -inf in a key against q of its sign, only the last rows see", LONG_DIMS(128, 128),
+     Q_POS(IN_K, -INFINITY, 0, 250, 0, 0, 77), 0},
+    {"mha prefill: -inf in a key of the diagonal tile's first half against q of its sign", MHA128_BATCH,
+     Q_POS(IN_K, -INFINITY, 0, 40, 0, 2, 100), 0},
+    {"split chunk: -inf in a key of the prefix against q of its sign", SPLIT_BATCH,
+     Q_POS(IN_K, -INFINITY, 0, 1200, 0, 1, 9), 4},
+    {"gqa7 prefill: -inf in a key against q of its sign", GQA7_BATCH, Q_POS(IN_K, -INFINITY, 1, 150, 0, 3, 64), 0},
     {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},
      0},
     {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),
@@ -342,6 +369,28 @@ static void corrupt(scene *sc, const corruption *b)
         write_element(sc->cfg.device, sc->kv.k_data, row * tc->head_dim_qk + b->dim, kvt, b->value);
     if ((b->where == IN_V || past) && sc->kv.v_data) /* (MLA: no V pool, V is K's) */
         write_element(sc->cfg.device, sc->kv.v_data, row * tc->head_dim_vo + b->dim, kvt, b->value);
+}
+
+/* q's element b->dim of every token and query head of KV head b->head
+ * given sign b->q_sign (a zero becomes +-1), in the logical q and on the
+ * device, before the reference is computed from it */
+static void sign_q(scene *sc, const corruption *b)
+{
+    const attn_case *tc = &sc->tc;
+    const int Hq = tc->num_qo_heads, group = Hq / tc->num_kv_heads, pitch = tc->head_dim_qk + Q_ROW_PAD;
+    const ak_dtype dt = tc->dtype;
+    const size_t esz = ak_dtype_size(dt), bytes = esz * (size_t)sc->b.num_tokens * Hq * pitch;
+    unsigned char *h = malloc(bytes);
+    dev_copy_from(sc->cfg.device, h, tbuf_data(&sc->q_buf), bytes);
+    for (int t = 0; t < sc->b.num_tokens; t++)
+        for (int g = 0; g < group; g++) {
+            const int64_t row = (int64_t)t * Hq + b->head * group + g;
+            float *x = &sc->q[row * tc->head_dim_qk + b->dim];
+            *x = b->q_sign * (*x != 0.0f ? fabsf(*x) : 1.0f); /* (a sign change is exact in every dtype) */
+            ak_store_from_f32(h, dt, row * pitch + b->dim, *x);
+        }
+    dev_copy_to(sc->cfg.device, tbuf_data(&sc->q_buf), h, bytes);
+    free(h);
 }
 
 /* The same corruption of K or V (not q, not a scale) written the way an
@@ -513,6 +562,7 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     const int64_t n_o = (int64_t)T * Hq * Dvo, n_l = (int64_t)T * Hq;
     double *ref_o = malloc(sizeof(double) * (size_t)n_o), *ref_l = malloc(sizeof(double) * (size_t)n_l);
     float *o = malloc(sizeof(float) * (size_t)n_o), *l = malloc(sizeof(float) * (size_t)n_l);
+    if (nc->bad.q_sign) sign_q(&sc, &nc->bad);
     dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
     tbuf mb;
     memset(&mb, 0, sizeof mb);
@@ -522,7 +572,11 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     if (view_marks && (nc->bad.where == IN_K || nc->bad.where == IN_V)) updated = !corrupt_by_update(&sc, &nc->bad);
     else corrupt(&sc, &nc->bad);
     int guards = 1;
+    /* the scan pass's runs (marks, its variants) keep it at every head dim:
+     * the Hopper prefill would find the rule itself instead (attn.cuh) */
+    if (marks) setenv("AK_CUDA_NAN_DETECT", "0", 1);
     const ak_status st = updated ? run_raw(&sc, backend, nc->threads, marks == 4 ? 2 : 1, o, l, &guards) : AK_OK;
+    if (marks) unsetenv("AK_CUDA_NAN_DETECT");
     if (!updated) {
         t_fail(t, backend, name, "ak_kv_update of the corrupted slot: %s", ak_last_error());
     } else if (st == AK_ERR_UNSUPPORTED) {

@@ -212,6 +212,12 @@ struct attn_params {
      * wave's (a block's first item is blockIdx.x), and the blocks done
      * taking; the last of them sets both to 0 again (zero at creation) */
     int *item_queue;
+    /* prefill (prefill_wgmma.cu below DP 256, no window, no soft-cap): the
+     * NaN rule found in the kernel instead of by the scan pass: every item
+     * runs unchecked, detecting what would break the rule there (attn.cuh's
+     * "found in the kernel"), and the block runs the items it found again,
+     * checked, after its others (attn_kernel.detect; engine.cu) */
+    int nan_detect;
 };
 
 #ifdef __CUDACC__
@@ -860,6 +866,52 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
  *      row that sees a marked key is made NaN (flag_bad_keys). */
 __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d); }
 
+/* The NaN rule found in the kernel (attn_params.nan_detect; prefill_wgmma.cu
+ * below DP 256): every item runs unchecked, and the block runs again,
+ * checked, each item where that path may have broken the rule. With q's
+ * rows checked (q_rows_bad), no window and no soft-cap, it breaks it in
+ * two cases only, both seen in the rows of the item's last token, which see
+ * every key of its tiles below kv_end:
+ *   - a V element of a key the item's tiles hold is NaN or infinite: P.V
+ *     then makes that column of every row's o non-finite (P x inf is inf,
+ *     or NaN at P = 0; a NaN stays one through the rescales), and
+ *     o_nonfinite finds it in any row;
+ *   - a K row holds an infinity, and a row that sees its key gets -inf for
+ *     the raw product: P is 0 and nothing else shows it. A non-finite K
+ *     element makes the raw product non-finite for every finite q row (inf
+ *     x q is +-inf, NaN at q = 0), so the last token's rows have one there
+ *     too: -inf is their minimum's (has_neg_inf), and NaN or +inf reaches
+ *     their o (P NaN) and so o_nonfinite.
+ * Either may flag an item whose rows were right (a bad key hidden from
+ * every row, a row's own bad q); the checked run is right for every row.
+ * A block keeps the flags of its first REDO_ITEMS items (a bit each), and
+ * runs any later item checked at once. */
+#define REDO_ITEMS 2048
+/* the named barrier at which a block's consumers and producer start the
+ * second phase (every flag written) */
+#define REDO_BAR 15
+/* Whether the minimum of the raw products of this thread's row h (an m64
+ * accumulator's NT n tiles) is -inf; a NaN is passed over. */
+template <int NT, int H> __device__ __forceinline__ bool has_neg_inf(const float (&s)[NT][4])
+{
+    float mn = fminf(s[0][2 * H], s[0][2 * H + 1]);
+#pragma unroll
+    for (int n = 1; n < NT; n++) mn = fminf(mn, fminf(s[n][2 * H], s[n][2 * H + 1]));
+    return mn == -INFINITY;
+}
+/* Whether any of this thread's first N n tiles of o in row h is NaN or
+ * infinite. */
+template <int N, int H, int DN> __device__ __forceinline__ bool o_nonfinite(const float (&o)[DN][4])
+{
+    float z = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        add_bad(z, o[n][2 * H]);
+        add_bad(z, o[n][2 * H + 1]);
+    }
+    return z != z;
+}
+
 /* The passes of a prefill kernel over the plan's items (the NaN rule's two
  * paths where one kernel cannot hold both: prefill_wgmma.cu at DP 256):
  * PASS_ALL takes every item, PASS_CHECKED the items that run checked, and
@@ -1131,6 +1183,7 @@ struct attn_kernel {
     int merge_sub;     /* merge: blocks of a head's wide slice in the grid's y (merge.cu; 0 or 1: one) */
     int seg;           /* prefill: 64 where the kernel takes row tiles packed by its warpgroups' 64 rows
                           (attn_params.prow_seg_log2 6), else 0 */
+    int detect;        /* prefill: can find the NaN rule's cases itself (attn_params.nan_detect) */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS

@@ -222,6 +222,9 @@ struct engine_state {
      * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE); fewer than
      * the KV heads: before it too (a block a head at least) */
     int scan_beside;
+    /* the NaN rule found in the prefill kernel instead of by the scan pass
+     * (attn_params.nan_detect) */
+    int detect;
     attn_kernel scan_beside_k, pre_queue_k; /* (the scan pass and the clean pass, beside) */
     int *item_queue; /* device [2]: the clean pass's queue (attn_params.item_queue) */
     int pf_slots;     /* partial slots reserved for prefill splits */
@@ -322,6 +325,17 @@ static ak_status env_choice(const char *var, const char *a, const char *b, int *
     else if (!strcmp(env, b)) *choice = 1;
     else return ak_set_error(AK_ERR_INVALID_ARG, "%s=%s: expected %s or %s", var, env, a, b);
     return AK_OK;
+}
+
+/* Whether a prefill kernel finds the NaN rule's cases itself (attn.cuh),
+ * by the switch AK_CUDA_NAN_DETECT (env: env_choice's, -1 unset): where it
+ * can (attn_kernel.detect), with no window (the last token's rows then see
+ * every key of an item) and no soft-cap (which maps an infinite product to
+ * a finite one). Every item, long or short, then runs unchecked first, and
+ * no scan pass reads K/V or the pools' marks. */
+static int nan_detect_of(const ak_attn_config *cfg, const attn_kernel *k, int env)
+{
+    return k->detect && env != 0 && cfg->window_left < 0 && cfg->logits_soft_cap == 0.0f;
 }
 
 /* AK_CUDA_SCAN_BESIDE: the SMs the scan pass holds beside the clean
@@ -582,9 +596,10 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     int row_tiles, heads, tokens, seg;
     /* the K/V copies of a kernel that takes TMA maps (prefill_wgmma.cu's),
      * by create's rule */
-    int tma, page_boxes;
+    int tma, page_boxes, detect;
     if (env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma) != AK_OK ||
-        env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &page_boxes) != AK_OK) {
+        env_choice("AK_CUDA_PREFILL_TMA_SMALL", "0", "1", &page_boxes) != AK_OK ||
+        env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect) != AK_OK) {
         snprintf(buf, cap, "%s", ak_last_error());
         return;
     }
@@ -610,14 +625,21 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
             snprintf(copies, sizeof copies, ", K/V by cp.async (AK_CUDA_PREFILL_TMA_SMALL=0)%s", q_by);
         else snprintf(copies, sizeof copies, ", K/V by cp.async (TMA takes pages of 16n keys)%s", q_by);
     }
+    /* the NaN rule (attn.cuh): found by the kernel, or by a scan pass over
+     * the long requests' K/V (kernels with an unchecked path) */
+    const char *nan = nan_detect_of(cfg, &pk, detect)
+                          ? ", non-finite inputs found by the kernel itself, an item run again checked where "
+                            "there is one (AK_CUDA_NAN_DETECT=0: a scan pass first)"
+                      : pk.unchecked ? ", a scan pass first for non-finite K/V (the long requests')"
+                                     : "";
     char segs[64] = "";
     if (seg < rows)
         snprintf(segs, sizeof segs, ", %d tokens in each warpgroup's %d rows", seg / heads, seg);
     if (mode == ENGINE_MODE_VARLEN) {
         snprintf(buf, cap,
-                 "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads%s), no "
+                 "%severy request on the prefill kernel (%s%s%s, %d query rows a tile: %d tokens x %d heads%s%s), no "
                  "split-KV, one launch per run%s",
-                 fp8, family_name(f), dims, copies, rows, tokens, heads, segs, inv);
+                 fp8, family_name(f), dims, copies, rows, tokens, heads, segs, nan, inv);
         return;
     }
     const int group = cfg->num_qo_heads / cfg->num_kv_heads;
@@ -635,8 +657,8 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
         if (n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - n, "%s", inv);
         return;
     }
-    snprintf(buf + n, cap - n, "; prefill on %s%s, %d query rows a tile (%d tokens x %d heads%s)%s", family_name(f),
-             copies, rows, tokens, heads, segs, inv);
+    snprintf(buf + n, cap - n, "; prefill on %s%s, %d query rows a tile (%d tokens x %d heads%s)%s%s", family_name(f),
+             copies, rows, tokens, heads, segs, nan, inv);
 }
 
 /* ---- create / destroy ---------------------------------------------------------- */
@@ -858,12 +880,17 @@ static ak_status engine_create_inner(engine_state *s)
                 s->pf_slots = lim->max_tokens * s->max_splits;
             s->max_tasks += (P + tail_tiles) * s->ptok;
         }
+        /* the NaN rule found in the kernel where it can; AK_CUDA_NAN_DETECT=0
+         * keeps the scan pass */
+        int detect;
+        AK_TRY(env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect));
+        s->detect = nan_detect_of(cfg, &s->pre_k, detect);
         /* the NaN rule's scan pass, for kernels with an unchecked path (or
          * pass: wgmma at DP 256; the portable and d512 ones always check):
          * tasks for every request (plan_prefill: a run without marks scans
          * those of SCAN_MIN_ROWS rows or more, and the shorter ones whose
          * rows are worth it, SCAN_ROWS_KEYS) */
-        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec) {
+        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && !s->detect) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
@@ -1815,6 +1842,7 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.sinks = c->use_sinks ? (const float *)a->sinks->data : NULL;
     p.head_dim_qk = c->head_dim_qk;
     p.head_dim_vo = c->head_dim_vo;
+    p.nan_detect = s->detect;
 
     /* Outside a capture, kernels with nothing to do are not launched. Under
      * capture every kernel of the mode is, since the graph must serve any

@@ -199,7 +199,8 @@ template <int DQK, int DVO, typename T, int PASS>
 __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T *qs, T *stages,
                                                         ws_barriers<wg_traits<DQK, DVO>::STAGES> &bar,
                                                         uint32_t (*bad_keys)[wg_traits<DQK, DVO>::KEYS / 32],
-                                                        const uint32_t *skip, const kv_maps *maps, item_ring *ring)
+                                                        const uint32_t *skip, const kv_maps *maps, item_ring *ring,
+                                                        uint32_t *redo)
 {
     typedef wg_traits<DQK, DVO> tr;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP, DVN = tr::DVN;
@@ -237,6 +238,9 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     constexpr bool OSTORE = tr::PIPE && CWG == 2;
     static_assert(!OSTORE || ROWS * DVN <= KEYS * DP, "o (ROWS rows a column block) fits the last tile's K");
     constexpr int OS_LAST = 2 + CWG, OS_ROWS = 6 + CWG;
+    static_assert(OS_ROWS + CWG <= REDO_BAR, "the named barriers");
+    /* the NaN rule found in the kernel where the loop is PIPE's */
+    constexpr bool REDO = PASS == PASS_ALL && tr::PIPE;
     int os_n = 0; /* items whose o went by TMA from a K stage */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
     /* The warpgroups take turns to issue their MMAs (named barrier 1 + w:
@@ -251,333 +255,364 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
 
+    /* The NaN rule found in the kernel (attn.cuh): phase 1 runs the items
+     * phase 0 flagged in redo again, checked, after every other */
+    const bool detect = REDO && p.nan_detect;
     /* (The next item, and its scan flags, read during this item's
      * epilogue instead: no faster, H200, BENCHMARKS.md) */
     constexpr bool queue = PASS == PASS_QUEUE; /* (the producer's queue: producer.cuh) */
-    for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
-        if (queue) w = queue_take(*ring, k);
-        if (w >= num_items) break;
-        PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
-        const prefill_item it = p.pitems[w];
-        /* padding, the other pass's (the producer's mask) */
-        if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue;
-        const item_heads ih = heads_of(p, it);
-        const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
-        /* the item's path (the NaN rule, attn.cuh): checked, or not */
-        auto item = [&](auto check) {
-            constexpr bool CHECK = decltype(check)::value;
-            const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-            /* every row of the tile a real output row: o by TMA (OSTORE,
-             * or STAGED: from the rows staged in qs; not in the checked
-             * pass, where ptxas then spills 272 bytes instead of 96) */
-            const bool o_tma = (!STAGED || PASS != PASS_CHECKED) && p.o_box > 0 && it.out < 0 && heads == hb &&
-                               it.ntok >= CWG * p.o_box;
-            const bool ostore = OSTORE && n_tiles > 0 && o_tma;
-            PF_CLK(wg, k, 1);
-            PF_CLK_SET(wg, k, 11, n_tiles);
-            /* q, and the previous epilogue's turn at qs is over. (Tested
-             * together with the first tile's K, as a step's two waits
-             * below: level, 0.995-1.007 of the time, H200, BENCHMARKS.md) */
-            mbar_wait(&bar.q_full, nq & 1);
-            PF_CLK(wg, k, 2);
-            nq++;
+    for (int phase = 0; phase < 1 + detect; phase++) {
+        if (phase == 1) {
+            /* phase 0's o stores written (not just read) before any is again;
+             * its flags final, for the producer too */
+            if (threadIdx.x % 128 == 0) bulk_wait();
+            bar_sync(REDO_BAR, tr::THREADS);
+        }
+        for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
+            if (queue) w = queue_take(*ring, k);
+            if (w >= num_items || (phase == 1 && k >= REDO_ITEMS)) break;
+            if (phase == 1 && !((redo[k / 32] >> (k % 32)) & 1u)) continue;
+            PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
+            const prefill_item it = p.pitems[w];
+            /* padding, the other pass's (the producer's mask) */
+            if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue;
+            const item_heads ih = heads_of(p, it);
+            const int head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
+            /* the item's path (the NaN rule, attn.cuh): checked, or not */
+            auto item = [&](auto check) {
+                constexpr bool CHECK = decltype(check)::value;
+                const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+                /* every row of the tile a real output row: o by TMA (OSTORE,
+                 * or STAGED: from the rows staged in qs; not in the checked
+                 * pass, where ptxas then spills 272 bytes instead of 96) */
+                const bool o_tma = (!STAGED || PASS != PASS_CHECKED) && p.o_box > 0 && it.out < 0 && heads == hb &&
+                                   it.ntok >= CWG * p.o_box;
+                const bool ostore = OSTORE && n_tiles > 0 && o_tma;
+                PF_CLK(wg, k, 1);
+                PF_CLK_SET(wg, k, 11, n_tiles);
+                /* q, and the previous epilogue's turn at qs is over. (Tested
+                 * together with the first tile's K, as a step's two waits
+                 * below: level, 0.995-1.007 of the time, H200, BENCHMARKS.md) */
+                mbar_wait(&bar.q_full, nq & 1);
+                PF_CLK(wg, k, 2);
+                nq++;
 
-            const int pos_last = it.pos0 + it.ntok - 1;
-            /* the positions of this thread's two rows, and of the warp's first
-             * and last: which tiles need masks */
-            int g_;
-            const int row_pos0 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4, g_), it.ntok);
-            const int row_pos1 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4 + 8, g_), it.ntok);
-            const int warp_pos0 = it.pos0 + min(tile_token(p, warp_row0, g_), it.ntok);
-            const int warp_pos1 = min(it.pos0 + min(tile_token(p, warp_row0 + 15, g_), it.ntok), pos_last);
+                const int pos_last = it.pos0 + it.ntok - 1;
+                /* the positions of this thread's two rows, and of the warp's first
+                 * and last: which tiles need masks */
+                int g_;
+                const int row_pos0 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4, g_), it.ntok);
+                const int row_pos1 = it.pos0 + min(tile_token(p, warp_row0 + lane / 4 + 8, g_), it.ntok);
+                const int warp_pos0 = it.pos0 + min(tile_token(p, warp_row0, g_), it.ntok);
+                const int warp_pos1 = min(it.pos0 + min(tile_token(p, warp_row0 + 15, g_), it.ntok), pos_last);
+                /* The NaN rule found in the kernel (attn.cuh): the warp that
+                 * holds rows of the item's last token checks one of its row
+                 * halves (1 + h: the warp's rows lane / 4 + 8 h), at every
+                 * key tile and in o at the end; `found` once it sees a case */
+                const int last_h = !CHECK && detect ? (__any_sync(0xffffffffu, row_pos0 == pos_last) ? 1
+                                                       : __any_sync(0xffffffffu, row_pos1 == pos_last) ? 2
+                                                                                                      : 0)
+                                                    : 0;
+                bool found = false;
+                auto find_in_s = [&](const float(&s)[NT][4]) {
+                    if (last_h == 1) found |= has_neg_inf<NT, 0>(s);
+                    else if (last_h == 2) found |= has_neg_inf<NT, 1>(s);
+                };
 
-            float o[DN][4];
-            float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
+                float o[DN][4];
+                float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.0f, 0.0f};
 #pragma unroll
-            for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+                for (int n = 0; n < DN; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-            auto k_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP; };
-            auto v_of = [&](int t) { return k_of(t) + KEYS * DP; };
-            /* V of tile t landed, and is visible to wgmma (the producer's
-             * cp.async writes are generic-proxy writes; each wait is
-             * followed by the fence before an MMA may read them. Leaving it
-             * out after the tiles copied by TMA, which need none, measured
-             * level: BENCHMARKS.md) */
-            auto wait_v = [&](int t) {
-                const int g = g0 + t;
-                mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);
-                fence_proxy_async();
-            };
-            /* Step t: wait for tile t (k_landed: the caller has waited for
-             * its K), and take this warpgroup's turn at the tensor cores
-             * (the caller issues, then passes the turn). A mixed
-             * tile (some key below kv_end hidden from some row of the block:
-             * the diagonal, a window's edge) first has its V scanned by the
-             * NaN rule, with a consumer barrier (the one per tile, only
-             * there); returns the set of its bad-key marks, or -1 */
-            auto begin_tile = [&](int t, bool k_landed = false) {
-                const int g = g0 + t;
-                if (!k_landed) mbar_wait(&bar.k_full[g % STAGES], (g / STAGES) & 1);
-                if (t == 0) PF_CLK(wg, k, 3);
-                if (t == 0) { /* q landed: the NaN rule's check of this warp's q rows */
-                    const uint32_t qb = q_rows_bad<DQK, T>(
-                        qs, [](int row, int c) { return sw128<ROWS>(row, c); }, warp_row0, lane);
+                auto k_of = [&](int t) { return stages + ((g0 + t) % STAGES) * 2 * KEYS * DP; };
+                auto v_of = [&](int t) { return k_of(t) + KEYS * DP; };
+                /* V of tile t landed, and is visible to wgmma (the producer's
+                 * cp.async writes are generic-proxy writes; each wait is
+                 * followed by the fence before an MMA may read them. Leaving it
+                 * out after the tiles copied by TMA, which need none, measured
+                 * level: BENCHMARKS.md) */
+                auto wait_v = [&](int t) {
+                    const int g = g0 + t;
+                    mbar_wait(&bar.v_full[g % STAGES], (g / STAGES) & 1);
+                    fence_proxy_async();
+                };
+                /* Step t: wait for tile t (k_landed: the caller has waited for
+                 * its K), and take this warpgroup's turn at the tensor cores
+                 * (the caller issues, then passes the turn). A mixed
+                 * tile (some key below kv_end hidden from some row of the block:
+                 * the diagonal, a window's edge) first has its V scanned by the
+                 * NaN rule, with a consumer barrier (the one per tile, only
+                 * there); returns the set of its bad-key marks, or -1 */
+                auto begin_tile = [&](int t, bool k_landed = false) {
+                    const int g = g0 + t;
+                    if (!k_landed) mbar_wait(&bar.k_full[g % STAGES], (g / STAGES) & 1);
+                    if (t == 0) PF_CLK(wg, k, 3);
+                    if (t == 0) { /* q landed: the NaN rule's check of this warp's q rows */
+                        const uint32_t qb = q_rows_bad<DQK, T>(
+                            qs, [](int row, int c) { return sw128<ROWS>(row, c); }, warp_row0, lane);
 #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        if ((qb >> (2 * (lane / 4 + 8 * h))) & 1u) d[h] = __int_as_float(0x7fc00000);
-                }
-                const int t0 = it.kv_begin + t * KEYS;
-                int set = -1;
-                const bool mixed =
-                    (p.causal && t0 + KEYS - 1 > it.pos0) ||
-                    (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left);
-                if (CHECK && mixed) {
-                    wait_v(t);
-                    set = mk % 3;
-                    /* (the producer's copies, which wait_v waited for) */
-                    scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
-                        v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set], threadIdx.x);
-                    fence_proxy_async(); /* its zeros, visible to wgmma */
-                    bar_sync(1 + CWG, CONSUMERS);
-                    if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
-                    mk++;
-                }
-                fence_proxy_async(); /* the copies, visible to wgmma */
-                if (t == 0) PF_CLK(wg, k, 4);
-                bar_sync(1 + wg, TURN);
-                if (t == 0) PF_CLK(wg, k, 5);
-                return set;
-            };
-            auto pass_turn = [&]() { bar_arrive(1 + (wg + 1) % CWG, TURN); };
-            /* K of tile t is read no more by this warpgroup; an OSTORE
-             * item's last K stays for its o (the epilogue releases it) */
-            auto release_k = [&](int t) {
-                if (!(ostore && t == n_tiles - 1)) mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]);
-                else bar_arrive(OS_LAST + 2 * (os_n % 2) + (wg + 1) % CWG, CONSUMERS);
-            };
-            auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
-            /* s = q . k of tile t for this warpgroup's 64 rows: K-major
-             * operands, 16 elements (32 bytes) of the head dim a step */
-            auto issue_s = [&](int t, float (&s)[NT][4]) {
-                const T *ks = k_of(t);
-                wgmma_fence();
+                        for (int h = 0; h < 2; h++)
+                            if ((qb >> (2 * (lane / 4 + 8 * h))) & 1u) d[h] = __int_as_float(0x7fc00000);
+                    }
+                    const int t0 = it.kv_begin + t * KEYS;
+                    int set = -1;
+                    const bool mixed =
+                        (p.causal && t0 + KEYS - 1 > it.pos0) ||
+                        (p.window_left >= 0 && t0 < (int64_t)pos_last - p.window_left);
+                    if (CHECK && mixed) {
+                        wait_v(t);
+                        set = mk % 3;
+                        /* (the producer's copies, which wait_v waited for) */
+                        scan_v_tile<DVO, DP, KEYS, CONSUMERS>(
+                            v_of(t), [](int row, int c) { return sw128<KEYS>(row, c); }, bad_keys[set], threadIdx.x);
+                        fence_proxy_async(); /* its zeros, visible to wgmma */
+                        bar_sync(1 + CWG, CONSUMERS);
+                        if (threadIdx.x < KEYS / 32) bad_keys[(mk + 2) % 3][threadIdx.x] = 0;
+                        mk++;
+                    }
+                    fence_proxy_async(); /* the copies, visible to wgmma */
+                    if (t == 0) PF_CLK(wg, k, 4);
+                    bar_sync(1 + wg, TURN);
+                    if (t == 0) PF_CLK(wg, k, 5);
+                    return set;
+                };
+                auto pass_turn = [&]() { bar_arrive(1 + (wg + 1) % CWG, TURN); };
+                /* K of tile t is read no more by this warpgroup; an OSTORE
+                 * item's last K stays for its o (the epilogue releases it) */
+                auto release_k = [&](int t) {
+                    if (!(ostore && t == n_tiles - 1)) mbar_arrive(&bar.k_empty[(g0 + t) % STAGES]);
+                    else bar_arrive(OS_LAST + 2 * (os_n % 2) + (wg + 1) % CWG, CONSUMERS);
+                };
+                auto release_v = [&](int t) { mbar_arrive(&bar.v_empty[(g0 + t) % STAGES]); };
+                /* s = q . k of tile t for this warpgroup's 64 rows: K-major
+                 * operands, 16 elements (32 bytes) of the head dim a step */
+                auto issue_s = [&](int t, float (&s)[NT][4]) {
+                    const T *ks = k_of(t);
+                    wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < DQK / 16; kk++) {
-                    const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
-                    const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
-                    wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
-                }
-                wgmma_commit();
-            };
-            /* s (landed) -> P, with the masks this warp's rows need at tile t
-             * and the bad-key marks of set (-1: none) */
-            auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2], bool ahead) {
-                const int t0 = it.kv_begin + t * KEYS;
-                const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
-                                    (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
-                const uint32_t *bad = set >= 0 ? bad_keys[set] : NULL;
-                return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad,
-                                                                m, d, f)
-                             : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m, d, f);
-            };
+                    for (int kk = 0; kk < DQK / 16; kk++) {
+                        const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
+                        const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
+                        wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
+                    }
+                    wgmma_commit();
+                };
+                /* s (landed) -> P, with the masks this warp's rows need at tile t
+                 * and the bad-key marks of set (-1: none) */
+                auto softmax = [&](int t, int set, float (&s)[NT][4], float (&f)[2], bool ahead) {
+                    const int t0 = it.kv_begin + t * KEYS;
+                    const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
+                                        (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
+                    const uint32_t *bad = set >= 0 ? bad_keys[set] : NULL;
+                    return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad,
+                                                                    m, d, f)
+                                 : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m, d, f);
+                };
 
-            if (tr::PIPE && n_tiles > 0) {
-                /* step t issues S of tile t and P.V of tile t - 1 together; the
-                 * softmax of t runs while P.V does, then o is rescaled. The
-                 * item's last P.V runs alone: issuing it with the next
-                 * item's first S instead (one q buffer or two) measured
-                 * slower: 10-17% at 16 x 1024, up to 21% at 64 x 512
-                 * (BENCHMARKS.md) */
-                uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
-                {
-                    float s[NT][4], f[2];
-                    const int set = begin_tile(0);
-                    issue_s(0, s);
-                    pass_turn();
-                    wgmma_wait<0>();
-                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                    release_k(0);
-                    if (n_tiles == 1) mbar_arrive(&bar.q_empty); /* (below) */
-                    softmax(0, set, s, f, false); /* o is still 0: no rescale */
-                    pack_p<NT, T>(s, pa);
-                    PF_CLK(wg, k, 6);
-                }
-                for (int t = 1; t < n_tiles; t++) {
-                    float s[NT][4], f[2];
-                    /* V of t - 1 and K of t landed (copied in that order),
-                     * their barriers tested together: one round trip where
-                     * both have (begin_tile's fence then covers both).
-                     * Measured (H200, against the two waits in turn): 16 x
-                     * 1024 0.979 of the time, qwen2.5-7b 1 x 4096 0.985,
-                     * phi3-mini 4 x 4096 page 16 0.980, 4 x 4096 0.993,
-                     * the rest 0.994-0.998 (BENCHMARKS.md) */
+                if (tr::PIPE && n_tiles > 0) {
+                    /* step t issues S of tile t and P.V of tile t - 1 together; the
+                     * softmax of t runs while P.V does, then o is rescaled. The
+                     * item's last P.V runs alone: issuing it with the next
+                     * item's first S instead (one q buffer or two) measured
+                     * slower: 10-17% at 16 x 1024, up to 21% at 64 x 512
+                     * (BENCHMARKS.md) */
+                    uint32_t pa[NT / 2][4]; /* P of the tile whose P.V is next */
                     {
-                        const int gv = g0 + t - 1, gk = g0 + t;
-                        mbar_wait2(&bar.v_full[gv % STAGES], (gv / STAGES) & 1, &bar.k_full[gk % STAGES],
-                                   (gk / STAGES) & 1);
+                        float s[NT][4], f[2];
+                        const int set = begin_tile(0);
+                        issue_s(0, s);
+                        pass_turn();
+                        wgmma_wait<0>();
+                        wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                        find_in_s(s);
+                        release_k(0);
+                        if (n_tiles == 1) mbar_arrive(&bar.q_empty); /* (below) */
+                        softmax(0, set, s, f, false); /* o is still 0: no rescale */
+                        pack_p<NT, T>(s, pa);
+                        PF_CLK(wg, k, 6);
                     }
-                    const int set = begin_tile(t, true);
-                    issue_s(t, s);
-                    issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
-                    pass_turn();
-                    wgmma_wait<1>();
-                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                    /* The exponentials ahead of the maxima (attn.cuh) where
-                     * the warp's rows all have a reference max, on the clean
-                     * path (the NaN rule's checks take the usual one: with
-                     * both in the checked loop ptxas reloaded 9 spilled
-                     * values a tile at d128); where they went past
-                     * AHEAD_RANGE, S again by this warp alone (so K and, on
-                     * an item's last tile, q are kept until then), and the
-                     * usual path. After the item's last S (its softmax,
-                     * where that tile went ahead), q is read no more: the
-                     * producer copies the next item's q under the rest of
-                     * this item. Measured (H100, llama3-8b, page 128, q
-                     * freed after the last S against after the last P.V):
-                     * 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128 4 x
-                     * 4096 and 1 x 16384 the same */
-                    const bool last = t == n_tiles - 1;
-                    const bool ahead = !CHECK && (AK_PREFILL_ABLATE == 4 || /* (a diagnostics build: attn.cuh) */
-                                                   __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY));
-                    if (!ahead) {
-                        release_k(t);
-                        if (last) mbar_arrive(&bar.q_empty);
+                    for (int t = 1; t < n_tiles; t++) {
+                        float s[NT][4], f[2];
+                        /* V of t - 1 and K of t landed (copied in that order),
+                         * their barriers tested together: one round trip where
+                         * both have (begin_tile's fence then covers both).
+                         * Measured (H200, against the two waits in turn): 16 x
+                         * 1024 0.979 of the time, qwen2.5-7b 1 x 4096 0.985,
+                         * phi3-mini 4 x 4096 page 16 0.980, 4 x 4096 0.993,
+                         * the rest 0.994-0.998 (BENCHMARKS.md) */
+                        {
+                            const int gv = g0 + t - 1, gk = g0 + t;
+                            mbar_wait2(&bar.v_full[gv % STAGES], (gv / STAGES) & 1, &bar.k_full[gk % STAGES],
+                                       (gk / STAGES) & 1);
+                        }
+                        const int set = begin_tile(t, true);
+                        issue_s(t, s);
+                        issue_pv<DVN, KEYS, T>(o, pa, v_of(t - 1));
+                        pass_turn();
+                        wgmma_wait<1>();
+                        wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                        find_in_s(s);
+                        /* The exponentials ahead of the maxima (attn.cuh) where
+                         * the warp's rows all have a reference max, on the clean
+                         * path (the NaN rule's checks take the usual one: with
+                         * both in the checked loop ptxas reloaded 9 spilled
+                         * values a tile at d128); where they went past
+                         * AHEAD_RANGE, S again by this warp alone (so K and, on
+                         * an item's last tile, q are kept until then), and the
+                         * usual path. After the item's last S (its softmax,
+                         * where that tile went ahead), q is read no more: the
+                         * producer copies the next item's q under the rest of
+                         * this item. Measured (H100, llama3-8b, page 128, q
+                         * freed after the last S against after the last P.V):
+                         * 16 x 1024 1.08x faster, d64 4 x 4096 1.02x, d128 4 x
+                         * 4096 and 1 x 16384 the same */
+                        const bool last = t == n_tiles - 1;
+                        const bool ahead = !CHECK && (AK_PREFILL_ABLATE == 4 || /* (a diagnostics build: attn.cuh) */
+                                                       __all_sync(0xffffffffu, m[0] != -INFINITY && m[1] != -INFINITY));
+                        if (!ahead) {
+                            release_k(t);
+                            if (last) mbar_arrive(&bar.q_empty);
+                        }
+                        int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
+                        if ((got & SOFTMAX_FAR) && (AK_PREFILL_ABLATE != 4 || !ahead)) {
+                            if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
+                            got = softmax(t, set, s, f, false);
+                        }
+                        if (ahead) {
+                            release_k(t);
+                            if (last) mbar_arrive(&bar.q_empty);
+                        }
+                        wgmma_wait<0>();
+                        wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
+                        release_v(t - 1);
+                        if (got & SOFTMAX_RAISED) scale_rows<DN>(o, f);
+                        pack_p<NT, T>(s, pa);
                     }
-                    int got = ahead ? softmax(t, set, s, f, true) : SOFTMAX_FAR;
-                    if ((got & SOFTMAX_FAR) && (AK_PREFILL_ABLATE != 4 || !ahead)) {
-                        if (ahead) s_by_mma<DQK, ROWS, KEYS>(qs, k_of(t), warp_row0, lane, s);
-                        got = softmax(t, set, s, f, false);
-                    }
-                    if (ahead) {
-                        release_k(t);
-                        if (last) mbar_arrive(&bar.q_empty);
-                    }
+                    PF_CLK(wg, k, 7);
+                    wait_v(n_tiles - 1);
+                    issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
                     wgmma_wait<0>();
                     wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                    release_v(t - 1);
-                    if (got & SOFTMAX_RAISED) scale_rows<DN>(o, f);
-                    pack_p<NT, T>(s, pa);
+                    release_v(n_tiles - 1);
+                    PF_CLK(wg, k, 8);
+                } else {
+                    for (int t = 0; t < n_tiles; t++) {
+                        float s[NT][4], f[2];
+                        uint32_t pn[NT / 2][4];
+                        const int set = begin_tile(t);
+                        issue_s(t, s);
+                        pass_turn();
+                        wgmma_wait<0>();
+                        wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
+                        release_k(t); /* (the next K loads under this softmax and P.V) */
+                        if (softmax(t, set, s, f, false)) scale_rows<DN>(o, f);
+                        pack_p<NT, T>(s, pn);
+                        wait_v(t);
+                        issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
+                        wgmma_wait<0>();
+                        wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
+                        release_v(t);
+                    }
                 }
-                PF_CLK(wg, k, 7);
-                wait_v(n_tiles - 1);
-                issue_pv<DVN, KEYS, T>(o, pa, v_of(n_tiles - 1));
-                wgmma_wait<0>();
-                wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                release_v(n_tiles - 1);
-                PF_CLK(wg, k, 8);
-            } else {
-                for (int t = 0; t < n_tiles; t++) {
-                    float s[NT][4], f[2];
-                    uint32_t pn[NT / 2][4];
-                    const int set = begin_tile(t);
-                    issue_s(t, s);
-                    pass_turn();
-                    wgmma_wait<0>();
-                    wgmma_hold(reinterpret_cast<float(&)[KEYS / 2]>(s));
-                    release_k(t); /* (the next K loads under this softmax and P.V) */
-                    if (softmax(t, set, s, f, false)) scale_rows<DN>(o, f);
-                    pack_p<NT, T>(s, pn);
-                    wait_v(t);
-                    issue_pv<DVN, KEYS, T>(o, pn, v_of(t));
-                    wgmma_wait<0>();
-                    wgmma_hold(reinterpret_cast<float(&)[DVN / 2]>(o));
-                    release_v(t);
+                g0 += n_tiles;
+                if (!STAGED && n_tiles == 0) mbar_arrive(&bar.q_empty); /* (else after the last S) */
+                if (last_h) {
+                    found |= last_h == 1 ? o_nonfinite<OCHUNKS, 0>(o) : o_nonfinite<OCHUNKS, 1>(o);
+                    if (__any_sync(0xffffffffu, found) && lane == 0) atomicOr(redo + k / 32, 1u << (k % 32));
                 }
-            }
-            g0 += n_tiles;
-            if (!STAGED && n_tiles == 0) mbar_arrive(&bar.q_empty); /* (else after the last S) */
-            /* epilogue (prefill.cu's, one m tile a warp) */
-            float inv[2], lse[2];
+                /* epilogue (prefill.cu's, one m tile a warp) */
+                float inv[2], lse[2];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                /* the NaN rule: a non-finite o element (of the real dims) makes its row NaN */
+                for (int h = 0; h < 2; h++) {
+                    /* the NaN rule: a non-finite o element (of the real dims) makes its row NaN */
 #pragma unroll
-                for (int n = 0; n < OCHUNKS && CHECK; n++) {
-                    add_bad(d[h], o[n][2 * h]);
-                    add_bad(d[h], o[n][2 * h + 1]);
+                    for (int n = 0; n < OCHUNKS && CHECK; n++) {
+                        add_bad(d[h], o[n][2 * h]);
+                        add_bad(d[h], o[n][2 * h + 1]);
+                    }
+                    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+                    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+                    int g;
+                    tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
+                    finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
                 }
-                d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
-                d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
-                int g;
-                tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
-                finish_row(p, head0 + min(g, heads - 1), it.out >= 0, m[h], d[h], inv[h], lse[h]);
-            }
-            PF_CLK(wg, k, 10);
-            if (ostore) {
-                const int st = (g0 - 1) % STAGES; /* the last tile's */
-                T *os = stages + st * 2 * KEYS * DP;
-                bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup is done with it */
-                PF_CLK(wg, k, 12);
-                os_n++;
-                stage_o<ROWS, OCHUNKS>(os, o, inv, warp_row0, lane);
-                PF_CLK(wg, k, 13);
-                store_o_tma<ROWS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
-                if (p.lse && lane % 4 == 0) {
+                PF_CLK(wg, k, 10);
+                if (ostore) {
+                    const int st = (g0 - 1) % STAGES; /* the last tile's */
+                    T *os = stages + st * 2 * KEYS * DP;
+                    bar_sync(OS_LAST + 2 * (os_n % 2) + wg, CONSUMERS); /* the other warpgroup is done with it */
+                    PF_CLK(wg, k, 12);
+                    os_n++;
+                    stage_o<ROWS, OCHUNKS>(os, o, inv, warp_row0, lane);
+                    PF_CLK(wg, k, 13);
+                    store_o_tma<ROWS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
+                    if (p.lse && lane % 4 == 0) {
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
+                        for (int h = 0; h < 2; h++) {
+                            int g;
+                            const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
+                            if (i < it.ntok) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
+                        }
+                    }
+                    PF_CLK(wg, k, 9);
+                    return;
+                }
+                if (STAGED && it.out < 0) { /* (this warp's q rows: only its warpgroup read them, and it is done) */
+                    stage_o<ROWS, OCHUNKS>(qs, o, inv, warp_row0, lane);
+                    if (o_tma) /* the warpgroup's rows by TMA, then q's buffer is free */
+                        store_o_tma<ROWS, DVN / 64>(maps, qs, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.q_empty);
+                    __syncwarp();
+                    for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
+                        const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
                         int g;
-                        const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
-                        if (i < it.ntok) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
+                        const int i = tile_token(p, row, g);
+                        if (i < it.ntok && g < heads)
+                            *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
+                                *(const uint4 *)(qs + sw128<ROWS>(row, c));
                     }
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int g;
+                    const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
+                    if (i >= it.ntok || g >= heads) continue;
+                    if (it.out < 0) {
+                        if (!STAGED) {
+                            T *dst = (T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head +
+                                     (lane % 4) * 2;
+#pragma unroll
+                            for (int n = 0; n < OCHUNKS; n++)
+                                *(uint32_t *)(dst + n * 8) =
+                                    dtype_traits<T>::pack(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
+                        }
+                        if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
+                        continue;
+                    }
+                    const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
+                    float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
+#pragma unroll
+                    for (int n = 0; n < OCHUNKS; n++)
+                        *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
+                    if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
+                }
+                if (STAGED && !o_tma) {
+                    /* the staging reads of qs are done; their writes ordered
+                     * before the next q's TMA writes (the async proxy) */
+                    fence_proxy_async();
+                    mbar_arrive(&bar.q_empty);
                 }
                 PF_CLK(wg, k, 9);
-                return;
+            };
+            /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
+             * the items of each path are a kernel's pass of their own */
+            if constexpr (PASS == PASS_CLEAN || PASS == PASS_QUEUE) {
+                item(bool_c<false>());
+            } else if constexpr (PASS == PASS_CHECKED) {
+                item(bool_c<true>());
+            } else {
+                if (phase == 1 || (detect ? k >= REDO_ITEMS : item_checked(p, it, ih.kv_head))) item(bool_c<true>());
+                else item(bool_c<false>());
             }
-            if (STAGED && it.out < 0) { /* (this warp's q rows: only its warpgroup read them, and it is done) */
-                stage_o<ROWS, OCHUNKS>(qs, o, inv, warp_row0, lane);
-                if (o_tma) /* the warpgroup's rows by TMA, then q's buffer is free */
-                    store_o_tma<ROWS, DVN / 64>(maps, qs, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.q_empty);
-                __syncwarp();
-                for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
-                    const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
-                    int g;
-                    const int i = tile_token(p, row, g);
-                    if (i < it.ntok && g < heads)
-                        *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
-                            *(const uint4 *)(qs + sw128<ROWS>(row, c));
-                }
-            }
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int g;
-                const int i = tile_token(p, warp_row0 + lane / 4 + 8 * h, g);
-                if (i >= it.ntok || g >= heads) continue;
-                if (it.out < 0) {
-                    if (!STAGED) {
-                        T *dst = (T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head +
-                                 (lane % 4) * 2;
-#pragma unroll
-                        for (int n = 0; n < OCHUNKS; n++)
-                            *(uint32_t *)(dst + n * 8) =
-                                dtype_traits<T>::pack(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
-                    }
-                    if (p.lse && lane % 4 == 0) p.lse[(it.tok0 + i) * p.lse_stride_tok + head0 + g] = lse[h];
-                    continue;
-                }
-                const int64_t slot = (int64_t)(it.out + i) * p.num_qo_heads + head0 + g;
-                float *dst = p.o_tmp + slot * DVO + (lane % 4) * 2;
-#pragma unroll
-                for (int n = 0; n < OCHUNKS; n++)
-                    *(float2 *)(dst + n * 8) = make_float2(o[n][2 * h] * inv[h], o[n][2 * h + 1] * inv[h]);
-                if (lane % 4 == 0) p.lse_tmp[slot] = lse[h];
-            }
-            if (STAGED && !o_tma) {
-                /* the staging reads of qs are done; their writes ordered
-                 * before the next q's TMA writes (the async proxy) */
-                fence_proxy_async();
-                mbar_arrive(&bar.q_empty);
-            }
-            PF_CLK(wg, k, 9);
-        };
-        /* At DP 256 a kernel with both paths spills (BENCHMARKS.md): there
-         * the items of each path are a kernel's pass of their own */
-        if constexpr (PASS == PASS_CLEAN || PASS == PASS_QUEUE) {
-            item(bool_c<false>());
-        } else if constexpr (PASS == PASS_CHECKED) {
-            item(bool_c<true>());
-        } else {
-            if (item_checked(p, it, ih.kv_head)) item(bool_c<true>());
-            else item(bool_c<false>());
         }
     }
     if (threadIdx.x % 128 == 0) bulk_wait(); /* (o's stores done before the kernel is) */
@@ -626,6 +661,11 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     if (PASS == PASS_CHECKED || PASS == PASS_CLEAN)
         for (int i = threadIdx.x; i < PASS_MASK_ITEMS / 32; i += blockDim.x) pass_skip[i] = 0;
     if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
+    /* the NaN rule found in the kernel: the items of the block to run again,
+     * checked (attn.cuh; prefill_wgmma_consumers' phases) */
+    constexpr int REDO_WORDS = PASS == PASS_ALL && tr::PIPE ? REDO_ITEMS / 32 : 1;
+    __shared__ uint32_t redo[REDO_WORDS];
+    for (int i = threadIdx.x; i < REDO_WORDS; i += blockDim.x) redo[i] = 0;
     /* PASS_QUEUE: the items from the queue (producer.cuh's item_ring) */
     __shared__ item_ring ring[1];
     if (threadIdx.x == 0) {
@@ -666,10 +706,11 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, ring);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, ring,
+                                                  PASS == PASS_ALL && tr::PIPE ? redo : NULL);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
-        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps, ring);
+        prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps, ring, redo);
     }
     /* finish only after decode (see prefill.cu) */
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -701,7 +742,7 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
          * at DP 256, where o staged in q's rows would leave values in the
          * rows no token fills */
         const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS>,
-                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1, 0, tr::PIPE ? 64 : 0};
+                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1, 0, tr::PIPE ? 64 : 0, tr::PIPE};
         return k;
     }
 };

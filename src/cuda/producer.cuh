@@ -364,7 +364,7 @@ __device__ __forceinline__ int queue_take(item_ring &r, int k)
 template <typename tr, typename T, int ADDR, bool TMA = false, int PASS = PASS_ALL>
 __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T *stages, ws_barriers<tr::STAGES> &bar,
                                                  const kv_maps *maps = NULL, const uint32_t *skip = NULL,
-                                                 item_ring *ring = NULL)
+                                                 item_ring *ring = NULL, const uint32_t *redo = NULL)
 {
     constexpr int DQK = tr::DQK, DVO = tr::DVO;
     constexpr int ROWS = tr::ROWS, KEYS = tr::KEYS, STAGES = tr::STAGES, DP = tr::DP;
@@ -372,107 +372,117 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     const int32_t *table = p.head->kv_table;
     int g = 0, n = 0; /* tiles and items so far */
     constexpr bool queue = PASS == PASS_QUEUE; /* (items from the queue: queue_post) */
-    for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
-        if (queue) {
-            if (threadIdx.x % tr::PRODUCERS == 0) queue_post(p, *ring, k, num_items);
-            w = queue_take(*ring, k);
+    /* phase 1 (redo: the NaN rule found in the kernel, attn.cuh): the items
+     * the consumers flagged, again, once they have run every other */
+    for (int phase = 0;; phase++) {
+        if (phase == 1) {
+            if (!redo || !p.nan_detect) break;
+            bar_sync(REDO_BAR, tr::CONSUMERS + tr::PRODUCERS);
         }
-        if (w >= num_items) break;
-        PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
-        const prefill_item it = p.pitems[w];
-        if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue; /* padding, the other pass's */
-        const item_heads ih = heads_of(p, it);
-        const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
-        const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
-        /* The keys a TMA tile may copy: up to kv_end, or, causal, up to
-         * the request's last (it.kv_len), so that an item's last tile (the
-         * diagonal) goes by TMA whole where the request's later keys fill
-         * it, instead of by cp.async with its rows past kv_end zero-filled.
-         * The masks hide those keys, and a non-finite V of theirs stays out
-         * of o (0 x NaN through P.V): on a clean item (the NaN rule: its
-         * request's K/V all finite) nothing is needed, and on a checked one
-         * the tile is a mixed one (its last row sees key kv_end - 1, below
-         * the tile's end), whose V the consumers scan and zero (attn.cuh).
-         * Without causal masks no tile runs past kv_end below kv_len: an
-         * item's keys then end at kv_len, or at a split chunk's end, a
-         * multiple of the tile (engine.cu's PREFILL_CHUNK_ALIGN) */
-        int tma_end = it.kv_end;
-        const int t_last = it.kv_begin + (n_tiles - 1) * KEYS;
-        if (TMA && p.causal && n_tiles > 0 && t_last + KEYS > it.kv_end && t_last + KEYS <= it.kv_len)
-            tma_end = t_last + KEYS;
-        /* tile t into stage g % STAGES, once every consumer finished reading
-         * what it held (tile g - STAGES) */
-        producer_rows<DP, KEYS, tr::PRODUCERS> cur;
-        auto fill = [&](int t) {
-            const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
-            T *ks = stages + st * 2 * KEYS * DP;
-            /* TMA: a whole tile below tma_end, in boxes of p.kv_box rows (a
-             * tile, or half of one), paged each on one page (a page holds
-             * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
-             * (32 or 16 rows, pages of 16n keys). (Thread 0 arriving for
-             * the warpgroup on these tiles, warps 1-3 waiting asleep
-             * instead of polling: 1-11% slower, BENCHMARKS.md) */
-            if (TMA && p.kv_box >= 64 && (ADDR == 1 || kv_box_start(p, t0)) && t0 + KEYS <= tma_end) {
-                const int boxes = kv_boxes(p, KEYS);
-                int32_t block[2] = {0, 0};
-                int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
-                if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
-                    block[0] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at[0]);
-                    if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
+        if (phase == 2) break;
+        for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
+            if (queue) {
+                if (threadIdx.x % tr::PRODUCERS == 0) queue_post(p, *ring, k, num_items);
+                w = queue_take(*ring, k);
+            }
+            if (w >= num_items || (phase == 1 && k >= REDO_ITEMS)) break;
+            if (phase == 1 && !((redo[k / 32] >> (k % 32)) & 1u)) continue;
+            PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
+            const prefill_item it = p.pitems[w];
+            if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue; /* padding, the other pass's */
+            const item_heads ih = heads_of(p, it);
+            const int kv_head = ih.kv_head, head0 = ih.head0, heads = ih.heads, hb = p.prow_heads;
+            const int n_tiles = (it.kv_end - it.kv_begin + KEYS - 1) / KEYS;
+            /* The keys a TMA tile may copy: up to kv_end, or, causal, up to
+             * the request's last (it.kv_len), so that an item's last tile (the
+             * diagonal) goes by TMA whole where the request's later keys fill
+             * it, instead of by cp.async with its rows past kv_end zero-filled.
+             * The masks hide those keys, and a non-finite V of theirs stays out
+             * of o (0 x NaN through P.V): on a clean item (the NaN rule: its
+             * request's K/V all finite) nothing is needed, and on a checked one
+             * the tile is a mixed one (its last row sees key kv_end - 1, below
+             * the tile's end), whose V the consumers scan and zero (attn.cuh).
+             * Without causal masks no tile runs past kv_end below kv_len: an
+             * item's keys then end at kv_len, or at a split chunk's end, a
+             * multiple of the tile (engine.cu's PREFILL_CHUNK_ALIGN) */
+            int tma_end = it.kv_end;
+            const int t_last = it.kv_begin + (n_tiles - 1) * KEYS;
+            if (TMA && p.causal && n_tiles > 0 && t_last + KEYS > it.kv_end && t_last + KEYS <= it.kv_len)
+                tma_end = t_last + KEYS;
+            /* tile t into stage g % STAGES, once every consumer finished reading
+             * what it held (tile g - STAGES) */
+            producer_rows<DP, KEYS, tr::PRODUCERS> cur;
+            auto fill = [&](int t) {
+                const int st = g % STAGES, t0 = it.kv_begin + t * KEYS;
+                T *ks = stages + st * 2 * KEYS * DP;
+                /* TMA: a whole tile below tma_end, in boxes of p.kv_box rows (a
+                 * tile, or half of one), paged each on one page (a page holds
+                 * whole boxes: ak_cuda_prefill_tma_maps); then in page boxes
+                 * (32 or 16 rows, pages of 16n keys). (Thread 0 arriving for
+                 * the warpgroup on these tiles, warps 1-3 waiting asleep
+                 * instead of polling: 1-11% slower, BENCHMARKS.md) */
+                if (TMA && p.kv_box >= 64 && (ADDR == 1 || kv_box_start(p, t0)) && t0 + KEYS <= tma_end) {
+                    const int boxes = kv_boxes(p, KEYS);
+                    int32_t block[2] = {0, 0};
+                    int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
+                    if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
+                        block[0] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at[0]);
+                        if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
+                    }
+                    if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+                    tma_tile_copy<DQK, KEYS, tr::PRODUCERS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
+                    if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+                    tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
+                                                      &bar.v_full[st]);
+                    g++;
+                    return;
                 }
+                if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && kv_box_start(p, t0) && t0 + KEYS <= tma_end) {
+                    const page_box b = page_box_of<tr::PRODUCERS, KEYS>(p, table, it.page_base, t0);
+                    if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
+                    tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
+                    if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
+                    tma_page_copy<DVO, KEYS, tr::PRODUCERS, T>(p, &maps->v, b, kv_head, ks + KEYS * DP, &bar.v_full[st]);
+                    g++;
+                    return;
+                }
+                tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
                 if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DQK, KEYS, tr::PRODUCERS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
+                producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);
+                mbar_arrive_cp_async(&bar.k_full[st]);
                 if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
-                                                  &bar.v_full[st]);
+                producer_copy<DVO, DP, KEYS, tr::PRODUCERS, true, T>(p, cur, kv_head, t0, it.kv_end, ks + KEYS * DP);
+                mbar_arrive_cp_async(&bar.v_full[st]);
                 g++;
-                return;
+            };
+            /* (Items and their scan flags read here and passed to the consumers
+             * through shared memory, or the flags prefetched into L1 for them:
+             * both measured no faster, H200, BENCHMARKS.md) */
+            if (n_tiles > 0) fill(0);
+            PF_CLK(tr::CONSUMERS / 128, k, 1);
+            if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
+            PF_CLK(tr::CONSUMERS / 128, k, 2);
+            n++;
+            /* q's rows, unless no key tile follows (then nothing reads them);
+             * q_full completes once an item either way, so that the consumers
+             * never run a phase of q_empty ahead of this wait. (A barrier pair
+             * and a box a consumer warpgroup, each warpgroup's rows copied once
+             * that warpgroup is done with the last item's: 2-18% slower, ptxas
+             * spilling in both roles; BENCHMARKS.md, 2026-12-07) */
+            const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1; /* (a box a segment, or the tile) */
+            if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && it.ntok == boxes * p.q_box) {
+                tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
+            } else if (n_tiles > 0) {
+                load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
+                                                         [](int row, int c) { return sw128<ROWS>(row, c); });
+                mbar_arrive_cp_async(&bar.q_full);
+            } else {
+                mbar_arrive(&bar.q_full);
             }
-            if (ADDR == 0 && TMA && p.kv_box > 0 && p.kv_box < 64 && kv_box_start(p, t0) && t0 + KEYS <= tma_end) {
-                const page_box b = page_box_of<tr::PRODUCERS, KEYS>(p, table, it.page_base, t0);
-                if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-                tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
-                if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                tma_page_copy<DVO, KEYS, tr::PRODUCERS, T>(p, &maps->v, b, kv_head, ks + KEYS * DP, &bar.v_full[st]);
-                g++;
-                return;
-            }
-            tile_blocks<DP, KEYS, tr::PRODUCERS, ADDR>(p, table, it.page_base, t0, it.kv_end, cur);
-            if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-            producer_copy<DQK, DP, KEYS, tr::PRODUCERS, false, T>(p, cur, kv_head, t0, it.kv_end, ks);
-            mbar_arrive_cp_async(&bar.k_full[st]);
-            if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-            producer_copy<DVO, DP, KEYS, tr::PRODUCERS, true, T>(p, cur, kv_head, t0, it.kv_end, ks + KEYS * DP);
-            mbar_arrive_cp_async(&bar.v_full[st]);
-            g++;
-        };
-        /* (Items and their scan flags read here and passed to the consumers
-         * through shared memory, or the flags prefetched into L1 for them:
-         * both measured no faster, H200, BENCHMARKS.md) */
-        if (n_tiles > 0) fill(0);
-        PF_CLK(tr::CONSUMERS / 128, k, 1);
-        if (n > 0) mbar_wait(&bar.q_empty, (n - 1) & 1);
-        PF_CLK(tr::CONSUMERS / 128, k, 2);
-        n++;
-        /* q's rows, unless no key tile follows (then nothing reads them);
-         * q_full completes once an item either way, so that the consumers
-         * never run a phase of q_empty ahead of this wait. (A barrier pair
-         * and a box a consumer warpgroup, each warpgroup's rows copied once
-         * that warpgroup is done with the last item's: 2-18% slower, ptxas
-         * spilling in both roles; BENCHMARKS.md, 2026-12-07) */
-        const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1; /* (a box a segment, or the tile) */
-        if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && it.ntok == boxes * p.q_box) {
-            tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
-        } else if (n_tiles > 0) {
-            load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
-                                                     [](int row, int c) { return sw128<ROWS>(row, c); });
-            mbar_arrive_cp_async(&bar.q_full);
-        } else {
-            mbar_arrive(&bar.q_full);
+            PF_CLK(tr::CONSUMERS / 128, k, 3);
+            for (int t = 1; t < n_tiles; t++) fill(t);
+            PF_CLK(tr::CONSUMERS / 128, k, 4);
         }
-        PF_CLK(tr::CONSUMERS / 128, k, 3);
-        for (int t = 1; t < n_tiles; t++) fill(t);
-        PF_CLK(tr::CONSUMERS / 128, k, 4);
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory"); /* (no copy of this thread lands after it exits) */
 }
