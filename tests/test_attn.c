@@ -842,7 +842,7 @@ static void run_nan_detect_switch(test_ctx *t)
                               "AK_CUDA_PORTABLE=1): %s", buf[ON]);
         return;
     }
-    const char *found = "found by the kernel itself", *scan = "a scan pass first";
+    const char *found = "found by the kernel itself", *scan = "a scan pass first for";
     int ok = d[ON].created == AK_OK && strstr(buf[ON], found) && !strstr(buf[ON], scan);
     ok &= d[OFF].created == AK_OK && strstr(buf[OFF], scan) && !strstr(buf[OFF], found);
     ok &= d[WINDOW].created == AK_OK && strstr(buf[WINDOW], scan) && !strstr(buf[WINDOW], found);

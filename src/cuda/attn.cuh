@@ -212,12 +212,6 @@ struct attn_params {
      * wave's (a block's first item is blockIdx.x), and the blocks done
      * taking; the last of them sets both to 0 again (zero at creation) */
     int *item_queue;
-    /* prefill (prefill_wgmma.cu below DP 256, no window, no soft-cap): the
-     * NaN rule found in the kernel instead of by the scan pass: every item
-     * runs unchecked, detecting what would break the rule there (attn.cuh's
-     * "found in the kernel"), and the block runs the items it found again,
-     * checked, after its others (attn_kernel.detect; engine.cu) */
-    int nan_detect;
 };
 
 #ifdef __CUDACC__
@@ -866,7 +860,7 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
  *      row that sees a marked key is made NaN (flag_bad_keys). */
 __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d); }
 
-/* The NaN rule found in the kernel (attn_params.nan_detect; prefill_wgmma.cu
+/* The NaN rule found in the kernel (PASS_DETECT below; prefill_wgmma.cu
  * below DP 256): every item runs unchecked, and the block runs again,
  * checked, each item where that path may have broken the rule. With q's
  * rows checked (q_rows_bad), no window and no soft-cap, it breaks it in
@@ -921,8 +915,10 @@ template <int N, int H, int DN> __device__ __forceinline__ bool o_nonfinite(cons
  * checked. PASS_QUEUE is the clean pass where the scan pass runs beside
  * it (attn_params.scan_beside): every item of a scanned request, from a
  * queue, unchecked; the checked pass then runs those the flags mark
- * again. */
-enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2, PASS_QUEUE = 3 };
+ * again. PASS_DETECT takes every item with no scan pass at all: unchecked
+ * first, finding the rule's cases itself, then again, checked, the ones it
+ * found (the NaN rule found in the kernel, below). */
+enum { PASS_ALL = 0, PASS_CHECKED = 1, PASS_CLEAN = 2, PASS_QUEUE = 3, PASS_DETECT = 4 };
 
 /* A compile-time bool as a value: one generic lambda, two paths. */
 template <bool B> struct bool_c {
@@ -963,7 +959,7 @@ __device__ __forceinline__ bool item_checked(const attn_params &p, const prefill
 template <int PASS>
 __device__ __forceinline__ bool mask_in_pass(const attn_params &p, const uint32_t *skip, int k)
 {
-    if (PASS == PASS_ALL) return true;
+    if (PASS == PASS_ALL || PASS == PASS_DETECT) return true;
     if (scanned_tasks(p) == 0 || k >= PASS_MASK_ITEMS) return PASS == PASS_CHECKED;
     return !((skip[k / 32] >> (k % 32)) & 1u);
 }
@@ -1183,7 +1179,6 @@ struct attn_kernel {
     int merge_sub;     /* merge: blocks of a head's wide slice in the grid's y (merge.cu; 0 or 1: one) */
     int seg;           /* prefill: 64 where the kernel takes row tiles packed by its warpgroups' 64 rows
                           (attn_params.prow_seg_log2 6), else 0 */
-    int detect;        /* prefill: can find the NaN rule's cases itself (attn_params.nan_detect) */
 };
 
 /* A kernel table: Info<DQK, DVO, T>::get() for the pairs of AK_TC_HEAD_DIMS
@@ -1325,6 +1320,10 @@ attn_kernel ak_cuda_prefill_wgmma_kernel(int dqk, int dvo, ak_dtype dtype);
 attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype);
 /* The same pass from a queue beside the scan pass (PASS_QUEUE). */
 attn_kernel ak_cuda_prefill_wgmma_queue_kernel(int dqk, int dvo, ak_dtype dtype);
+/* Below DP 256: ak_cuda_prefill_wgmma_kernel's kernel finding the NaN rule's
+ * cases itself, with no scan pass (PASS_DETECT); the same launch shape; fn
+ * NULL for any other pair. */
+attn_kernel ak_cuda_prefill_wgmma_detect_kernel(int dqk, int dvo, ak_dtype dtype);
 /* head dims 512 (prefill_wide.cu, sm_90a, 16-bit K/V); the wgmma family's
  * kernel for that pair */
 attn_kernel ak_cuda_prefill_wide_kernel(ak_dtype dtype);

@@ -222,8 +222,8 @@ struct engine_state {
      * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE); fewer than
      * the KV heads: before it too (a block a head at least) */
     int scan_beside;
-    /* the NaN rule found in the prefill kernel instead of by the scan pass
-     * (attn_params.nan_detect) */
+    /* pre_k finds the NaN rule's cases itself, with no scan pass
+     * (detect_kernel_of) */
     int detect;
     attn_kernel scan_beside_k, pre_queue_k; /* (the scan pass and the clean pass, beside) */
     int *item_queue; /* device [2]: the clean pass's queue (attn_params.item_queue) */
@@ -327,15 +327,19 @@ static ak_status env_choice(const char *var, const char *a, const char *b, int *
     return AK_OK;
 }
 
-/* Whether a prefill kernel finds the NaN rule's cases itself (attn.cuh),
- * by the switch AK_CUDA_NAN_DETECT (env: env_choice's, -1 unset): where it
- * can (attn_kernel.detect), with no window (the last token's rows then see
- * every key of an item) and no soft-cap (which maps an infinite product to
- * a finite one). Every item, long or short, then runs unchecked first, and
- * no scan pass reads K/V or the pools' marks. */
-static int nan_detect_of(const ak_attn_config *cfg, const attn_kernel *k, int env)
+/* The prefill kernel of family f that finds the NaN rule's cases itself
+ * (attn.cuh: PASS_DETECT), where there is one and the switch
+ * AK_CUDA_NAN_DETECT (env: env_choice's, -1 unset) is not 0: the wgmma
+ * family below DP 256 with 16-bit K/V, with no window (the last token's
+ * rows then see every key of an item) and no soft-cap (which maps an
+ * infinite product to a finite one); else fn NULL. Every item, long or
+ * short, then runs unchecked first, and no scan pass reads K/V or the
+ * pools' marks. */
+static attn_kernel detect_kernel_of(const ak_attn_config *cfg, prefill_family f, int fp8, int env)
 {
-    return k->detect && env != 0 && cfg->window_left < 0 && cfg->logits_soft_cap == 0.0f;
+    const attn_kernel none = {NULL, 0, 0, 0};
+    if (f != PREFILL_WGMMA || fp8 || env == 0 || cfg->window_left >= 0 || cfg->logits_soft_cap != 0.0f) return none;
+    return ak_cuda_prefill_wgmma_detect_kernel(cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype);
 }
 
 /* AK_CUDA_SCAN_BESIDE: the SMs the scan pass holds beside the clean
@@ -627,7 +631,7 @@ void ak_cuda_engine_explain(const ak_attn_config *cfg, const ak_device_info *dev
     }
     /* the NaN rule (attn.cuh): found by the kernel, or by a scan pass over
      * the long requests' K/V (kernels with an unchecked path) */
-    const char *nan = nan_detect_of(cfg, &pk, detect)
+    const char *nan = detect_kernel_of(cfg, f, is_fp8(cfg), detect).fn
                           ? ", non-finite inputs found by the kernel itself, an item run again checked where "
                             "there is one (AK_CUDA_NAN_DETECT=0: a scan pass first)"
                       : pk.unchecked ? ", a scan pass first for non-finite K/V (the long requests')"
@@ -818,6 +822,13 @@ static ak_status engine_create_inner(engine_state *s)
         s->pre_k = ak_cuda_prefill_kernel(s->pfam, cfg->head_dim_qk, cfg->head_dim_vo, cfg->o_dtype, s->fp8);
         if (!s->pre_k.fn) return ak_set_error(AK_ERR_INTERNAL, "no prefill kernel for head dims %d/%d",
                                               cfg->head_dim_qk, cfg->head_dim_vo);
+        /* the same kernel finding the NaN rule's cases itself where it can
+         * (the same launch shape); AK_CUDA_NAN_DETECT=0 keeps the scan pass */
+        int detect;
+        AK_TRY(env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect));
+        const attn_kernel dk = detect_kernel_of(cfg, s->pfam, s->fp8, detect);
+        s->detect = dk.fn != NULL;
+        if (s->detect) s->pre_k = dk;
         int tma;
         AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
         s->pre_tma = s->pre_k.tma_map && tma != 0;
@@ -880,11 +891,6 @@ static ak_status engine_create_inner(engine_state *s)
                 s->pf_slots = lim->max_tokens * s->max_splits;
             s->max_tasks += (P + tail_tiles) * s->ptok;
         }
-        /* the NaN rule found in the kernel where it can; AK_CUDA_NAN_DETECT=0
-         * keeps the scan pass */
-        int detect;
-        AK_TRY(env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect));
-        s->detect = nan_detect_of(cfg, &s->pre_k, detect);
         /* the NaN rule's scan pass, for kernels with an unchecked path (or
          * pass: wgmma at DP 256; the portable and d512 ones always check):
          * tasks for every request (plan_prefill: a run without marks scans
@@ -1842,7 +1848,6 @@ ak_status ak_cuda_engine_run(void *state, const ak_run_args *a, ak_stream stream
     p.sinks = c->use_sinks ? (const float *)a->sinks->data : NULL;
     p.head_dim_qk = c->head_dim_qk;
     p.head_dim_vo = c->head_dim_vo;
-    p.nan_detect = s->detect;
 
     /* Outside a capture, kernels with nothing to do are not launched. Under
      * capture every kernel of the mode is, since the graph must serve any

@@ -239,8 +239,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     static_assert(!OSTORE || ROWS * DVN <= KEYS * DP, "o (ROWS rows a column block) fits the last tile's K");
     constexpr int OS_LAST = 2 + CWG, OS_ROWS = 6 + CWG;
     static_assert(OS_ROWS + CWG <= REDO_BAR, "the named barriers");
-    /* the NaN rule found in the kernel where the loop is PIPE's */
-    constexpr bool REDO = PASS == PASS_ALL && tr::PIPE;
+    /* the NaN rule found in the kernel (attn.cuh): phase 1 runs the items
+     * phase 0 flagged in redo again, checked, after every other */
+    constexpr bool REDO = PASS == PASS_DETECT;
+    static_assert(!REDO || tr::PIPE, "PASS_DETECT's checks are in PIPE's loop");
     int os_n = 0; /* items whose o went by TMA from a K stage */
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wg = warp / 4;
     /* The warpgroups take turns to issue their MMAs (named barrier 1 + w:
@@ -255,18 +257,15 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
     const int warp_row0 = warp * 16;
     const int num_items = p.head->counts[COUNT_PREFILL];
 
-    /* The NaN rule found in the kernel (attn.cuh): phase 1 runs the items
-     * phase 0 flagged in redo again, checked, after every other */
-    const bool detect = REDO && p.nan_detect;
     /* (The next item, and its scan flags, read during this item's
      * epilogue instead: no faster, H200, BENCHMARKS.md) */
     constexpr bool queue = PASS == PASS_QUEUE; /* (the producer's queue: producer.cuh) */
-    for (int phase = 0; phase < 1 + detect; phase++) {
+    for (int phase = 0; phase < 1 + REDO; phase++) {
         if (phase == 1) {
             /* phase 0's o stores written (not just read) before any is again;
              * its flags final, for the producer too */
             if (threadIdx.x % 128 == 0) bulk_wait();
-            bar_sync(REDO_BAR, tr::THREADS);
+            bar_sync_any(REDO_BAR, tr::THREADS); /* (the producer's is another instruction) */
         }
         for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
             if (queue) w = queue_take(*ring, k);
@@ -309,7 +308,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                  * holds rows of the item's last token checks one of its row
                  * halves (1 + h: the warp's rows lane / 4 + 8 h), at every
                  * key tile and in o at the end; `found` once it sees a case */
-                const int last_h = !CHECK && detect ? (__any_sync(0xffffffffu, row_pos0 == pos_last) ? 1
+                const int last_h = !CHECK && REDO ? (__any_sync(0xffffffffu, row_pos0 == pos_last) ? 1
                                                        : __any_sync(0xffffffffu, row_pos1 == pos_last) ? 2
                                                                                                       : 0)
                                                     : 0;
@@ -609,8 +608,11 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 item(bool_c<false>());
             } else if constexpr (PASS == PASS_CHECKED) {
                 item(bool_c<true>());
+            } else if constexpr (PASS == PASS_DETECT) {
+                if (phase == 1 || k >= REDO_ITEMS) item(bool_c<true>());
+                else item(bool_c<false>());
             } else {
-                if (phase == 1 || (detect ? k >= REDO_ITEMS : item_checked(p, it, ih.kv_head))) item(bool_c<true>());
+                if (item_checked(p, it, ih.kv_head)) item(bool_c<true>());
                 else item(bool_c<false>());
             }
         }
@@ -663,7 +665,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     if (threadIdx.x < 3 * (KEYS / 32)) bad_keys[threadIdx.x / (KEYS / 32)][threadIdx.x % (KEYS / 32)] = 0;
     /* the NaN rule found in the kernel: the items of the block to run again,
      * checked (attn.cuh; prefill_wgmma_consumers' phases) */
-    constexpr int REDO_WORDS = PASS == PASS_ALL && tr::PIPE ? REDO_ITEMS / 32 : 1;
+    constexpr int REDO_WORDS = PASS == PASS_DETECT ? REDO_ITEMS / 32 : 1;
     __shared__ uint32_t redo[REDO_WORDS];
     for (int i = threadIdx.x; i < REDO_WORDS; i += blockDim.x) redo[i] = 0;
     /* PASS_QUEUE: the items from the queue (producer.cuh's item_ring) */
@@ -706,8 +708,7 @@ __device__ __forceinline__ void prefill_wgmma_body(const attn_params &p, const k
     /* No return before the griddepcontrol.wait at the end (see prefill.cu). */
     if (wg == tr::CWG) {
         setmaxnreg_dec<tr::PRODUCER_REGS>();
-        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, ring,
-                                                  PASS == PASS_ALL && tr::PIPE ? redo : NULL);
+        prefill_producer<tr, T, ADDR, true, PASS>(p, qs, stages, bar, maps, pass_skip, ring, redo);
     } else {
         setmaxnreg_inc<tr::CONSUMER_REGS>();
         prefill_wgmma_consumers<DQK, DVO, T, PASS>(p, qs, stages, bar, bad_keys, pass_skip, maps, ring, redo);
@@ -742,7 +743,7 @@ template <int DQK, int DVO, typename T> struct wgmma_prefill_info {
          * at DP 256, where o staged in q's rows would leave values in the
          * rows no token fills */
         const attn_kernel k = {(void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS>,
-                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1, 0, tr::PIPE ? 64 : 0, tr::PIPE};
+                               tr::THREADS, tr::SMEM_BYTES, tr::ROWS, tr::PIPE, 1, 0, tr::PIPE ? 64 : 0};
         return k;
     }
 };
@@ -762,15 +763,33 @@ template <int DQK, int DVO, typename T, int PASS> struct wgmma_prefill_pass_info
 };
 template <int DQK, int DVO, typename T> struct wgmma_prefill_clean_info : wgmma_prefill_pass_info<DQK, DVO, T, PASS_CLEAN> {
 };
+/* below DP 256: the kernel of wgmma_prefill_info finding the NaN rule's
+ * cases itself (PASS_DETECT), the same launch shape */
+template <int DQK, int DVO, typename T> struct wgmma_prefill_detect_info {
+    static attn_kernel get()
+    {
+        typedef wg_traits<DQK, DVO> tr;
+        if constexpr (!tr::PIPE) {
+            const attn_kernel none = {NULL, 0, 0, 0};
+            return none;
+        } else {
+            attn_kernel k = wgmma_prefill_info<DQK, DVO, T>::get();
+            k.fn = (void (*)(const attn_params))prefill_wgmma_kernel<DQK, DVO, T, PASS_DETECT>;
+            return k;
+        }
+    }
+};
 template <int DQK, int DVO, typename T> struct wgmma_prefill_queue_info : wgmma_prefill_pass_info<DQK, DVO, T, PASS_QUEUE> {
 };
 
 /* A pair's kernel of the first pass (the wide one at 512/512, outside the
  * table), or with clean that of the clean pass (2: from the queue; none but
- * at DP 256); none in a build without sm_90a. */
+ * at DP 256), or (3) the one finding the NaN rule's cases itself (none at
+ * DP 256); none in a build without sm_90a. */
 static attn_kernel wgmma_prefill_kernel_of(int dqk, int dvo, ak_dtype dtype, int clean)
 {
 #if defined(AK_WGMMA)
+    if (clean == 3) return kernel_table<wgmma_prefill_detect_info>(dqk, dvo, dtype);
     if (clean == 2) return kernel_table<wgmma_prefill_queue_info>(dqk, dvo, dtype);
     if (clean) return kernel_table<wgmma_prefill_clean_info>(dqk, dvo, dtype);
     if (dqk == 512 && dvo == 512) return ak_cuda_prefill_wide_kernel(dtype);
@@ -817,6 +836,11 @@ attn_kernel ak_cuda_prefill_wgmma_clean_kernel(int dqk, int dvo, ak_dtype dtype)
 attn_kernel ak_cuda_prefill_wgmma_queue_kernel(int dqk, int dvo, ak_dtype dtype)
 {
     return wgmma_prefill_kernel_of(dqk, dvo, dtype, 2);
+}
+
+attn_kernel ak_cuda_prefill_wgmma_detect_kernel(int dqk, int dvo, ak_dtype dtype)
+{
+    return wgmma_prefill_kernel_of(dqk, dvo, dtype, 3);
 }
 
 /* The K and V maps of the wgmma prefill (kv_maps): 16-bit rows as boxes of

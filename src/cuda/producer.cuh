@@ -372,14 +372,12 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
     const int32_t *table = p.head->kv_table;
     int g = 0, n = 0; /* tiles and items so far */
     constexpr bool queue = PASS == PASS_QUEUE; /* (items from the queue: queue_post) */
-    /* phase 1 (redo: the NaN rule found in the kernel, attn.cuh): the items
-     * the consumers flagged, again, once they have run every other */
-    for (int phase = 0;; phase++) {
-        if (phase == 1) {
-            if (!redo || !p.nan_detect) break;
-            bar_sync(REDO_BAR, tr::CONSUMERS + tr::PRODUCERS);
-        }
-        if (phase == 2) break;
+    /* phase 1 (PASS_DETECT: the NaN rule found in the kernel, attn.cuh):
+     * the items the consumers flagged in redo, again, once they have run
+     * every other */
+    constexpr bool REDO = PASS == PASS_DETECT;
+    for (int phase = 0; phase < 1 + REDO; phase++) {
+        if (phase == 1) bar_sync_any(REDO_BAR, tr::CONSUMERS + tr::PRODUCERS);
         for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
             if (queue) {
                 if (threadIdx.x % tr::PRODUCERS == 0) queue_post(p, *ring, k, num_items);
@@ -399,7 +397,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
              * it, instead of by cp.async with its rows past kv_end zero-filled.
              * The masks hide those keys, and a non-finite V of theirs stays out
              * of o (0 x NaN through P.V): on a clean item (the NaN rule: its
-             * request's K/V all finite) nothing is needed, and on a checked one
+             * request's K/V all finite) nothing is needed (an unchecked one
+             * whose kernel finds the rule's cases, attn.cuh, runs again
+             * checked when such a V reaches its o), and on a checked one
              * the tile is a mixed one (its last row sees key kv_end - 1, below
              * the tile's end), whose V the consumers scan and zero (attn.cuh).
              * Without causal masks no tile runs past kv_end below kv_len: an
