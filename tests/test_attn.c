@@ -836,7 +836,8 @@ static void run_nan_detect_switch(test_ctx *t)
     const char *value[N] = {NULL, "0", NULL, "yes"};
     char buf[N][1024];
     describe_arg d[N];
-    for (int i = 0; i < N; i++) describe_with("AK_CUDA_NAN_DETECT", value[i], cfgs[i], &dev, buf[i], sizeof buf[i], &d[i]);
+    for (int i = 0; i < N; i++)
+        describe_with("AK_CUDA_NAN_DETECT", value[i], cfgs[i], &dev, buf[i], sizeof buf[i], &d[i]);
     if (!strstr(buf[ON], "wgmma")) {
         t_skip(t, NULL, name, "no wgmma prefill here (a build without sm_90a, AK_CUDA_PREFILL=mma or "
                               "AK_CUDA_PORTABLE=1): %s", buf[ON]);

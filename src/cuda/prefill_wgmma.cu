@@ -390,7 +390,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     wgmma_fence();
 #pragma unroll
                     for (int kk = 0; kk < DQK / 16; kk++) {
-                        const uint64_t a = wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
+                        const uint64_t a =
+                            wgmma_desc(qs + (kk / 4) * ROWS * 64 + wg * 64 * 64 + (kk % 4) * 16, 16, 1024);
                         const uint64_t b = wgmma_desc(ks + (kk / 4) * KEYS * 64 + (kk % 4) * 16, 16, 1024);
                         wgmma_ss<KEYS, T>(reinterpret_cast<float(&)[KEYS / 2]>(s), a, b, kk > 0);
                     }
@@ -403,9 +404,10 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     const bool masked = t0 + KEYS > it.kv_end || (p.causal && t0 + KEYS - 1 > warp_pos0) ||
                                         (p.window_left >= 0 && t0 < (int64_t)warp_pos1 - p.window_left);
                     const uint32_t *bad = set >= 0 ? bad_keys[set] : NULL;
-                    return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad,
-                                                                    m, d, f)
-                                 : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m, d, f);
+                    return ahead ? tile_softmax<NT, T, CHECK, true>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end,
+                                                                    bad, m, d, f)
+                                 : tile_softmax<NT, T, CHECK>(p, s, masked, t0, row_pos0, row_pos1, it.kv_end, bad, m,
+                                                              d, f);
                 };
 
                 if (tr::PIPE && n_tiles > 0) {
@@ -544,7 +546,8 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                     os_n++;
                     stage_o<ROWS, OCHUNKS>(os, o, inv, warp_row0, lane);
                     PF_CLK(wg, k, 13);
-                    store_o_tma<ROWS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.k_empty[st]);
+                    store_o_tma<ROWS, DVN / 64>(maps, os, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg,
+                                                &bar.k_empty[st]);
                     if (p.lse && lane % 4 == 0) {
 #pragma unroll
                         for (int h = 0; h < 2; h++) {
@@ -559,14 +562,16 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 if (STAGED && it.out < 0) { /* (this warp's q rows: only its warpgroup read them, and it is done) */
                     stage_o<ROWS, OCHUNKS>(qs, o, inv, warp_row0, lane);
                     if (o_tma) /* the warpgroup's rows by TMA, then q's buffer is free */
-                        store_o_tma<ROWS, DVN / 64>(maps, qs, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg, &bar.q_empty);
+                        store_o_tma<ROWS, DVN / 64>(maps, qs, wg, head0, it.tok0 + wg * p.o_box, OS_ROWS + wg,
+                                                    &bar.q_empty);
                     __syncwarp();
                     for (int idx = lane; idx < 16 * OCHUNKS && !o_tma; idx += 32) {
                         const int row = warp_row0 + idx / OCHUNKS, c = idx % OCHUNKS;
                         int g;
                         const int i = tile_token(p, row, g);
                         if (i < it.ntok && g < heads)
-                            *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head + c * 8) =
+                            *(uint4 *)((T *)p.o + (it.tok0 + i) * p.o_stride_tok + (head0 + g) * p.o_stride_head +
+                                       c * 8) =
                                 *(const uint4 *)(qs + sw128<ROWS>(row, c));
                     }
                 }

@@ -385,7 +385,9 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
             }
             if (w >= num_items || (phase == 1 && k >= REDO_ITEMS)) break;
             if (phase == 1 && !((redo[k / 32] >> (k % 32)) & 1u)) continue;
-            PF_CLK(tr::CONSUMERS / 128, k, 0); /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's buffer free, 3 q issued, 4 every tile issued) */
+            /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's
+             * buffer free, 3 q issued, 4 every tile issued) */
+            PF_CLK(tr::CONSUMERS / 128, k, 0);
             const prefill_item it = p.pitems[w];
             if (!queue && (it.ntok == 0 || !mask_in_pass<PASS>(p, skip, k))) continue; /* padding, the other pass's */
             const item_heads ih = heads_of(p, it);
@@ -427,13 +429,15 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                     int at[2] = {it.page_base + t0, it.page_base + t0 + p.kv_box}; /* (ragged; paged: below) */
                     if (ADDR == 0 && threadIdx.x % tr::PRODUCERS == 0) {
                         block[0] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0, at[0]);
-                        if (boxes > 1) block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
+                        if (boxes > 1)
+                            block[1] = (int32_t)kv_block_of<ADDR>(p, table, it.page_base, t0 + p.kv_box, at[1]);
                     }
                     if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
-                    tma_tile_copy<DQK, KEYS, tr::PRODUCERS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks, &bar.k_full[st]);
+                    tma_tile_copy<DQK, KEYS, tr::PRODUCERS, ADDR, T>(&maps->k, block, at, boxes, kv_head, ks,
+                                                                     &bar.k_full[st]);
                     if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                    tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head, ks + KEYS * DP,
-                                                      &bar.v_full[st]);
+                    tma_tile_copy<DVO, KEYS, tr::PRODUCERS, ADDR, T>(&maps->v, block, at, boxes, kv_head,
+                                                                     ks + KEYS * DP, &bar.v_full[st]);
                     g++;
                     return;
                 }
@@ -442,7 +446,8 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                     if (g >= STAGES) mbar_wait(&bar.k_empty[st], (g / STAGES - 1) & 1);
                     tma_page_copy<DQK, KEYS, tr::PRODUCERS, T>(p, &maps->k, b, kv_head, ks, &bar.k_full[st]);
                     if (g >= STAGES) mbar_wait(&bar.v_empty[st], (g / STAGES - 1) & 1);
-                    tma_page_copy<DVO, KEYS, tr::PRODUCERS, T>(p, &maps->v, b, kv_head, ks + KEYS * DP, &bar.v_full[st]);
+                    tma_page_copy<DVO, KEYS, tr::PRODUCERS, T>(p, &maps->v, b, kv_head, ks + KEYS * DP,
+                                                               &bar.v_full[st]);
                     g++;
                     return;
                 }
@@ -469,9 +474,11 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
              * and a box a consumer warpgroup, each warpgroup's rows copied once
              * that warpgroup is done with the last item's: 2-18% slower, ptxas
              * spilling in both roles; BENCHMARKS.md, 2026-12-07) */
-            const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1; /* (a box a segment, or the tile) */
+            /* (a box a segment, or the tile) */
+            const int seg = 1 << p.prow_seg_log2, boxes = seg < ROWS ? ROWS / seg : 1;
             if (n_tiles > 0 && TMA && p.q_box > 0 && heads == hb && it.ntok == boxes * p.q_box) {
-                tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs, &bar.q_full);
+                tma_q_copy<DQK, ROWS, tr::PRODUCERS>(&maps->q, boxes, p.q_box, hb, seg, head0, it.tok0, qs,
+                                                     &bar.q_full);
             } else if (n_tiles > 0) {
                 load_q_tile<ROWS, tr::PRODUCERS, DQK, DP>(p, it, head0, hb, heads, qs,
                                                          [](int row, int c) { return sw128<ROWS>(row, c); });
