@@ -836,7 +836,9 @@ __device__ __forceinline__ void finish_row(const attn_params &p, int head, bool 
 
 /* ---- the NaN rule (attnkit.h): what the kernels check ----
  * Two paths. A prefill item whose request the scan pass (scan.cu) found
- * clean (K and V all finite: its flags, item_checked) runs unchecked, but
+ * clean (K and V all finite: its flags, item_checked), or any prefill item
+ * of a kernel that finds the rule's cases itself (PASS_DETECT, below: it
+ * runs the items it finds again, checked), runs unchecked, but
  * for its q rows (q_rows_bad, once an item): with finite inputs only an f32
  * overflow can make a value non-finite, and the rule leaves that open. Every other item (a request the pass found a NaN or
  * infinity in, or one too short to be worth a pass: prefill_item.scan < 0,

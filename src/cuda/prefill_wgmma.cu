@@ -38,8 +38,11 @@
  * BENCHMARKS.md, 2026-12-07.) An
  * item whose rows are all output rows writes o by TMA from shared memory
  * (the last key tile's K stage, or at DP 256 q's rows), one store a column
- * block, instead of 4-byte stores from registers (OSTORE). Measured
- * steps: BENCHMARKS.md.
+ * block, instead of 4-byte stores from registers (OSTORE). Below DP 256 a
+ * second instance of each pair (PASS_DETECT, the engine's default where it
+ * applies) needs no scan pass for the NaN rule: it runs every item
+ * unchecked, finds the rule's cases from the last token's rows, and runs
+ * those items again, checked (attn.cuh). Measured steps: BENCHMARKS.md.
  *
  * Head dims: one instance per pair (DQK, DVO) of AK_TC_HEAD_DIMS; tiles of
  * DP-element rows (both rounded up to 64), S over the real DQK (one k step
