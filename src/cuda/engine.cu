@@ -222,9 +222,6 @@ struct engine_state {
      * on this many SMs, or 0: before it (AK_CUDA_SCAN_BESIDE); fewer than
      * the KV heads: before it too (a block a head at least) */
     int scan_beside;
-    /* pre_k finds the NaN rule's cases itself, with no scan pass
-     * (detect_kernel_of) */
-    int detect;
     attn_kernel scan_beside_k, pre_queue_k; /* (the scan pass and the clean pass, beside) */
     int *item_queue; /* device [2]: the clean pass's queue (attn_params.item_queue) */
     int pf_slots;     /* partial slots reserved for prefill splits */
@@ -824,11 +821,11 @@ static ak_status engine_create_inner(engine_state *s)
                                               cfg->head_dim_qk, cfg->head_dim_vo);
         /* the same kernel finding the NaN rule's cases itself where it can
          * (the same launch shape); AK_CUDA_NAN_DETECT=0 keeps the scan pass */
-        int detect;
-        AK_TRY(env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect));
-        const attn_kernel dk = detect_kernel_of(cfg, s->pfam, s->fp8, detect);
-        s->detect = dk.fn != NULL;
-        if (s->detect) s->pre_k = dk;
+        int detect_env;
+        AK_TRY(env_choice("AK_CUDA_NAN_DETECT", "0", "1", &detect_env));
+        const attn_kernel dk = detect_kernel_of(cfg, s->pfam, s->fp8, detect_env);
+        const bool detect = dk.fn != NULL;
+        if (detect) s->pre_k = dk;
         int tma;
         AK_TRY(env_choice("AK_CUDA_PREFILL_TMA", "0", "1", &tma));
         s->pre_tma = s->pre_k.tma_map && tma != 0;
@@ -896,7 +893,7 @@ static ak_status engine_create_inner(engine_state *s)
          * tasks for every request (plan_prefill: a run without marks scans
          * those of SCAN_MIN_ROWS rows or more, and the shorter ones whose
          * rows are worth it, SCAN_ROWS_KEYS) */
-        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && !s->detect) {
+        if ((s->pre_k.unchecked || s->pre_clean_k.fn) && s->kv_vec && !detect) {
             s->scan_k = ak_cuda_scan_kernel(cfg->kv_dtype);
             s->scan_keys = ak_cuda_scan_task_keys(cfg->head_dim_qk, cfg->head_dim_vo, cfg->kv_dtype);
             AK_TRY(env_choice("AK_CUDA_SCAN_SHORT", "0", "1", &s->scan_short));
