@@ -886,6 +886,10 @@ __device__ __forceinline__ void add_bad(float &d, float x) { d = fmaf(x, 0.0f, d
 /* the named barrier at which a block's consumers and producer start the
  * second phase (every flag written) */
 #define REDO_BAR 15
+/* Whether the block's item k is to run again (redo: the block's flags, a
+ * bit an item); set by redo_flag. */
+__device__ __forceinline__ bool redo_flagged(const uint32_t *redo, int k) { return (redo[k / 32] >> (k % 32)) & 1u; }
+__device__ __forceinline__ void redo_flag(uint32_t *redo, int k) { atomicOr(redo + k / 32, 1u << (k % 32)); }
 /* Whether the minimum of the raw products of this thread's row h (an m64
  * accumulator's NT n tiles) is -inf; a NaN is passed over. */
 template <int NT, int H> __device__ __forceinline__ bool has_neg_inf(const float (&s)[NT][4])

@@ -273,7 +273,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
         for (int w = blockIdx.x, k = 0;; w += gridDim.x, k++) {
             if (queue) w = queue_take(*ring, k);
             if (w >= num_items || (phase == 1 && k >= REDO_ITEMS)) break;
-            if (phase == 1 && !((redo[k / 32] >> (k % 32)) & 1u)) continue;
+            if (phase == 1 && !redo_flagged(redo, k)) continue;
             PF_CLK(wg, k, 0); /* (stamps: bench/prefill_clocks.py) */
             const prefill_item it = p.pitems[w];
             /* padding, the other pass's (the producer's mask) */
@@ -522,7 +522,7 @@ __device__ __forceinline__ void prefill_wgmma_consumers(const attn_params &p, T 
                 if (!STAGED && n_tiles == 0) mbar_arrive(&bar.q_empty); /* (else after the last S) */
                 if (last_h) {
                     found |= last_h == 1 ? o_nonfinite<OCHUNKS, 0>(o) : o_nonfinite<OCHUNKS, 1>(o);
-                    if (__any_sync(0xffffffffu, found) && lane == 0) atomicOr(redo + k / 32, 1u << (k % 32));
+                    if (__any_sync(0xffffffffu, found) && lane == 0) redo_flag(redo, k);
                 }
                 /* epilogue (prefill.cu's, one m tile a warp) */
                 float inv[2], lse[2];

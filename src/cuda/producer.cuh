@@ -384,7 +384,7 @@ __device__ __forceinline__ void prefill_producer(const attn_params &p, T *qs, T 
                 w = queue_take(*ring, k);
             }
             if (w >= num_items || (phase == 1 && k >= REDO_ITEMS)) break;
-            if (phase == 1 && !((redo[k / 32] >> (k % 32)) & 1u)) continue;
+            if (phase == 1 && !redo_flagged(redo, k)) continue;
             /* (the producer's stamps: 0 item, 1 its first tile issued, 2 q's
              * buffer free, 3 q issued, 4 every tile issued) */
             PF_CLK(tr::CONSUMERS / 128, k, 0);
