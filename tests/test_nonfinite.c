@@ -33,13 +33,17 @@
 typedef enum target { IN_Q, IN_K, IN_V, IN_K_SCALE, IN_V_SCALE } target;
 
 /* One non-finite element and where it goes. In q: token `tok`, head `head`;
- * in K or V: request `req`, key `key`, KV head `head`. q_sign (K only): q's
+ * in K or V: request `req`, key `key`, KV head `head`. q_sign, in K: q's
  * element `dim` of every token and query head of KV head `head` given this
  * sign first (and the reference computed from that q), so that an infinity
  * of that sign in K turns every product with it to +inf and one of the
  * other to -inf: with -inf, no row that sees the key shows it in its
  * softmax (P 0), the case the CUDA prefill's unchecked path finds only
- * from its last token's products (attn.cuh) */
+ * from its last token's products (attn.cuh). In q (paged K only): K's
+ * element `dim` of every key of q's KV head given this sign, so that an
+ * infinity in q makes every product of its row an infinity of one sign:
+ * with -inf, P is 0 at every key and the row's max stays -inf, as for a
+ * row that sees no key */
 typedef struct corruption {
     target where;
     float value;
@@ -273,6 +277,18 @@ static const nf_case cases[] = {
     {"split chunk: -inf in a key of the prefix against q of its sign", SPLIT_BATCH,
      Q_POS(IN_K, -INFINITY, 0, 1200, 0, 1, 9), 4},
     {"gqa7 prefill: -inf in a key against q of its sign", GQA7_BATCH, Q_POS(IN_K, -INFINITY, 1, 150, 0, 3, 64), 0},
+    /* an infinity in q against K of that dim of one sign (q_sign in q):
+     * every product of the row -inf, its max -inf with keys seen; in an
+     * item's last token (the rows the Hopper kernel's detection reads), in
+     * a middle row, in a prefix's long request, in a split chunk */
+    {"gqa4 prefill: -inf in q against K of one sign, the last token", GQA4_BATCH(128),
+     Q_POS(IN_Q, -INFINITY, 0, 0, 255, 0, 0), 0},
+    {"gqa4 prefill page 16: -inf in q against K of one sign", GQA4_BATCH(16), Q_POS(IN_Q, -INFINITY, 0, 0, 100, 6, 127),
+     0},
+    {"mha prefill: +inf in q against K of the other sign", MHA128_BATCH, Q_NEG(IN_Q, INFINITY, 0, 0, 150, 1, 5), 0},
+    {"long d128 prefill: -inf in q against K of one sign", LONG_DIMS(128, 128), Q_POS(IN_Q, -INFINITY, 0, 0, 500, 0, 3),
+     0},
+    {"split chunk: -inf in q against K of one sign", SPLIT_BATCH, Q_POS(IN_Q, -INFINITY, 0, 0, 5, 1, 2), 4},
     {"long window 64: NaN in a key before every window", MQA16(64, 1, {{260, 1000}}), {IN_K, NAN, 0, 100, 0, 0, 1},
      0},
     {"long window 64: NaN in a value some rows' windows leave out", MQA16(64, 1, {{260, 1000}}),
@@ -391,6 +407,36 @@ static void sign_q(scene *sc, const corruption *b)
         }
     dev_copy_to(sc->cfg.device, tbuf_data(&sc->q_buf), h, bytes);
     free(h);
+}
+
+/* K's element b->dim of every key of every request, in the KV head of q's
+ * head b->head, given sign b->q_sign (a zero becomes the smallest code of
+ * that sign), in the logical K and in the paged cache, before the reference
+ * is computed from it. The cache's element is read back and its sign bit
+ * set, so that fp8 codes keep their scale. */
+static void sign_k(scene *sc, const corruption *b)
+{
+    const attn_case *tc = &sc->tc;
+    const int P = tc->page_size, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk;
+    const int kvh = b->head / (tc->num_qo_heads / Hk);
+    const ak_dtype kvt = sc->cfg.kv_dtype;
+    const size_t esz = ak_dtype_size(kvt);
+    const int sign_bit = (int)esz * 8 - 1;
+    for (int r = 0; r < sc->b.num_reqs; r++)
+        for (int j = 0; j < sc->b.kv_lens[r]; j++) {
+            const int64_t blk = sc->b.block_table[r * sc->b.bt_stride + j / P];
+            const int s = j % P;
+            const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + kvh : (blk * Hk + kvh) * P + s;
+            char *at = (char *)sc->kv.k_data + (row * Dqk + b->dim) * (int64_t)esz;
+            uint32_t code = 0;
+            dev_copy_from(sc->cfg.device, &code, at, esz);
+            const uint32_t mag = code & ((1u << sign_bit) - 1);
+            code = (mag ? mag : 1u) | (b->q_sign < 0 ? 1u << sign_bit : 0u);
+            dev_copy_to(sc->cfg.device, at, &code, esz);
+            float *x = &sc->k[r][((int64_t)j * Hk + kvh) * Dqk + b->dim];
+            const float scale = kvt == AK_FP8_E4M3 ? sc->k_scale[kvh] : 1.0f;
+            *x = ak_load_as_f32(&code, kvt, 0) * scale;
+        }
 }
 
 /* The same corruption of K or V (not q, not a scale) written the way an
@@ -562,7 +608,8 @@ static void run_nf_case(test_ctx *t, const char *backend, const nf_case *nc, ak_
     const int64_t n_o = (int64_t)T * Hq * Dvo, n_l = (int64_t)T * Hq;
     double *ref_o = malloc(sizeof(double) * (size_t)n_o), *ref_l = malloc(sizeof(double) * (size_t)n_l);
     float *o = malloc(sizeof(float) * (size_t)n_o), *l = malloc(sizeof(float) * (size_t)n_l);
-    if (nc->bad.q_sign) sign_q(&sc, &nc->bad);
+    if (nc->bad.q_sign && nc->bad.where == IN_Q) sign_k(&sc, &nc->bad);
+    else if (nc->bad.q_sign) sign_q(&sc, &nc->bad);
     dense_attention(&sc, ref_o, ref_l); /* of the clean data: the scene's logical arrays stay clean */
     tbuf mb;
     memset(&mb, 0, sizeof mb);
