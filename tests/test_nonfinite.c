@@ -358,6 +358,17 @@ static void write_element(ak_device dev, void *base, int64_t elem, ak_dtype t, f
     dev_copy_to(dev, (char *)base + elem * (int64_t)esz, bytes, esz);
 }
 
+/* The paged cache's row (in elements of a head's row) of key `key` of
+ * request `req` in KV head `head`, through the block table */
+static int64_t cache_row(const scene *sc, int req, int key, int head)
+{
+    const attn_case *tc = &sc->tc;
+    const int P = tc->page_size, Hk = tc->num_kv_heads;
+    const int64_t blk = sc->b.block_table[req * sc->b.bt_stride + key / P];
+    const int s = key % P;
+    return tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + head : (blk * Hk + head) * P + s;
+}
+
 static void corrupt(scene *sc, const corruption *b)
 {
     const attn_case *tc = &sc->tc;
@@ -375,10 +386,7 @@ static void corrupt(scene *sc, const corruption *b)
     }
     /* the key's slot through the block table; for a key past kv_len (an
      * unused slot of the last page) both K and V are written */
-    const int P = tc->page_size, Hk = tc->num_kv_heads;
-    const int64_t blk = sc->b.block_table[b->req * sc->b.bt_stride + b->key / P];
-    const int s = b->key % P;
-    const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + b->head : (blk * Hk + b->head) * P + s;
+    const int64_t row = cache_row(sc, b->req, b->key, b->head);
     const int past = b->key >= sc->b.kv_lens[b->req];
     const ak_dtype kvt = sc->cfg.kv_dtype;
     if (b->where == IN_K || past)
@@ -417,16 +425,14 @@ static void sign_q(scene *sc, const corruption *b)
 static void sign_k(scene *sc, const corruption *b)
 {
     const attn_case *tc = &sc->tc;
-    const int P = tc->page_size, Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk;
+    const int Hk = tc->num_kv_heads, Dqk = tc->head_dim_qk;
     const int kvh = b->head / (tc->num_qo_heads / Hk);
     const ak_dtype kvt = sc->cfg.kv_dtype;
     const size_t esz = ak_dtype_size(kvt);
     const int sign_bit = (int)esz * 8 - 1;
     for (int r = 0; r < sc->b.num_reqs; r++)
         for (int j = 0; j < sc->b.kv_lens[r]; j++) {
-            const int64_t blk = sc->b.block_table[r * sc->b.bt_stride + j / P];
-            const int s = j % P;
-            const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + kvh : (blk * Hk + kvh) * P + s;
+            const int64_t row = cache_row(sc, r, j, kvh);
             char *at = (char *)sc->kv.k_data + (row * Dqk + b->dim) * (int64_t)esz;
             uint32_t code = 0;
             dev_copy_from(sc->cfg.device, &code, at, esz);
@@ -459,7 +465,7 @@ static int corrupt_by_update(scene *sc, const corruption *b)
     tbuf_alloc(&vb, dev, esz * (size_t)Hk * Dvo);
     tbuf_alloc(&sb, dev, sizeof(int64_t));
     for (int h = 0; h < Hk; h++) {
-        const int64_t row = tc->layout == AK_LAYOUT_NHD ? (blk * P + s) * Hk + h : (blk * Hk + h) * P + s;
+        const int64_t row = cache_row(sc, b->req, b->key, h);
         dev_copy_from(dev, (char *)tbuf_host(&kb) + esz * h * Dqk, (const char *)sc->kv.k_data + esz * row * Dqk,
                       esz * Dqk);
         if (sc->kv.v_data) /* (MLA: no V pool, V is K's) */
